@@ -1,0 +1,17 @@
+"""Wire protocol shared by the module firmware (MicroPython) and modbridge (CPython).
+
+Everything in this package runs unchanged on both interpreters:
+
+- :mod:`protocol.crc`     CRC-16/IBM-3740 over every frame
+- :mod:`protocol.cobs`    COBS byte stuffing, 0x00 is the frame delimiter
+- :mod:`protocol.cbor`    the project's own CBOR subset codec
+- :mod:`protocol.catalog` message types, field keys, units, codes
+- :mod:`protocol.frame`   frame encode/decode and the resynchronising stream decoder
+- :mod:`protocol.jsonl`   the same messages as JSON lines for a human on a terminal
+- :mod:`protocol.telemetry` the allocation-free telemetry encoder used in the control tick
+
+See protocol/SPEC.md for the normative description.
+"""
+
+VERSION_MAJOR = 1
+VERSION_MINOR = 0

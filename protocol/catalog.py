@@ -1,0 +1,473 @@
+"""Message catalog of protocol v1: types, fields, units, enumerations and codes.
+
+This module is the single source of truth; protocol/SPEC.md documents it and a test
+checks that the two agree. Everything is plain tuples so it imports (and costs little
+RAM) on MicroPython.
+
+Field keys are small integers, append-only: a field keeps its key for the life of the
+major version, new fields take new keys, and a receiver ignores keys it does not know.
+Keys are ascending in catalog order, so the deterministic CBOR map order is also the
+catalog order.
+
+Units on the wire are integers in fixed point so the device never needs floats:
+milli-degC, mV, mA, mW, RPM, duty in 1/65535. JSON lines show the same values in
+display units (degC, V, A, W, percent); ``json_scale`` of a field says how.
+"""
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+# --- field kinds -----------------------------------------------------------
+K_UINT = "u"  # int >= 0
+K_INT = "i"  # int
+K_STR = "s"  # text
+K_BYTES = "b"  # byte string
+K_BOOL = "?"  # true/false
+K_LIST = "l"  # array
+K_MAP = "m"  # map with text keys
+K_NUM = "n"  # int or float (calibration coefficients)
+K_ENUM = "e"  # int on the wire, a name in JSON lines
+
+# --- JSON display scales: (mul, div, decimals) ----------------------------------
+# q = round(wire * mul / div) is the display value times 10**decimals; it is rendered
+# with integer arithmetic, trailing zeros trimmed. ``mul`` is 1 or a multiple of
+# 1000 so the product can be split and stay a small int on the MCU.
+MILLI = (1, 1, 3)  # milli-unit -> unit (m degC -> degC, mV -> V, mA -> A, mW -> W)
+DUTY_PCT = (100000, 65535, 3)  # 0..65535 -> 0.000..100.000 % (lossless round trip)
+GAIN = (1, 1, 3)  # milli-gain -> gain
+RAW = None
+
+# --- enumerations (append-only) ---------------------------------------------
+STATES = ("BOOT", "HOSTED", "STANDALONE", "FAILSAFE", "MANUAL")
+STATE_BOOT = const(0)
+STATE_HOSTED = const(1)
+STATE_STANDALONE = const(2)
+STATE_FAILSAFE = const(3)
+STATE_MANUAL = const(4)
+
+# Reason codes: why a state was entered, what an event reports.
+REASONS = (
+    "none",  # 0
+    "boot",  # 1  firmware started
+    "host_ok",  # 2  heartbeats arriving
+    "host_timeout",  # 3  no heartbeat within the timeout
+    "sensor_open",  # 4  NTC open circuit (index = channel)
+    "sensor_short",  # 5  NTC short circuit (index = channel)
+    "sensor_stale",  # 6  sensor not updating / I2C read failed repeatedly
+    "fan_stall",  # 7  commanded above minimum, 0 RPM (index = fan)
+    "over_temp",  # 8  a channel above its warning limit (index = channel)
+    "critical_temp",  # 9  a channel above its critical limit: fans forced to 100 %
+    "under_voltage",  # 10 12 V input below the threshold
+    "power_monitor_fault",  # 11 INA226 absent, wrong id or not answering
+    "manual_override",  # 12 host switched fans to manual
+    "config_corrupt",  # 13 stored config unreadable: factory defaults in use
+    "config_saved",  # 14 config written to flash
+    "watchdog_reset",  # 15 last reset was caused by the watchdog
+    "cleared",  # 16 the condition named in ``value`` is gone
+    "selftest",  # 17 self-test ran (value = 1 pass, 0 fail)
+    "calibration",  # 18 calibration coefficients changed (index = channel)
+)
+REASON_NONE = const(0)
+REASON_BOOT = const(1)
+REASON_HOST_OK = const(2)
+REASON_HOST_TIMEOUT = const(3)
+REASON_SENSOR_OPEN = const(4)
+REASON_SENSOR_SHORT = const(5)
+REASON_SENSOR_STALE = const(6)
+REASON_FAN_STALL = const(7)
+REASON_OVER_TEMP = const(8)
+REASON_CRITICAL_TEMP = const(9)
+REASON_UNDER_VOLTAGE = const(10)
+REASON_POWER_MONITOR_FAULT = const(11)
+REASON_MANUAL_OVERRIDE = const(12)
+REASON_CONFIG_CORRUPT = const(13)
+REASON_CONFIG_SAVED = const(14)
+REASON_WATCHDOG_RESET = const(15)
+REASON_CLEARED = const(16)
+REASON_SELFTEST = const(17)
+REASON_CALIBRATION = const(18)
+
+SEVERITIES = ("info", "warning", "alarm", "critical")
+SEV_INFO = const(0)
+SEV_WARNING = const(1)
+SEV_ALARM = const(2)
+SEV_CRITICAL = const(3)
+
+# NACK error codes.
+ERRORS = (
+    "ok",  # 0 (never sent in a nack)
+    "malformed",  # 1 frame or payload could not be decoded
+    "version",  # 2 protocol major version not supported
+    "unknown_type",  # 3 message type not in this catalog
+    "missing_field",  # 4 a required field is absent
+    "bad_type",  # 5 a field has the wrong type
+    "out_of_range",  # 6 a value is outside its allowed range
+    "bad_state",  # 7 not allowed in the current state
+    "busy",  # 8 try again later
+    "storage",  # 9 flash read/write failed
+    "unsupported",  # 10 valid request this module cannot do
+    "internal",  # 11 firmware error (a bug: please report it)
+    "direction",  # 12 message only valid in the other direction
+)
+ERR_OK = const(0)
+ERR_MALFORMED = const(1)
+ERR_VERSION = const(2)
+ERR_UNKNOWN_TYPE = const(3)
+ERR_MISSING_FIELD = const(4)
+ERR_BAD_TYPE = const(5)
+ERR_OUT_OF_RANGE = const(6)
+ERR_BAD_STATE = const(7)
+ERR_BUSY = const(8)
+ERR_STORAGE = const(9)
+ERR_UNSUPPORTED = const(10)
+ERR_INTERNAL = const(11)
+ERR_DIRECTION = const(12)
+
+CHANNELS = ("gpu", "vram", "mos", "amb")  # NTC channels, index order
+FAN_MODES = ("auto", "manual", "curve")
+CAL_MODELS = ("sh", "beta", "poly")
+
+# Telemetry ``faults`` bitmask.
+FAULT_NTC_GPU = const(1 << 0)
+FAULT_NTC_VRAM = const(1 << 1)
+FAULT_NTC_MOS = const(1 << 2)
+FAULT_NTC_AMB = const(1 << 3)
+FAULT_FAN1_STALL = const(1 << 4)
+FAULT_FAN2_STALL = const(1 << 5)
+FAULT_POWER_MONITOR = const(1 << 6)
+FAULT_UNDER_VOLTAGE = const(1 << 7)
+FAULT_OVER_TEMP = const(1 << 8)
+FAULT_CRITICAL_TEMP = const(1 << 9)
+FAULT_HOST_TIMEOUT = const(1 << 10)
+FAULT_BITS = (
+    "ntc_gpu",
+    "ntc_vram",
+    "ntc_mos",
+    "ntc_amb",
+    "fan1_stall",
+    "fan2_stall",
+    "power_monitor",
+    "under_voltage",
+    "over_temp",
+    "critical_temp",
+    "host_timeout",
+)
+
+# Bounds used for validation (protocol-level sanity; the firmware adds its own
+# safety limits on top).
+TEMP_MIN_MC = const(-55000)
+TEMP_MAX_MC = const(200000)
+DUTY_MAX = const(65535)
+U16 = const(0xFFFF)
+U32 = 0xFFFFFFFF
+I32_MIN = -0x80000000
+I32_MAX = 0x7FFFFFFF
+
+# --- messages -------------------------------------------------------------------
+# Directions
+D2H = "d2h"  # module -> host
+H2D = "h2d"  # host -> module
+
+# A field: (key, name, kind, required, lo, hi, json_scale, unit, doc)
+# ``lo``/``hi`` bound integers (and list/str/bytes/map lengths); None = unbounded.
+# ``json_scale`` is one of the scales above, or for K_ENUM the tuple of names.
+# A message: (type id, name, direction, fields, doc)
+
+
+def _f(key, name, kind, required=False, lo=None, hi=None, scale=None, unit="", doc=""):
+    return (key, name, kind, required, lo, hi, scale, unit, doc)
+
+
+F_KEY = 0
+F_NAME = 1
+F_KIND = 2
+F_REQUIRED = 3
+F_LO = 4
+F_HI = 5
+F_SCALE = 6
+F_UNIT = 7
+F_DOC = 8
+
+T_HELLO = const(0x01)
+T_HELLO_REQUEST = const(0x02)
+T_TELEMETRY = const(0x10)
+T_EVENT = const(0x11)
+T_CAL_RAW = const(0x12)
+T_CONFIG = const(0x13)
+T_ACK = const(0x14)
+T_NACK = const(0x15)
+T_HEARTBEAT = const(0x20)
+T_FAN_MODE = const(0x30)
+T_SETPOINTS = const(0x31)
+T_PID_GAINS = const(0x32)
+T_FAN_CURVE = const(0x33)
+T_CONFIG_GET = const(0x40)
+T_CONFIG_SET = const(0x41)
+T_CONFIG_SAVE = const(0x42)
+T_CONFIG_RESET = const(0x43)
+T_CAL_READ = const(0x50)
+T_CAL_WRITE = const(0x51)
+T_REBOOT = const(0x60)
+T_REPL = const(0x61)
+
+
+MESSAGES = (
+    (
+        T_HELLO,
+        "hello",
+        D2H,
+        (
+            _f(0, "fw_version", K_STR, True, 1, 32, doc="firmware version, e.g. 1.0.0"),
+            _f(1, "proto_minor", K_UINT, True, 0, 255, doc="protocol minor version spoken"),
+            _f(2, "board", K_STR, True, 1, 32, doc="board module name, e.g. pyboard_v11"),
+            _f(3, "uid", K_STR, True, 1, 64, doc="MCU unique id, lowercase hex"),
+            _f(4, "channels", K_LIST, True, 0, 8, doc="NTC channel names in index order"),
+            _f(5, "fans", K_UINT, True, 0, 8, doc="number of fans"),
+            _f(6, "max_frame", K_UINT, True, 64, 4096, unit="B", doc="largest frame accepted"),
+            _f(7, "telemetry_ms", K_UINT, False, 0, 60000, unit="ms", doc="telemetry period"),
+            _f(8, "state", K_ENUM, False, 0, 255, STATES, doc="current state"),
+        ),
+        "Capabilities; sent after the boot banner and in answer to hello_request.",
+    ),
+    (
+        T_HELLO_REQUEST,
+        "hello_request",
+        H2D,
+        (),
+        "Ask the module for its hello.",
+    ),
+    (
+        T_TELEMETRY,
+        "telemetry",
+        D2H,
+        (
+            _f(0, "uptime_s", K_UINT, False, 0, U32, unit="s", doc="seconds since boot"),
+            _f(1, "state", K_ENUM, True, 0, 255, STATES, doc="control state"),
+            _f(2, "reason", K_ENUM, False, 0, 255, REASONS, doc="why the state was entered"),
+            _f(3, "faults", K_UINT, False, 0, U32, doc="active faults, bitmask FAULT_*"),
+            _f(4, "temp_gpu", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC", "GPU core NTC"),
+            _f(5, "temp_vram", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC", "VRAM NTC"),
+            _f(6, "temp_mos", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC", "power MOSFET NTC"),
+            _f(7, "temp_amb", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC", "ambient NTC"),
+            _f(8, "fan1_rpm", K_UINT, False, 0, 100000, unit="RPM", doc="fan 1 speed"),
+            _f(9, "fan2_rpm", K_UINT, False, 0, 100000, unit="RPM", doc="fan 2 speed"),
+            _f(10, "fan1_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535", "fan 1 PWM"),
+            _f(11, "fan2_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535", "fan 2 PWM"),
+            _f(12, "v_in", K_UINT, False, 0, 40000, MILLI, "mV", "12 V input bus voltage"),
+            _f(13, "i_in", K_INT, False, -100000, 100000, MILLI, "mA", "12 V input current"),
+            _f(14, "p_in", K_INT, False, 0, 4000000, MILLI, "mW", "12 V input power"),
+            _f(15, "target", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC", "controlled error: worst "
+               "channel temperature minus its setpoint"),
+        ),
+        "Periodic readings. A faulted sensor's field is absent, never a made-up value.",
+    ),
+    (
+        T_EVENT,
+        "event",
+        D2H,
+        (
+            _f(0, "code", K_ENUM, True, 0, 255, REASONS, doc="what happened"),
+            _f(1, "severity", K_ENUM, True, 0, 3, SEVERITIES),
+            _f(2, "active", K_BOOL, False, doc="true: condition raised, false: cleared"),
+            _f(3, "state", K_ENUM, False, 0, 255, STATES, doc="state after the event"),
+            _f(4, "prev_state", K_ENUM, False, 0, 255, STATES, doc="state before the event"),
+            _f(5, "index", K_INT, False, -1, 255, doc="channel or fan index, -1 = none"),
+            _f(6, "value", K_INT, False, I32_MIN, I32_MAX, doc="the value that caused it"),
+            _f(7, "text", K_STR, False, 0, 96, doc="short human-readable detail"),
+            _f(8, "uptime_s", K_UINT, False, 0, U32, unit="s"),
+        ),
+        "An alarm or state transition; sent once per transition, never repeated per tick.",
+    ),
+    (
+        T_CAL_RAW,
+        "cal_raw",
+        D2H,
+        (
+            _f(0, "ref", K_UINT, True, 0, U16, doc="seq of the cal_read it answers"),
+            _f(1, "channel", K_UINT, True, 0, 7),
+            _f(2, "samples", K_UINT, True, 1, 65535),
+            _f(3, "raw_mean_x16", K_UINT, True, 0, 65535 * 16, unit="ADC/16",
+               doc="mean ADC code in 1/16 LSB"),
+            _f(4, "raw_min", K_UINT, True, 0, 65535, unit="ADC"),
+            _f(5, "raw_max", K_UINT, True, 0, 65535, unit="ADC"),
+            _f(6, "ohms", K_UINT, False, 0, U32, unit="ohm", doc="NTC resistance at the mean"),
+            _f(7, "temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC", "temperature, current coeffs"),
+        ),
+        "Averaged raw ADC reading of one channel, for calibration.",
+    ),
+    (
+        T_CONFIG,
+        "config",
+        D2H,
+        (
+            _f(0, "ref", K_UINT, True, 0, U16, doc="seq of the config_get it answers"),
+            _f(1, "values", K_MAP, True, 0, 64, doc="config keys and values"),
+            _f(2, "version", K_UINT, False, 0, U16, doc="config schema version"),
+        ),
+        "Config values (all, or the requested section).",
+    ),
+    (
+        T_ACK,
+        "ack",
+        D2H,
+        (
+            _f(0, "ref", K_UINT, True, 0, U16, doc="seq of the command"),
+            _f(1, "ref_type", K_UINT, True, 0, 255, doc="type of the command"),
+        ),
+        "Command accepted and applied.",
+    ),
+    (
+        T_NACK,
+        "nack",
+        D2H,
+        (
+            _f(0, "ref", K_UINT, True, 0, U16, doc="seq of the command (0 if unknown)"),
+            _f(1, "ref_type", K_UINT, True, 0, 255, doc="type of the command (0 if unknown)"),
+            _f(2, "code", K_ENUM, True, 0, 255, ERRORS, doc="error code"),
+            _f(3, "field", K_STR, False, 0, 32, doc="offending field"),
+            _f(4, "text", K_STR, False, 0, 96, doc="what is wrong, for a human"),
+        ),
+        "Command refused; nothing changed on the module.",
+    ),
+    (
+        T_HEARTBEAT,
+        "heartbeat",
+        H2D,
+        (
+            _f(0, "gpu_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC", "GPU core (NVML)"),
+            _f(1, "gpu_power", K_UINT, False, 0, 4000000, MILLI, "mW", "GPU board power"),
+            _f(2, "power_limit", K_UINT, False, 0, 4000000, MILLI, "mW", "enforced limit"),
+            _f(3, "host_time", K_UINT, False, 0, U32, unit="s", doc="host Unix time"),
+            _f(4, "gpu_mem_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC", "GPU memory"),
+            _f(5, "period_ms", K_UINT, False, 0, 600000, unit="ms",
+               doc="host heartbeat period (informs the module's timeout)"),
+        ),
+        "Host is alive; GPU readings for feed-forward and cross-checks. Absent = unknown.",
+    ),
+    (
+        T_FAN_MODE,
+        "fan_mode",
+        H2D,
+        (
+            _f(0, "mode", K_STR, True, 1, 8, doc="auto | manual | curve"),
+            _f(1, "duty1", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535", "manual duty fan 1"),
+            _f(2, "duty2", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535", "manual duty fan 2"),
+        ),
+        "Select the control mode; manual duty is still floored by the safety floor.",
+    ),
+    (
+        T_SETPOINTS,
+        "setpoints",
+        H2D,
+        (
+            _f(0, "sp_gpu", K_INT, False, 20000, 110000, MILLI, "m degC"),
+            _f(1, "sp_vram", K_INT, False, 20000, 110000, MILLI, "m degC"),
+            _f(2, "sp_mos", K_INT, False, 20000, 125000, MILLI, "m degC"),
+            _f(3, "sp_amb", K_INT, False, 10000, 60000, MILLI, "m degC"),
+        ),
+        "Per-channel control setpoints; absent fields are unchanged.",
+    ),
+    (
+        T_PID_GAINS,
+        "pid_gains",
+        H2D,
+        (
+            _f(0, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC", "proportional"),
+            _f(1, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)", "integral"),
+            _f(2, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC", "derivative"),
+            _f(3, "kff", K_INT, False, 0, 1000000, GAIN, "m %/W", "GPU-power feed-forward"),
+        ),
+        "PID gains in milli-units; absent fields are unchanged.",
+    ),
+    (
+        T_FAN_CURVE,
+        "fan_curve",
+        H2D,
+        (
+            _f(0, "points", K_LIST, True, 2, 16,
+               doc="[[temp m degC, duty 1/65535], ...] ascending in temperature"),
+            _f(1, "hysteresis", K_UINT, False, 0, 20000, MILLI, "m degC"),
+        ),
+        "Piecewise-linear fan curve used in curve mode and STANDALONE.",
+    ),
+    (
+        T_CONFIG_GET,
+        "config_get",
+        H2D,
+        (_f(0, "section", K_STR, False, 0, 32, doc="config section; absent = all"),),
+        "Read config; answered with a config message.",
+    ),
+    (
+        T_CONFIG_SET,
+        "config_set",
+        H2D,
+        (_f(0, "values", K_MAP, True, 1, 64, doc="keys and new values"),),
+        "Change config in RAM (validated as a whole); config_save persists it.",
+    ),
+    (T_CONFIG_SAVE, "config_save", H2D, (), "Write the running config to flash atomically."),
+    (T_CONFIG_RESET, "config_reset", H2D, (), "Factory defaults, in RAM and in flash."),
+    (
+        T_CAL_READ,
+        "cal_read",
+        H2D,
+        (
+            _f(0, "channel", K_UINT, True, 0, 7),
+            _f(1, "samples", K_UINT, False, 1, 4096, doc="ADC samples to average (default 64)"),
+        ),
+        "Sample one channel; answered with cal_raw.",
+    ),
+    (
+        T_CAL_WRITE,
+        "cal_write",
+        H2D,
+        (
+            _f(0, "channel", K_UINT, True, 0, 7),
+            _f(1, "model", K_STR, True, 1, 8, doc="sh | beta | poly"),
+            _f(2, "coeffs", K_LIST, True, 1, 8,
+               doc="sh: [A, B, C]; beta: [beta, r0_ohm, t0_mc]; poly: [c0, c1, ...]"),
+            _f(3, "correction", K_LIST, False, 0, 8,
+               doc="polynomial correction in degC, lowest order first"),
+        ),
+        "Write calibration coefficients of one channel (floats allowed here).",
+    ),
+    (T_REBOOT, "reboot", H2D, (), "Acknowledge, then reset the MCU."),
+    (T_REPL, "repl", H2D, (), "Acknowledge, then hand the port back to the MicroPython REPL."),
+)
+
+M_TYPE = 0
+M_NAME = 1
+M_DIR = 2
+M_FIELDS = 3
+M_DOC = 4
+
+_BY_TYPE = {}
+_BY_NAME = {}
+for _m in MESSAGES:
+    _BY_TYPE[_m[M_TYPE]] = _m
+    _BY_NAME[_m[M_NAME]] = _m
+
+
+def by_type(type_id):
+    """Message definition for a type id, or None."""
+    return _BY_TYPE.get(type_id)
+
+
+def by_name(name):
+    """Message definition for a name, or None."""
+    return _BY_NAME.get(name)
+
+
+def field_index(msg_def, name):
+    """Index of field ``name`` in a message definition, or -1."""
+    fields = msg_def[M_FIELDS]
+    i = 0
+    while i < len(fields):
+        if fields[i][F_NAME] == name:
+            return i
+        i += 1
+    return -1

@@ -1,0 +1,344 @@
+"""The project's own CBOR (RFC 8949) subset codec, for MicroPython and CPython.
+
+Emits exactly what the ``cbor2`` library emits for the same value, provided maps are
+given in the deterministic key order this codec uses (keys sorted by the length of
+their encoding, then bytewise: RFC 7049 section 3.9 "canonical" order). Sorting is
+not optional: MicroPython dicts do not keep insertion order, and frames must be the
+same bytes on both interpreters.
+
+Subset:
+
+==========  ================================  =======================================
+major type  encoded                           decoded
+==========  ================================  =======================================
+0, 1        int in [-2**64, 2**64 - 1]        same, shortest head form only on encode
+2           bytes, bytearray                  bytes (definite length only)
+3           str (UTF-8)                       str (UTF-8 validated, definite only)
+4           list, tuple                       list (definite length only)
+5           dict with int/str/bytes keys      dict (keys int/str/bytes, no duplicates)
+6           --                                rejected (no tags)
+7           False, True, None, float          false/true/null, f16/f32/f64; undefined,
+                                              simple values and break are rejected
+==========  ================================  =======================================
+
+Floats are written as float64 except NaN and +-infinity, which ``cbor2`` writes as
+float16 (``f9 7e00`` / ``f9 7c00`` / ``f9 fc00``); so do we.
+
+The decoder treats its input as hostile: every length is checked against the bytes
+that remain, nesting is bounded (``max_depth``), indefinite lengths, tags and reserved
+additional-information values are refused with :class:`CBORDecodeError`.
+
+:func:`put_head` and :func:`put_int` write into a caller-owned buffer without
+allocating (for integers within the small-int range); the telemetry encoder is built
+on them.
+"""
+
+import struct
+
+from protocol.errors import CBORDecodeError, CBOREncodeError
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+MAJOR_UINT = const(0)
+MAJOR_NEGINT = const(1)
+MAJOR_BYTES = const(2)
+MAJOR_TEXT = const(3)
+MAJOR_ARRAY = const(4)
+MAJOR_MAP = const(5)
+MAJOR_TAG = const(6)
+MAJOR_SIMPLE = const(7)
+
+_FALSE = const(0xF4)
+_TRUE = const(0xF5)
+_NULL = const(0xF6)
+_UNDEFINED = const(0xF7)
+_F16 = const(0xF9)
+_F32 = const(0xFA)
+_F64 = const(0xFB)
+_BREAK = const(0xFF)
+
+DEFAULT_MAX_DEPTH = 8
+_UINT64_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+# ---------------------------------------------------------------------------
+# Encoding into a caller-owned buffer (no allocation for small ints)
+
+
+def head_len(value):
+    """Bytes taken by a head whose argument is ``value`` (0 <= value < 2**64)."""
+    if value < 24:
+        return 1
+    if value < 0x100:
+        return 2
+    if value < 0x10000:
+        return 3
+    if value <= 0xFFFFFFFF:
+        return 5
+    return 9
+
+
+def put_head(buf, off, major, value):
+    """Write the head of ``major`` with argument ``value`` at ``buf[off]``; return end."""
+    mt = major << 5
+    if value < 24:
+        buf[off] = mt | value
+        return off + 1
+    if value < 0x100:
+        buf[off] = mt | 24
+        buf[off + 1] = value
+        return off + 2
+    if value < 0x10000:
+        buf[off] = mt | 25
+        buf[off + 1] = value >> 8
+        buf[off + 2] = value & 0xFF
+        return off + 3
+    if value <= 0xFFFFFFFF:
+        buf[off] = mt | 26
+        struct.pack_into(">I", buf, off + 1, value)
+        return off + 5
+    buf[off] = mt | 27
+    struct.pack_into(">Q", buf, off + 1, value)
+    return off + 9
+
+
+def put_int(buf, off, value):
+    """Write integer ``value`` (major 0 or 1) at ``buf[off]``; return end offset."""
+    if value >= 0:
+        return put_head(buf, off, MAJOR_UINT, value)
+    return put_head(buf, off, MAJOR_NEGINT, -1 - value)
+
+
+def int_len(value):
+    """Bytes :func:`put_int` would write for ``value``."""
+    return head_len(value if value >= 0 else -1 - value)
+
+
+# ---------------------------------------------------------------------------
+# Generic encoder (allocates; used outside the control tick)
+
+
+def _key_order(item):
+    enc = item[0]
+    return (len(enc), enc)
+
+
+def _encode(obj, out, depth):
+    if depth < 0:
+        raise CBOREncodeError("nesting deeper than the codec allows")
+    # bool first: it is an int subclass on both interpreters
+    if obj is False:
+        out.append(_FALSE)
+    elif obj is True:
+        out.append(_TRUE)
+    elif obj is None:
+        out.append(_NULL)
+    elif isinstance(obj, int):
+        if obj > _UINT64_MAX or obj < -1 - _UINT64_MAX:
+            raise CBOREncodeError("integer out of the 64-bit CBOR range: %d" % obj)
+        tmp = bytearray(9)
+        n = put_int(tmp, 0, obj)
+        out.extend(tmp[:n] if n < 9 else tmp)
+    elif isinstance(obj, float):
+        if obj != obj:
+            out.extend(b"\xf9\x7e\x00")
+        elif obj in (float("inf"), float("-inf")):
+            out.extend(b"\xf9\x7c\x00" if obj > 0 else b"\xf9\xfc\x00")
+        else:
+            out.append(_F64)
+            out.extend(struct.pack(">d", obj))
+    elif isinstance(obj, str):
+        data = obj.encode("utf-8")
+        _extend_head(out, MAJOR_TEXT, len(data))
+        out.extend(data)
+    elif isinstance(obj, (bytes, bytearray)):
+        _extend_head(out, MAJOR_BYTES, len(obj))
+        out.extend(obj)
+    elif isinstance(obj, (list, tuple)):
+        _extend_head(out, MAJOR_ARRAY, len(obj))
+        for item in obj:
+            _encode(item, out, depth - 1)
+    elif isinstance(obj, dict):
+        pairs = []
+        for k, v in obj.items():
+            if isinstance(k, bool) or not isinstance(k, (int, str, bytes)):
+                raise CBOREncodeError("map keys must be int, str or bytes, not %s" % type(k).__name__)
+            kb = bytearray()
+            _encode(k, kb, depth - 1)
+            pairs.append((bytes(kb), v))
+        pairs.sort(key=_key_order)
+        _extend_head(out, MAJOR_MAP, len(pairs))
+        for kb, v in pairs:
+            out.extend(kb)
+            _encode(v, out, depth - 1)
+    else:
+        raise CBOREncodeError("type %s is outside the CBOR subset" % type(obj).__name__)
+
+
+def _extend_head(out, major, value):
+    tmp = bytearray(9)
+    n = put_head(tmp, 0, major, value)
+    out.extend(tmp[:n] if n < 9 else tmp)
+
+
+def dumps(obj, max_depth=DEFAULT_MAX_DEPTH):
+    """Encode ``obj``; returns bytes. Raises CBOREncodeError for unsupported values."""
+    out = bytearray()
+    _encode(obj, out, max_depth)
+    return bytes(out)
+
+
+# ---------------------------------------------------------------------------
+# Decoder
+
+
+def _half_to_float(h):
+    exp = (h >> 10) & 0x1F
+    mant = h & 0x3FF
+    if exp == 0:
+        val = mant * 2.0 ** -24
+    elif exp == 31:
+        val = float("inf") if mant == 0 else float("nan")
+    else:
+        val = (mant + 1024) * 2.0 ** (exp - 25)
+    return -val if h & 0x8000 else val
+
+
+class _Reader:
+    """Cursor over ``buf[pos:end]``; every read is bounds-checked."""
+
+    def __init__(self, buf, pos, end, max_depth):
+        self.buf = buf
+        self.pos = pos
+        self.end = end
+        self.max_depth = max_depth
+
+    def need(self, n):
+        if n > self.end - self.pos:
+            raise CBORDecodeError("truncated: need %d bytes, %d left" % (n, self.end - self.pos))
+
+    def arg(self, info):
+        """Read the argument for additional information ``info`` (< 28)."""
+        buf = self.buf
+        if info < 24:
+            return info
+        if info == 24:
+            self.need(1)
+            v = buf[self.pos]
+            self.pos += 1
+            return v
+        if info == 25:
+            self.need(2)
+            p = self.pos
+            self.pos = p + 2
+            return (buf[p] << 8) | buf[p + 1]
+        if info == 26:
+            self.need(4)
+            v = struct.unpack_from(">I", buf, self.pos)[0]
+            self.pos += 4
+            return v
+        if info == 27:
+            self.need(8)
+            v = struct.unpack_from(">Q", buf, self.pos)[0]
+            self.pos += 8
+            return v
+        if info == 31:
+            raise CBORDecodeError("indefinite length is outside the subset")
+        raise CBORDecodeError("reserved additional information %d" % info)
+
+    def item(self, depth):
+        if depth > self.max_depth:
+            raise CBORDecodeError("nesting deeper than %d" % self.max_depth)
+        self.need(1)
+        ib = self.buf[self.pos]
+        self.pos += 1
+        major = ib >> 5
+        info = ib & 0x1F
+        if major == MAJOR_SIMPLE:
+            return self.simple(ib, info)
+        n = self.arg(info)
+        if major == MAJOR_UINT:
+            return n
+        if major == MAJOR_NEGINT:
+            return -1 - n
+        if major == MAJOR_BYTES or major == MAJOR_TEXT:
+            self.need(n)
+            p = self.pos
+            self.pos = p + n
+            raw = bytes(self.buf[p : p + n])
+            if major == MAJOR_BYTES:
+                return raw
+            try:
+                return str(raw, "utf-8")
+            except UnicodeError:
+                raise CBORDecodeError("text string is not valid UTF-8") from None
+        if major == MAJOR_ARRAY:
+            # every item takes at least one byte: bound n before allocating
+            self.need(n)
+            out = []
+            for _ in range(n):
+                out.append(self.item(depth + 1))
+            return out
+        if major == MAJOR_MAP:
+            self.need(2 * n)
+            out = {}
+            for _ in range(n):
+                k = self.item(depth + 1)
+                if isinstance(k, bool) or not isinstance(k, (int, str, bytes)):
+                    raise CBORDecodeError("map key of type %s is outside the subset" % type(k).__name__)
+                if k in out:
+                    raise CBORDecodeError("duplicate map key %r" % (k,))
+                out[k] = self.item(depth + 1)
+            return out
+        raise CBORDecodeError("tags (major type 6) are outside the subset")
+
+    def simple(self, ib, info):
+        if ib == _FALSE:
+            return False
+        if ib == _TRUE:
+            return True
+        if ib == _NULL:
+            return None
+        if ib == _F64:
+            self.need(8)
+            v = struct.unpack_from(">d", self.buf, self.pos)[0]
+            self.pos += 8
+            return v
+        if ib == _F32:
+            self.need(4)
+            v = struct.unpack_from(">f", self.buf, self.pos)[0]
+            self.pos += 4
+            return v
+        if ib == _F16:
+            self.need(2)
+            p = self.pos
+            self.pos = p + 2
+            return _half_to_float((self.buf[p] << 8) | self.buf[p + 1])
+        if ib == _BREAK:
+            raise CBORDecodeError("break outside an indefinite-length item")
+        if ib == _UNDEFINED:
+            raise CBORDecodeError("undefined is outside the subset")
+        raise CBORDecodeError("simple value %d is outside the subset" % info)
+
+
+def decode_from(buf, pos=0, end=-1, max_depth=DEFAULT_MAX_DEPTH):
+    """Decode one item from ``buf[pos:end]``; return ``(value, end_of_item)``."""
+    if end < 0:
+        end = len(buf)
+    r = _Reader(buf, pos, end, max_depth)
+    value = r.item(0)
+    return value, r.pos
+
+
+def loads(data, max_depth=DEFAULT_MAX_DEPTH):
+    """Decode exactly one item from ``data``; trailing bytes are an error."""
+    value, pos = decode_from(data, 0, len(data), max_depth)
+    if pos != len(data):
+        raise CBORDecodeError("%d trailing bytes after the item" % (len(data) - pos))
+    return value

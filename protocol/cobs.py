@@ -1,0 +1,96 @@
+"""Consistent Overhead Byte Stuffing (Cheshire & Baker, 1999).
+
+The encoded form contains no 0x00 byte, so 0x00 delimits frames on the wire.
+Overhead is at most one byte per 254 bytes plus one.
+
+Both directions work buffer-to-buffer with explicit offsets so the firmware can
+encode into a preallocated buffer without allocating.
+
+>>> bytes(encode(b"\\x11\\x00\\x22"))
+b'\\x02\\x11\\x02"'
+"""
+
+from protocol.errors import FrameError, OversizeError
+
+
+def max_encoded_len(n):
+    """Worst-case COBS length for ``n`` raw bytes (without the delimiter)."""
+    return n + n // 254 + 1
+
+
+def encode_into(src, src_len, dst, dst_off=0):
+    """COBS-encode ``src[:src_len]`` into ``dst`` at ``dst_off``; return the end offset.
+
+    Canonical COBS: a block of 254 non-zero bytes that ends the input gets no extra
+    code byte. Raises OversizeError if ``dst`` is too small. Does not allocate.
+    """
+    if dst_off + max_encoded_len(src_len) > len(dst):
+        raise OversizeError("COBS output buffer too small")
+    code_pos = dst_off
+    out = dst_off + 1
+    code = 1
+    i = 0
+    while i < src_len:
+        b = src[i]
+        i += 1
+        if b:
+            dst[out] = b
+            out += 1
+            code += 1
+        if not b or code == 0xFF:
+            dst[code_pos] = code
+            code = 1
+            code_pos = out
+            if not b or i < src_len:
+                out += 1
+    dst[code_pos] = code
+    return out
+
+
+def encode(data):
+    """COBS-encode ``data`` (no delimiter appended); returns a new bytearray."""
+    n = len(data)
+    dst = bytearray(max_encoded_len(n))
+    end = encode_into(data, n, dst, 0)
+    return dst[:end]
+
+
+def decode_into(src, src_len, dst):
+    """Decode ``src[:src_len]`` (one frame, without its delimiter) into ``dst``.
+
+    Returns the decoded length. Raises FrameError on a 0x00 inside the frame or a
+    code byte that runs past the end, OversizeError if ``dst`` is too small.
+    """
+    i = 0
+    out = 0
+    dst_len = len(dst)
+    while i < src_len:
+        code = src[i]
+        if code == 0:
+            raise FrameError("0x00 inside a COBS frame")
+        i += 1
+        end = i + code - 1
+        if end > src_len:
+            raise FrameError("COBS code byte runs past the end of the frame")
+        if out + (end - i) > dst_len:
+            raise OversizeError("decoded frame larger than the buffer")
+        while i < end:
+            b = src[i]
+            if b == 0:
+                raise FrameError("0x00 inside a COBS frame")
+            dst[out] = b
+            out += 1
+            i += 1
+        if code != 0xFF and i < src_len:
+            if out >= dst_len:
+                raise OversizeError("decoded frame larger than the buffer")
+            dst[out] = 0
+            out += 1
+    return out
+
+
+def decode(data):
+    """Decode one COBS frame (without delimiter); returns a new bytearray."""
+    dst = bytearray(len(data))
+    n = decode_into(data, len(data), dst)
+    return dst[:n]

@@ -1,0 +1,163 @@
+"""Decoded messages, rejected frames, and field validation against the catalog."""
+
+from protocol import catalog as C
+from protocol.errors import FieldError, UnknownTypeError
+
+FMT_CBOR = "cbor"
+FMT_JSON = "json"
+
+
+class Message:
+    """One valid message. ``fields`` maps field names to wire values (fixed point ints)."""
+
+    ok = True
+
+    def __init__(self, type_id, name, seq, fields, minor=0, fmt=FMT_CBOR):
+        self.type = type_id
+        self.name = name
+        self.seq = seq
+        self.fields = fields
+        self.minor = minor
+        self.fmt = fmt
+
+    def get(self, name, default=None):
+        return self.fields.get(name, default)
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, Message)
+            and self.type == other.type
+            and self.seq == other.seq
+            and self.fields == other.fields
+        )
+
+    def __repr__(self):
+        return "Message(%s seq=%d %r)" % (self.name, self.seq, self.fields)
+
+
+class BadFrame:
+    """A frame or line that was rejected. ``kind`` is the counter it was added to.
+
+    ``type`` and ``seq`` are filled in when the header could be read (so a NACK can
+    reference the command), else they are 0. ``code`` is the NACK error code.
+    """
+
+    ok = False
+
+    def __init__(self, kind, detail, code=C.ERR_MALFORMED, type_id=0, seq=0, field=None, fmt=FMT_CBOR):
+        self.kind = kind
+        self.detail = detail
+        self.code = code
+        self.type = type_id
+        self.seq = seq
+        self.field = field
+        self.fmt = fmt
+
+    def __repr__(self):
+        return "BadFrame(%s: %s)" % (self.kind, self.detail)
+
+
+def lookup(type_or_name):
+    """Message definition by type id or name; UnknownTypeError if neither."""
+    if isinstance(type_or_name, str):
+        m = C.by_name(type_or_name)
+    else:
+        m = C.by_type(type_or_name)
+    if m is None:
+        raise UnknownTypeError("unknown message type %r" % (type_or_name,))
+    return m
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_value(fdef, value):
+    """Raise FieldError unless ``value`` fits field definition ``fdef``."""
+    kind = fdef[C.F_KIND]
+    name = fdef[C.F_NAME]
+    lo = fdef[C.F_LO]
+    hi = fdef[C.F_HI]
+    size = None
+    if kind == C.K_UINT or kind == C.K_INT or kind == C.K_ENUM:
+        if not _is_int(value):
+            raise FieldError("%s must be an integer" % name, C.ERR_BAD_TYPE, name)
+        if kind == C.K_UINT and value < 0:
+            raise FieldError("%s must not be negative" % name, C.ERR_OUT_OF_RANGE, name)
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise FieldError(
+                "%s=%d outside %s..%s" % (name, value, lo, hi), C.ERR_OUT_OF_RANGE, name
+            )
+        return
+    if kind == C.K_STR:
+        if not isinstance(value, str):
+            raise FieldError("%s must be text" % name, C.ERR_BAD_TYPE, name)
+        size = len(value)
+    elif kind == C.K_BYTES:
+        if not isinstance(value, (bytes, bytearray)):
+            raise FieldError("%s must be bytes" % name, C.ERR_BAD_TYPE, name)
+        size = len(value)
+    elif kind == C.K_BOOL:
+        if not isinstance(value, bool):
+            raise FieldError("%s must be true or false" % name, C.ERR_BAD_TYPE, name)
+        return
+    elif kind == C.K_LIST:
+        if not isinstance(value, (list, tuple)):
+            raise FieldError("%s must be a list" % name, C.ERR_BAD_TYPE, name)
+        size = len(value)
+    elif kind == C.K_MAP:
+        if not isinstance(value, dict):
+            raise FieldError("%s must be a map" % name, C.ERR_BAD_TYPE, name)
+        for k in value:
+            if not isinstance(k, str):
+                raise FieldError("%s keys must be text" % name, C.ERR_BAD_TYPE, name)
+        size = len(value)
+    elif kind == C.K_NUM:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FieldError("%s must be a number" % name, C.ERR_BAD_TYPE, name)
+        if isinstance(value, float) and (value != value or value in (_INF, -_INF)):
+            raise FieldError("%s must be finite" % name, C.ERR_OUT_OF_RANGE, name)
+        return
+    else:  # pragma: no cover - catalog test guarantees known kinds
+        raise FieldError("%s has unknown kind %r" % (name, kind), C.ERR_INTERNAL, name)
+    if (lo is not None and size < lo) or (hi is not None and size > hi):
+        raise FieldError(
+            "%s length %d outside %s..%s" % (name, size, lo, hi), C.ERR_OUT_OF_RANGE, name
+        )
+
+
+_INF = float("inf")
+
+
+def check_required(mdef, fields):
+    for fdef in mdef[C.M_FIELDS]:
+        if fdef[C.F_REQUIRED] and fdef[C.F_NAME] not in fields:
+            name = fdef[C.F_NAME]
+            raise FieldError("%s is required in %s" % (name, mdef[C.M_NAME]), C.ERR_MISSING_FIELD, name)
+
+
+def fields_from_keys(mdef, raw):
+    """Map a decoded CBOR map (int keys) to a validated dict by field name.
+
+    Unknown keys (fields added by a newer minor version) are ignored.
+    """
+    out = {}
+    for fdef in mdef[C.M_FIELDS]:
+        key = fdef[C.F_KEY]
+        if key in raw:
+            value = raw[key]
+            check_value(fdef, value)
+            out[fdef[C.F_NAME]] = value
+    check_required(mdef, out)
+    return out
+
+
+def validate_fields(mdef, fields):
+    """Validate a name -> value dict for sending; unknown names are an error here."""
+    known = mdef[C.M_FIELDS]
+    for name in fields:
+        i = C.field_index(mdef, name)
+        if i < 0:
+            raise FieldError("%s has no field %r" % (mdef[C.M_NAME], name), C.ERR_BAD_TYPE, name)
+        check_value(known[i], fields[name])
+    check_required(mdef, fields)

@@ -1,0 +1,232 @@
+"""Allocation-free telemetry encoder for the firmware's control tick.
+
+The control loop writes wire values (fixed-point ints) into ``enc.values`` by field
+index and marks them present; ``encode_cbor(seq)`` or ``encode_json(seq)`` then writes
+one complete frame (COBS + delimiter, or a JSON line) into the preallocated ``enc.out``
+and returns its length. Nothing on that path allocates on MicroPython as long as the
+values are small ints (|v| < 2**30), which the catalog ranges guarantee; a test runs it
+under ``micropython.heap_lock()``. A port then sends it without slicing::
+
+    n = enc.encode_cbor(seq)
+    uart.write(enc.out, n)      # MicroPython streams take (buf, len)
+
+The bytes are identical to :func:`protocol.frame.encode_frame` and
+:func:`protocol.jsonl.encode_line` for the same fields (tested).
+"""
+
+from array import array
+
+from protocol import VERSION_MAJOR, VERSION_MINOR, catalog as C, cobs
+from protocol.cbor import MAJOR_MAP, put_head, put_int
+from protocol.crc import crc16
+from protocol.frame import HEADER_LEN, MAX_FRAME
+from protocol.jsonl import mul_div_round
+
+_MDEF = C.by_type(C.T_TELEMETRY)
+FIELDS = _MDEF[C.M_FIELDS]
+N_FIELDS = len(FIELDS)
+
+
+def index(name):
+    """Field index of telemetry field ``name`` (raises KeyError if unknown)."""
+    i = C.field_index(_MDEF, name)
+    if i < 0:
+        raise KeyError(name)
+    return i
+
+
+# Field indexes, for the firmware.
+UPTIME_S = index("uptime_s")
+STATE = index("state")
+REASON = index("reason")
+FAULTS = index("faults")
+TEMP_GPU = index("temp_gpu")
+TEMP_VRAM = index("temp_vram")
+TEMP_MOS = index("temp_mos")
+TEMP_AMB = index("temp_amb")
+FAN1_RPM = index("fan1_rpm")
+FAN2_RPM = index("fan2_rpm")
+FAN1_DUTY = index("fan1_duty")
+FAN2_DUTY = index("fan2_duty")
+V_IN = index("v_in")
+I_IN = index("i_in")
+P_IN = index("p_in")
+TARGET = index("target")
+
+_POW10 = (1, 10, 100, 1000, 10000, 100000, 1000000)
+_KIND_PLAIN = 0
+_KIND_ENUM = 1
+_KIND_SCALED = 2
+
+
+def _put_bytes(buf, o, src):
+    n = len(src)
+    i = 0
+    while i < n:
+        buf[o + i] = src[i]
+        i += 1
+    return o + n
+
+
+def _put_uint(buf, o, v, width):
+    """Decimal digits of v >= 0, zero-padded to ``width``."""
+    n = 1
+    t = v
+    while t >= 10:
+        t //= 10
+        n += 1
+    if n < width:
+        n = width
+    i = o + n - 1
+    while i >= o:
+        buf[i] = 0x30 + v % 10
+        v //= 10
+        i -= 1
+    return o + n
+
+
+def _put_fixed(buf, o, v, mul, div, dec):
+    """Display text of wire value ``v``; the same text as jsonl.format_fixed."""
+    neg = v < 0
+    if neg:
+        v = -v
+    if mul != div:
+        v = mul_div_round(v, mul, div)
+    if neg and v:
+        buf[o] = 0x2D  # '-'
+        o += 1
+    p = _POW10[dec]
+    ip = v // p
+    fp = v - ip * p
+    o = _put_uint(buf, o, ip, 0)
+    if fp:
+        buf[o] = 0x2E  # '.'
+        o += 1
+        while fp % 10 == 0:
+            fp //= 10
+            dec -= 1
+        o = _put_uint(buf, o, fp, dec)
+    return o
+
+
+class TelemetryEncoder:
+    """Preallocated telemetry frame builder; see the module docstring."""
+
+    def __init__(self, max_frame=MAX_FRAME):
+        self.values = array("i", [0] * N_FIELDS)
+        self.present = 0
+        self.raw = bytearray(max_frame)
+        self.out = bytearray(cobs.max_encoded_len(max_frame) + 1)
+        keys = bytearray(N_FIELDS)
+        kinds = bytearray(N_FIELDS)
+        jkeys = []
+        scales = []
+        enums = []
+        i = 0
+        while i < N_FIELDS:
+            f = FIELDS[i]
+            keys[i] = f[C.F_KEY]
+            jkeys.append(('"%s":' % f[C.F_NAME]).encode())
+            scale = f[C.F_SCALE]
+            if f[C.F_KIND] == C.K_ENUM:
+                kinds[i] = _KIND_ENUM
+                enums.append(tuple([('"%s"' % s).encode() for s in scale]))
+                scales.append(None)
+            elif scale is not None:
+                kinds[i] = _KIND_SCALED
+                enums.append(None)
+                scales.append(scale)
+            else:
+                kinds[i] = _KIND_PLAIN
+                enums.append(None)
+                scales.append(None)
+            i += 1
+        self._keys = keys
+        self._kinds = kinds
+        self._jkeys = tuple(jkeys)
+        self._scales = tuple(scales)
+        self._enums = tuple(enums)
+        self._jhead = ('{"type":"telemetry","v":"%d.%d","seq":' % (VERSION_MAJOR, VERSION_MINOR)).encode()
+
+    def set(self, i, value):
+        """Set field ``i`` (an index constant of this module) and mark it present."""
+        self.values[i] = value
+        self.present |= 1 << i
+
+    def clear(self, i):
+        """Mark field ``i`` absent (e.g. a faulted sensor)."""
+        self.present &= ~(1 << i)
+
+    def fields(self):
+        """The present fields as a name -> value dict (allocates; for tests and hosts)."""
+        out = {}
+        i = 0
+        while i < N_FIELDS:
+            if self.present & (1 << i):
+                out[FIELDS[i][C.F_NAME]] = self.values[i]
+            i += 1
+        return out
+
+    def encode_cbor(self, seq):
+        """Write a complete binary frame into ``out``; return its length (with 0x00)."""
+        raw = self.raw
+        raw[0] = VERSION_MAJOR
+        raw[1] = VERSION_MINOR
+        raw[2] = C.T_TELEMETRY
+        raw[3] = (seq >> 8) & 0xFF
+        raw[4] = seq & 0xFF
+        present = self.present
+        values = self.values
+        keys = self._keys
+        count = 0
+        i = 0
+        while i < N_FIELDS:
+            if present & (1 << i):
+                count += 1
+            i += 1
+        o = HEADER_LEN
+        if count:
+            o = put_head(raw, o, MAJOR_MAP, count)
+            i = 0
+            while i < N_FIELDS:
+                if present & (1 << i):
+                    o = put_head(raw, o, 0, keys[i])
+                    o = put_int(raw, o, values[i])
+                i += 1
+        crc = crc16(raw, 0, o)
+        raw[o] = crc >> 8
+        raw[o + 1] = crc & 0xFF
+        n = cobs.encode_into(raw, o + 2, self.out, 0)
+        self.out[n] = 0
+        return n + 1
+
+    def encode_json(self, seq):
+        """Write a complete JSON line into ``out``; return its length (with newline)."""
+        buf = self.out
+        o = _put_bytes(buf, 0, self._jhead)
+        o = _put_uint(buf, o, seq & 0xFFFF, 0)
+        present = self.present
+        values = self.values
+        kinds = self._kinds
+        i = 0
+        while i < N_FIELDS:
+            if present & (1 << i):
+                buf[o] = 0x2C  # ','
+                o = _put_bytes(buf, o + 1, self._jkeys[i])
+                v = values[i]
+                k = kinds[i]
+                if k == _KIND_ENUM:
+                    names = self._enums[i]
+                    if 0 <= v < len(names):
+                        o = _put_bytes(buf, o, names[v])
+                    else:
+                        o = _put_fixed(buf, o, v, 1, 1, 0)
+                elif k == _KIND_SCALED:
+                    s = self._scales[i]
+                    o = _put_fixed(buf, o, v, s[0], s[1], s[2])
+                else:
+                    o = _put_fixed(buf, o, v, 1, 1, 0)
+            i += 1
+        buf[o] = 0x7D  # '}'
+        buf[o + 1] = 0x0A
+        return o + 2
