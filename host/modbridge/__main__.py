@@ -1,0 +1,5 @@
+"""``python -m modbridge`` runs the CLI."""
+
+from modbridge.cli import main
+
+main()

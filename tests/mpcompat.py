@@ -1,0 +1,77 @@
+"""Test helpers that import and behave the same on CPython and MicroPython.
+
+Dual-interpreter test modules (those with ``DUAL = True``) cannot import pytest, so
+they use these instead:
+
+    from mpcompat import IS_MICROPYTHON, raises, tmpdir
+
+    def test_rejects_short_frame():
+        with raises(ValueError, match="short"):
+            decode(b"\\x01")
+"""
+
+import os
+import sys
+
+IS_MICROPYTHON = sys.implementation.name == "micropython"
+
+
+class raises:  # noqa: N801 - named like pytest.raises on purpose
+    """Context manager: the block must raise ``exc_type`` (a class or a tuple).
+
+    Fails with AssertionError if nothing is raised; an exception of another type
+    propagates unchanged. ``match`` is a plain substring of ``str(exception)``.
+    The caught exception is available as ``.value`` afterwards.
+    """
+
+    def __init__(self, exc_type, match=None):
+        self.exc_type = exc_type
+        self.match = match
+        self.value = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            raise AssertionError("did not raise " + _type_names(self.exc_type))
+        if not issubclass(exc_type, self.exc_type):
+            return False
+        self.value = exc
+        if self.match is not None and self.match not in str(exc):
+            message = str(exc)
+            raise AssertionError(
+                f"raised {exc_type.__name__}({message!r}) but {self.match!r} is not in it"
+            )
+        return True
+
+
+def _type_names(exc_type):
+    if isinstance(exc_type, tuple):
+        return " or ".join(t.__name__ for t in exc_type)
+    return exc_type.__name__
+
+
+_counter = 0
+
+
+def tmpdir():
+    """Return the path of a fresh, empty, writable directory."""
+    if not IS_MICROPYTHON:
+        import tempfile
+
+        return tempfile.mkdtemp(prefix="mpytest-")
+    global _counter
+    base = os.getenv("TMPDIR") or "/tmp"
+    # The unix port has no os.getpid(): a random suffix keeps parallel runs apart.
+    tag = "".join(f"{b:02x}" for b in os.urandom(4))
+    while True:
+        _counter += 1
+        path = f"{base.rstrip('/')}/mpytest-{tag}-{_counter}"
+        try:
+            os.mkdir(path)
+        except OSError as e:
+            if e.args[0] == 17:  # EEXIST
+                continue
+            raise
+        return path
