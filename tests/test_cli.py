@@ -1,0 +1,87 @@
+"""CLI tests (CPython): click's CliRunner, output parsed, exit codes checked."""
+
+import json
+
+from click.testing import CliRunner
+
+from modbridge import wiredemo
+from modbridge.cli import main
+from protocol import frame
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+
+
+def test_version():
+    r = run("--version")
+    assert r.exit_code == 0
+    assert "modbridge" in r.output
+
+
+def test_frame_encode_then_decode_round_trip():
+    r = run("frame", "encode", '{"type":"fan_mode","mode":"manual","duty1":40,"seq":9}')
+    assert r.exit_code == 0, r.output
+    hexframe = r.output.strip()
+    raw = bytes.fromhex(hexframe)
+    assert raw.endswith(b"\x00") and b"\x00" not in raw[:-1]
+    msg = frame.decode_frame(raw)
+    assert msg.name == "fan_mode" and msg.seq == 9
+    assert msg.fields == {"mode": "manual", "duty1": 26214}  # 40 % of 65535
+
+    r = run("frame", "decode", "--json", hexframe)
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert obj == {"type": "fan_mode", "seq": 9, "format": "cbor",
+                   "fields": {"mode": "manual", "duty1": 26214}}
+
+
+def test_frame_decode_reads_stdin_and_reports_garbage():
+    good = frame.encode_frame("heartbeat", {"gpu_temp": 65000}, 3)
+    r = CliRunner().invoke(main, ["frame", "decode", "--json"], input=b"\x01\x02\x03\x00" + good)
+    assert r.exit_code == 2  # something was rejected
+    items = [json.loads(line) for line in r.output.splitlines()]
+    assert items[0]["error"] in ("framing", "crc")
+    assert items[1] == {"type": "heartbeat", "seq": 3, "format": "cbor",
+                        "fields": {"gpu_temp": 65000}}
+
+
+def test_frame_decode_frame_without_delimiter():
+    good = frame.encode_frame("hello_request", {}, 1)[:-1]
+    r = run("frame", "decode", good.hex())
+    assert r.exit_code == 0
+    assert r.output.startswith("hello_request seq=1")
+
+
+def test_frame_decode_rejects_non_hex():
+    r = CliRunner().invoke(main, ["frame", "decode", "xyz"])
+    assert r.exit_code == 1
+    assert "not hex" in r.output
+
+
+def test_frame_encode_explains_invalid_input():
+    r = CliRunner().invoke(main, ["frame", "encode", '{"type":"fan_mode","mode":"manual","duty1":140}'])
+    assert r.exit_code == 1
+    assert "duty1" in r.output and "outside" in r.output
+    r = CliRunner().invoke(main, ["frame", "encode", "not json"])
+    assert r.exit_code == 1 and "not valid JSON" in r.output
+
+
+def test_wire_demo_streams_from_micropython():
+    lines = []
+    res = wiredemo.run(seconds=1.2, period_ms=20, json_every=10, noise_every=15, emit=lines.append)
+    assert res.exit_code == 0, lines
+    ticks = 60
+    assert res.frames_cbor == ticks
+    assert res.frames_json == ticks // 10
+    # the injected noise bursts are rejected and counted, never fatal
+    assert sum(res.errors.values()) == ticks // 15
+    assert res.device_note == "%d ticks encoded with the heap locked" % ticks
+    assert 40 < res.mean_cbor < 80 and res.mean_json > res.mean_cbor * 3
+    assert any(" cbor " in line for line in lines)
+
+
+def test_wire_demo_command_exit_code():
+    r = run("wire-demo", "--seconds", "0.3", "--period-ms", "20")
+    assert r.exit_code == 0, r.output
+    assert "micropython exit code: 0" in r.output
