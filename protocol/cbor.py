@@ -168,7 +168,9 @@ def _encode(obj, out, depth):
         pairs = []
         for k, v in obj.items():
             if isinstance(k, bool) or not isinstance(k, (int, str, bytes)):
-                raise CBOREncodeError("map keys must be int, str or bytes, not %s" % type(k).__name__)
+                raise CBOREncodeError(
+                    "map keys must be int, str or bytes, not %s" % type(k).__name__
+                )
             kb = bytearray()
             _encode(k, kb, depth - 1)
             pairs.append((bytes(kb), v))
@@ -202,12 +204,62 @@ def _half_to_float(h):
     exp = (h >> 10) & 0x1F
     mant = h & 0x3FF
     if exp == 0:
-        val = mant * 2.0 ** -24
+        val = mant * 2.0**-24
     elif exp == 31:
         val = float("inf") if mant == 0 else float("nan")
     else:
         val = (mant + 1024) * 2.0 ** (exp - 25)
     return -val if h & 0x8000 else val
+
+
+def _utf8_is_lax():
+    try:
+        str(b"\xc0\x80", "utf-8")  # overlong NUL: CPython refuses it, MicroPython not
+    except UnicodeError:
+        return False
+    return True
+
+
+_LAX_UTF8 = _utf8_is_lax()
+
+
+def _valid_utf8(b):
+    """Strict UTF-8 (RFC 3629: no overlong forms, surrogates or code points past
+    U+10FFFF), for interpreters whose ``str(b, "utf-8")`` lets those through."""
+    i = 0
+    n = len(b)
+    while i < n:
+        c = b[i]
+        i += 1
+        if c < 0x80:
+            continue
+        lo = 0x80
+        hi = 0xBF
+        if 0xC2 <= c <= 0xDF:
+            more = 1
+        elif 0xE0 <= c <= 0xEF:
+            more = 2
+            if c == 0xE0:
+                lo = 0xA0
+            elif c == 0xED:
+                hi = 0x9F
+        elif 0xF0 <= c <= 0xF4:
+            more = 3
+            if c == 0xF0:
+                lo = 0x90
+            elif c == 0xF4:
+                hi = 0x8F
+        else:
+            return False
+        if i + more > n or not lo <= b[i] <= hi:
+            return False
+        j = i + 1
+        i += more
+        while j < i:
+            if not 0x80 <= b[j] <= 0xBF:
+                return False
+            j += 1
+    return True
 
 
 class _Reader:
@@ -274,6 +326,8 @@ class _Reader:
             raw = bytes(self.buf[p : p + n])
             if major == MAJOR_BYTES:
                 return raw
+            if _LAX_UTF8 and not _valid_utf8(raw):
+                raise CBORDecodeError("text string is not valid UTF-8")
             try:
                 return str(raw, "utf-8")
             except UnicodeError:
@@ -291,7 +345,9 @@ class _Reader:
             for _ in range(n):
                 k = self.item(depth + 1)
                 if isinstance(k, bool) or not isinstance(k, (int, str, bytes)):
-                    raise CBORDecodeError("map key of type %s is outside the subset" % type(k).__name__)
+                    raise CBORDecodeError(
+                        "map key of type %s is outside the subset" % type(k).__name__
+                    )
                 if k in out:
                     raise CBORDecodeError("duplicate map key %r" % (k,))
                 out[k] = self.item(depth + 1)

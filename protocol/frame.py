@@ -12,9 +12,11 @@ one 0x00 delimiter. ``MAX_FRAME`` bounds the unstuffed size.
 
 :class:`StreamDecoder` takes bytes as they come from a serial port (any chunking) and
 returns :class:`~protocol.message.Message` and :class:`~protocol.message.BadFrame`
-items. JSON lines (see :mod:`protocol.jsonl`) are recognised on the same stream: a
-binary frame always carries the major version byte (0x01, not printable) as its second
-byte, so a run of printable bytes ending in a newline is text.
+items. JSON lines (see :mod:`protocol.jsonl`) are recognised on the same stream by the
+second byte of a run: a binary frame always carries its major version there (a control
+byte, 0x01 for v1; majors stay below 0x20), so any other second byte starts a text line
+that ends at the next LF, whatever it holds (a terminal's backspace or escape
+sequences cannot make the decoder stop listening for lines).
 """
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, cbor, cobs, jsonl
@@ -30,7 +32,16 @@ from protocol.errors import (
     UnknownTypeError,
     VersionError,
 )
-from protocol.message import FMT_CBOR, FMT_JSON, BadFrame, Message, fields_from_keys, lookup, validate_fields
+from protocol.message import (
+    FMT_CBOR,
+    FMT_JSON,
+    BadFrame,
+    Message,
+    check_seq,
+    fields_from_keys,
+    lookup,
+    validate_fields,
+)
 
 try:
     from micropython import const
@@ -71,6 +82,7 @@ def encode_frame(type_or_name, fields=None, seq=0, minor=VERSION_MINOR, major=VE
     """
     mdef = lookup(type_or_name)
     fields = fields or {}
+    check_seq(seq)
     validate_fields(mdef, fields)
     payload = encode_payload(mdef, fields)
     n = HEADER_LEN + len(payload) + CRC_LEN
@@ -165,18 +177,18 @@ def decode_frame(data, accept=None):
     return decode_raw(raw, m, accept)
 
 
-# byte classes for the stream decoder
+# stream decoder states
 _IDLE = const(0)  # nothing buffered
-_TEXT = const(1)  # only text bytes so far
-_BIN = const(2)  # binary frame
+_FIRST = const(4)  # one byte buffered: the next one tells a frame from a text line
+_TEXT = const(1)  # a text line (JSON or noise), ends at LF
+_BIN = const(2)  # binary frame, ends at 0x00
 _DISCARD = const(3)  # oversize: dropping until the next delimiter
 _NL = const(0x0A)
 _LBRACE = const(0x7B)
 
 
-def _is_text(b):
-    # printable ASCII, UTF-8 continuation/lead bytes, tab, CR, LF
-    return b >= 0x20 and b != 0x7F or b == 0x09 or b == 0x0A or b == 0x0D
+def _is_space(b):
+    return b == 0x20 or b == 0x09 or b == 0x0A or b == 0x0D
 
 
 ERROR_KINDS = (
@@ -234,19 +246,22 @@ class StreamDecoder:
         buf = self._buf
         i = 0
         end = len(data)
+        has_find = hasattr(data, "find")
         while i < end:
             state = self._state
             if state == _BIN:
                 # fast path: copy up to the next delimiter in one go
-                j = data.find(b"\x00", i) if hasattr(data, "find") else -1
-                stop = j if j >= 0 else end
-                if j < 0 and not hasattr(data, "find"):
+                if has_find:
+                    stop = data.find(b"\x00", i)
+                    if stop < 0:
+                        stop = end
+                else:
                     stop = i
                     while stop < end and data[stop] != 0:
                         stop += 1
                 count = stop - i
                 if self._n + count > self.max_encoded:
-                    self._overflow(False)
+                    self._overflow(out, False)
                     i = stop
                     continue
                 buf[self._n : self._n + count] = data[i:stop]
@@ -263,39 +278,64 @@ class StreamDecoder:
                     self._n = 0
                     self._state = _IDLE
                 continue
-            if b == 0:
-                if self._n:
-                    self._end_binary(out)
-                continue
             if state == _IDLE:
-                buf[0] = b
-                self._n = 1
-                self._state = _TEXT if _is_text(b) else _BIN
+                if b:
+                    buf[0] = b
+                    self._n = 1
+                    self._state = _FIRST
                 continue
-            # _TEXT
-            if b == _NL:
-                if self._n == 1 and buf[0] == _NL:
-                    # blank line (or a COBS code byte 0x0A followed by 0x0A data?
-                    # impossible: the second byte of a frame is the major version)
-                    self._n = 0
-                    self._state = _IDLE
+            if state == _FIRST:
+                # The second byte decides. A frame's is its major version: a control
+                # byte (< 0x20, not whitespace). Anything else starts a text line.
+                first = buf[0]
+                if b == 0:
+                    if _is_space(first):
+                        self._n = 0
+                        self._state = _IDLE
+                    else:
+                        self._end_binary(out)  # too short: counted
                     continue
+                if first == _NL and b != VERSION_MAJOR:
+                    # A blank line, not the COBS code byte 0x0A of a frame (whose
+                    # second byte would be the major version): b starts the run.
+                    buf[0] = b
+                    continue
+                if b < 0x20 and not _is_space(b):
+                    buf[1] = b
+                    self._n = 2
+                    self._state = _BIN
+                    continue
+                if b == _NL:
+                    self._end_text(out)
+                    continue
+                buf[1] = b
+                self._n = 2
+                self._state = _TEXT
+                continue
+            # _TEXT: a line, whatever bytes it holds, ends at LF
+            if b == _NL:
                 self._end_text(out)
                 continue
+            if b == 0:
+                self._n = 0
+                self._state = _IDLE
+                self.errors["noise"] += 1
+                out.append(BadFrame("noise", "text ended by 0x00", fmt=FMT_JSON))
+                continue
             if self._n >= self.max_line:
-                self._overflow(True)
+                self._overflow(out, True)
                 continue
             buf[self._n] = b
             self._n += 1
-            if not _is_text(b):
-                self._state = _BIN
         return out
 
-    def _overflow(self, text):
+    def _overflow(self, out, text):
         self.errors["oversize"] += 1
         self._n = 0
         self._state = _DISCARD
         self._discard_text = text
+        fmt = FMT_JSON if text else FMT_CBOR
+        out.append(BadFrame("oversize", "longer than the receive buffer", fmt=fmt))
 
     def _reject(self, out, err, fmt):
         kind = err.kind

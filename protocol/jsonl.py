@@ -19,7 +19,7 @@ import json
 from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
 from protocol.errors import CBORDecodeError, FieldError, UnknownTypeError, VersionError
-from protocol.message import FMT_JSON, Message, check_required, check_value, lookup
+from protocol.message import FMT_JSON, Message, check_required, check_seq, check_value, lookup
 
 HEADER_KEYS = ("type", "v", "seq")
 _POW10 = (1, 10, 100, 1000, 10000, 100000, 1000000)
@@ -74,7 +74,10 @@ def parse_fixed(value, scale, name):
     if value != value or value in (_INF, -_INF):
         raise FieldError("%s must be finite" % name, C.ERR_OUT_OF_RANGE, name)
     mul, div, dec = scale
-    x = value * _POW10[dec] * div / mul
+    try:
+        x = value * _POW10[dec] * div / mul
+    except OverflowError:  # an int too big for a float (CPython; MicroPython gives inf)
+        raise FieldError("%s is far out of range" % name, C.ERR_OUT_OF_RANGE, name) from None
     if x > 1e12 or x < -1e12:
         raise FieldError("%s is far out of range" % name, C.ERR_OUT_OF_RANGE, name)
     return int(x + 0.5) if x >= 0 else -int(-x + 0.5)
@@ -170,6 +173,7 @@ def encode_line(type_or_name, fields=None, seq=0, minor=VERSION_MINOR):
     """One message as a JSON line (bytes, ending in a newline)."""
     mdef = lookup(type_or_name)
     fields = fields or {}
+    check_seq(seq)
     for name in fields:
         i = C.field_index(mdef, name)
         if i < 0:
@@ -196,18 +200,20 @@ def _parse_version(v):
             major = int(head[0])
             minor = int(head[1]) if len(head) > 1 else 0
         except ValueError:
-            raise FieldError("v must look like \"1.0\"", C.ERR_BAD_TYPE, "v") from None
+            raise FieldError('v must look like "1.0"', C.ERR_BAD_TYPE, "v") from None
         return major, minor
     if isinstance(v, int) and not isinstance(v, bool):
         return v, 0
-    raise FieldError("v must look like \"1.0\"", C.ERR_BAD_TYPE, "v")
+    raise FieldError('v must look like "1.0"', C.ERR_BAD_TYPE, "v")
 
 
 def decode_line(line, accept=None):
     """Decode one JSON line (bytes or str, without the newline) into a Message."""
     try:
         obj = json.loads(line)
-    except (ValueError, UnicodeError) as e:
+    except (ValueError, UnicodeError, RuntimeError) as e:
+        # RuntimeError: CPython's RecursionError on deeply nested arrays (a line of
+        # MAX_LINE "[" is enough); MicroPython has no separate RecursionError class
         raise CBORDecodeError("not valid JSON: %s" % (e,)) from None
     if not isinstance(obj, dict):
         raise CBORDecodeError("a JSON line must be an object")

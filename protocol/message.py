@@ -44,7 +44,9 @@ class BadFrame:
 
     ok = False
 
-    def __init__(self, kind, detail, code=C.ERR_MALFORMED, type_id=0, seq=0, field=None, fmt=FMT_CBOR):
+    def __init__(
+        self, kind, detail, code=C.ERR_MALFORMED, type_id=0, seq=0, field=None, fmt=FMT_CBOR
+    ):
         self.kind = kind
         self.detail = detail
         self.code = code
@@ -129,11 +131,21 @@ def check_value(fdef, value):
 _INF = float("inf")
 
 
+def check_seq(seq):
+    """Sequence numbers are u16; anything else is a caller bug, refused loudly."""
+    if not _is_int(seq) or not 0 <= seq <= 0xFFFF:
+        raise FieldError(
+            "seq must be an integer 0..65535, got %r" % (seq,), C.ERR_OUT_OF_RANGE, "seq"
+        )
+
+
 def check_required(mdef, fields):
     for fdef in mdef[C.M_FIELDS]:
         if fdef[C.F_REQUIRED] and fdef[C.F_NAME] not in fields:
             name = fdef[C.F_NAME]
-            raise FieldError("%s is required in %s" % (name, mdef[C.M_NAME]), C.ERR_MISSING_FIELD, name)
+            raise FieldError(
+                "%s is required in %s" % (name, mdef[C.M_NAME]), C.ERR_MISSING_FIELD, name
+            )
 
 
 def fields_from_keys(mdef, raw):

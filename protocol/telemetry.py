@@ -4,8 +4,9 @@ The control loop writes wire values (fixed-point ints) into ``enc.values`` by fi
 index and marks them present; ``encode_cbor(seq)`` or ``encode_json(seq)`` then writes
 one complete frame (COBS + delimiter, or a JSON line) into the preallocated ``enc.out``
 and returns its length. Nothing on that path allocates on MicroPython as long as the
-values are small ints (|v| < 2**30), which the catalog ranges guarantee; a test runs it
-under ``micropython.heap_lock()``. A port then sends it without slicing::
+values are small ints (|v| < 2**30), which the catalog ranges guarantee except at the
+top of the u32 fields (``uptime_s``, ``faults``: those are still sent exactly); a test
+runs it under ``micropython.heap_lock()``. A port then sends it without slicing::
 
     n = enc.encode_cbor(seq)
     uart.write(enc.out, n)      # MicroPython streams take (buf, len)
@@ -13,8 +14,6 @@ under ``micropython.heap_lock()``. A port then sends it without slicing::
 The bytes are identical to :func:`protocol.frame.encode_frame` and
 :func:`protocol.jsonl.encode_line` for the same fields (tested).
 """
-
-from array import array
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, catalog as C, cobs
 from protocol.cbor import MAJOR_MAP, put_head, put_int
@@ -113,7 +112,9 @@ class TelemetryEncoder:
     """Preallocated telemetry frame builder; see the module docstring."""
 
     def __init__(self, max_frame=MAX_FRAME):
-        self.values = array("i", [0] * N_FIELDS)
+        # A list, not array("i"): uptime_s and faults are u32, which "i" would wrap
+        # (silently on MicroPython), and reading an array("q") item allocates.
+        self.values = [0] * N_FIELDS
         self.present = 0
         self.raw = bytearray(max_frame)
         self.out = bytearray(cobs.max_encoded_len(max_frame) + 1)
@@ -146,7 +147,9 @@ class TelemetryEncoder:
         self._jkeys = tuple(jkeys)
         self._scales = tuple(scales)
         self._enums = tuple(enums)
-        self._jhead = ('{"type":"telemetry","v":"%d.%d","seq":' % (VERSION_MAJOR, VERSION_MINOR)).encode()
+        self._jhead = (
+            '{"type":"telemetry","v":"%d.%d","seq":' % (VERSION_MAJOR, VERSION_MINOR)
+        ).encode()
 
     def set(self, i, value):
         """Set field ``i`` (an index constant of this module) and mark it present."""

@@ -75,3 +75,17 @@ def tmpdir():
                 continue
             raise
         return path
+
+
+def heap_locked(fn):
+    """Run ``fn()`` with the MicroPython heap locked, so any allocation raises
+    MemoryError; a plain call on CPython. Returns what ``fn`` returns."""
+    if not IS_MICROPYTHON:
+        return fn()
+    import micropython
+
+    micropython.heap_lock()
+    try:
+        return fn()
+    finally:
+        micropython.heap_unlock()

@@ -27,13 +27,17 @@ def test_frame_encode_then_decode_round_trip():
     assert raw.endswith(b"\x00") and b"\x00" not in raw[:-1]
     msg = frame.decode_frame(raw)
     assert msg.name == "fan_mode" and msg.seq == 9
-    assert msg.fields == {"mode": "manual", "duty1": 26214}  # 40 % of 65535
+    assert msg.fields == {"mode": 1, "duty1": 26214}  # 40 % of 65535
 
     r = run("frame", "decode", "--json", hexframe)
     assert r.exit_code == 0, r.output
     obj = json.loads(r.output)
-    assert obj == {"type": "fan_mode", "seq": 9, "format": "cbor",
-                   "fields": {"mode": "manual", "duty1": 26214}}
+    assert obj == {
+        "type": "fan_mode",
+        "seq": 9,
+        "format": "cbor",
+        "fields": {"mode": 1, "duty1": 26214},
+    }
 
 
 def test_frame_decode_reads_stdin_and_reports_garbage():
@@ -42,8 +46,12 @@ def test_frame_decode_reads_stdin_and_reports_garbage():
     assert r.exit_code == 2  # something was rejected
     items = [json.loads(line) for line in r.output.splitlines()]
     assert items[0]["error"] in ("framing", "crc")
-    assert items[1] == {"type": "heartbeat", "seq": 3, "format": "cbor",
-                        "fields": {"gpu_temp": 65000}}
+    assert items[1] == {
+        "type": "heartbeat",
+        "seq": 3,
+        "format": "cbor",
+        "fields": {"gpu_temp": 65000},
+    }
 
 
 def test_frame_decode_frame_without_delimiter():
@@ -60,7 +68,9 @@ def test_frame_decode_rejects_non_hex():
 
 
 def test_frame_encode_explains_invalid_input():
-    r = CliRunner().invoke(main, ["frame", "encode", '{"type":"fan_mode","mode":"manual","duty1":140}'])
+    r = CliRunner().invoke(
+        main, ["frame", "encode", '{"type":"fan_mode","mode":"manual","duty1":140}']
+    )
     assert r.exit_code == 1
     assert "duty1" in r.output and "outside" in r.output
     r = CliRunner().invoke(main, ["frame", "encode", "not json"])
@@ -76,7 +86,7 @@ def test_wire_demo_streams_from_micropython():
     assert res.frames_json == ticks // 10
     # the injected noise bursts are rejected and counted, never fatal
     assert sum(res.errors.values()) == ticks // 15
-    assert res.device_note == "%d ticks encoded with the heap locked" % ticks
+    assert res.device_note == f"{ticks} ticks encoded with the heap locked"
     assert 40 < res.mean_cbor < 80 and res.mean_json > res.mean_cbor * 3
     assert any(" cbor " in line for line in lines)
 

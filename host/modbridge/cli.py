@@ -107,3 +107,33 @@ def frame_encode(line: str, seq: int | None) -> None:
     except ProtocolError as e:
         _fail(ModbridgeError(f"cannot encode: {e}"))
     click.echo(data.hex())
+
+
+@main.command("flash")
+@click.option("--board", required=True, help="Board name (see docs/boards.md).")
+@click.option("--port", required=True, help="Serial port of the board's REPL (mpremote syntax).")
+@click.option("--dry-run", is_flag=True, help="Stage files and print the commands only.")
+@click.option("--no-compile", is_flag=True, help="Copy .py sources instead of mpy-cross .mpy.")
+@click.option("--no-reset", is_flag=True, help="Do not reset the board afterwards.")
+def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: bool) -> None:
+    """Compile the firmware and copy it to a board with mpremote."""
+    from modbridge import flash
+
+    try:
+        plan = flash.deploy(
+            board,
+            port,
+            dry_run=dry_run,
+            compile=not no_compile,
+            reset=not no_reset,
+            emit=click.echo,
+        )
+    except ModbridgeError as e:
+        _fail(e)
+    for note in plan.notes:
+        click.echo(f"note: {note}")
+    if dry_run:
+        for line in plan.command_lines():
+            click.echo(line)
+    else:
+        click.echo(f"flashed {len(plan.files)} files to {board} on {port}")

@@ -26,7 +26,7 @@ def main():
     noise_every = int(sys.argv[4]) if len(sys.argv) > 4 else 25
     out = sys.stdout.buffer
     enc = T.TelemetryEncoder()
-    noise = b"\x13\x37garbage\xff\xfe{\"type\":\n\x00"
+    noise = b'\x13\x37garbage\xff\xfe{"type":\n\x00'
     t_gpu = 34000  # milli-degC
     t_vram = 37000
     t_mos = 36000

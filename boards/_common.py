@@ -1,0 +1,296 @@
+"""Shared HAL construction for the MicroPython boards (see device/README.md).
+
+Each ``boards/<board>.py`` holds a pin table and calls :func:`build` with the real
+``machine`` module; tests call it with a fake one. Everything here is set up once at
+boot; the callables the HAL hands out never allocate (the control tick uses them).
+
+Pin names in the tables are the MCU's own (``"PC0"`` on STM32, GPIO numbers on
+RP2040). On STM32 they are looked up through ``machine.Pin.cpu`` because board
+names can shadow CPU names (NUCLEO's Arduino ``A2`` is PA4, the CPU pin ``A2`` is
+PA2).
+"""
+
+try:
+    from time import sleep_ms, ticks_ms
+except ImportError:  # CPython (tests): the same contract from time.monotonic
+    import time as _time
+
+    def ticks_ms():
+        return int(_time.monotonic() * 1000) & 0x3FFFFFFF
+
+    def sleep_ms(ms):
+        _time.sleep(ms / 1000)
+
+
+PWM_FREQ_HZ = 25000  # Intel 4-wire fan spec: 21..28 kHz, 25 kHz nominal
+PWM_BOOT_DUTY = 65535  # full cooling until the app takes over (an unpowered pin = 100 % too)
+I2C_FREQ_HZ = 400000  # INA226 fast mode
+PORT_BAUD = 115200  # the seed's CH340 link
+PORT_RXBUF = 1024  # bytes of UART receive ring buffer (one MAX_LINE JSON line)
+# UART read/write timeout. Reads never wait (only what any() reports is read); a
+# write waits at most this long for room (STM32: for the data register to empty,
+# which takes one character time after the previous chunk; 0 would refuse it).
+PORT_TIMEOUT_MS = 20
+
+RESET_CAUSES = (
+    ("PWRON_RESET", "power"),
+    ("HARD_RESET", "hard"),
+    ("WDT_RESET", "watchdog"),
+    ("DEEPSLEEP_RESET", "deepsleep"),
+    ("SOFT_RESET", "soft"),
+)
+
+
+def stm32_pin(machine, name):
+    """``machine.Pin.cpu.<X><n>`` for a datasheet name such as ``"PB12"``."""
+    if name[0] != "P":
+        raise ValueError("STM32 pin names are like 'PB12', got %r" % (name,))
+    return getattr(machine.Pin.cpu, name[1:])
+
+
+def reset_cause_name(machine):
+    """``machine.reset_cause()`` as one of ``power hard watchdog deepsleep soft``."""
+    cause = machine.reset_cause()
+    for attr, name in RESET_CAUSES:
+        if getattr(machine, attr, None) == cause:
+            return name
+    return "unknown"
+
+
+class MuxedADC:
+    """One ADC input shared by two dividers through an SPDT analog switch.
+
+    ``read_u16`` drives the select pin, then converts. The 100 nF capacitor of each
+    divider sits *before* the switch, so the selected node is already settled: the
+    ADC's sample capacitor (~pF) barely disturbs 100 nF and no wait is needed.
+    """
+
+    def __init__(self, adc, select_pin, level):
+        self._adc = adc
+        self._sel = select_pin
+        self._level = level
+
+    def read_u16(self):
+        self._sel.value(self._level)
+        return self._adc.read_u16()
+
+
+class _Writer:
+    """``write(buf, n)`` without slicing on a stream whose ``write`` takes one buffer.
+
+    ``machine.UART.write`` is ``mp_stream_write1_obj`` (one argument, no max_len) in
+    MicroPython's extmod/machine_uart.c, and slicing a memoryview allocates. So a
+    CHUNK-byte transmit buffer and one memoryview per length 0..CHUNK are made here,
+    once (~1.3 KB); writing copies ``buf`` through the transmit buffer a chunk at a
+    time (~1 us/byte on a Cortex-M4, against 87 us/byte on the wire at 115200).
+    Bytes a stream refuses (a full TX buffer past its timeout) are counted in
+    ``dropped``; the peer resynchronises at the next frame delimiter.
+    """
+
+    CHUNK = 64
+
+    def __init__(self, stream_write, chunk=CHUNK):
+        self._write = stream_write
+        self.tx = bytearray(chunk)
+        mv = memoryview(self.tx)
+        self._views = [mv[:i] for i in range(chunk + 1)]
+        self.chunk = chunk
+        self.dropped = 0
+
+    def write(self, buf, n):
+        tx = self.tx
+        c = self.chunk
+        i = 0
+        while i < n:
+            m = n - i
+            if m > c:
+                m = c
+            j = 0
+            while j < m:
+                tx[j] = buf[i + j]
+                j += 1
+            w = self._write(self._views[m])
+            if w is None:
+                w = 0
+            if w < m:
+                self.dropped += m - w
+            i += m
+
+
+class UartPort:
+    """Protocol on a hardware UART (the seed's CH340 USB-UART at 115200 8N1)."""
+
+    shares_repl = False
+
+    def __init__(self, uart):
+        self._uart = uart
+        self._writer = _Writer(uart.write)
+        self.write = self._writer.write
+
+    def readinto(self, buf):
+        """Non-blocking: read what is already buffered (at most ``len(buf)``)."""
+        n = self._uart.any()
+        if n <= 0:
+            return 0
+        cap = len(buf)
+        got = self._uart.readinto(buf, n if n < cap else cap)
+        return got if got else 0
+
+    def release(self):
+        """Nothing to give back: the REPL lives on another port."""
+
+
+class StdioPort:
+    """Protocol on the REPL port itself (USB VCP, or a NUCLEO's ST-LINK UART).
+
+    Ctrl-C is disabled (``micropython.kbd_intr(-1)``) while the protocol owns the
+    port, so a 0x03 byte in a frame cannot raise KeyboardInterrupt; :meth:`release`
+    restores it so ``mpremote`` can interrupt and reflash.
+    """
+
+    shares_repl = True
+
+    def __init__(self, stdin, stdout, poller, kbd_intr):
+        self._stdin = stdin
+        self._poll = poller
+        self._kbd_intr = kbd_intr
+        self._one = bytearray(1)
+        self._writer = _Writer(stdout.write)
+        self.write = self._writer.write
+        kbd_intr(-1)
+
+    def readinto(self, buf):
+        """Non-blocking: one byte per ``ipoll(0)`` readiness, at most ``len(buf)``."""
+        n = 0
+        cap = len(buf)
+        one = self._one
+        while n < cap:
+            ready = False
+            for _ in self._poll.ipoll(0):
+                ready = True
+            if not ready:
+                break
+            if not self._stdin.readinto(one):
+                break
+            buf[n] = one[0]
+            n += 1
+        return n
+
+    def release(self):
+        self._kbd_intr(3)
+
+
+class Hal:
+    """What ``make_hal()`` returns: the attributes listed in device/README.md."""
+
+    def __init__(self, machine, name, fs_dir, adc, i2c, pwm, tach, port, wdt_max_ms):
+        self._machine = machine
+        self.name = name
+        self.fs_dir = fs_dir
+        self.adc = adc
+        self.i2c = i2c
+        self.pwm = pwm
+        self.tach = tach
+        self.IRQ_FALLING = machine.Pin.IRQ_FALLING
+        self.port = port
+        self.port_readinto = port.readinto
+        self.port_write = port.write
+        self.ticks_ms = ticks_ms
+        self.sleep_ms = sleep_ms
+        self.wdt_max_ms = wdt_max_ms
+        self.reset = machine.reset
+        # Both are constant for a run; read once so calls never allocate.
+        self._uid = bytes(machine.unique_id())
+        self._cause = reset_cause_name(machine)
+
+    def unique_id(self):
+        return self._uid
+
+    def reset_cause(self):
+        return self._cause
+
+    def wdt_start(self, timeout_ms):
+        """Start the hardware watchdog, clamped to what this MCU can do.
+
+        Returns the ``machine.WDT`` (has ``feed()``), or None without a watchdog.
+        Once started it cannot be stopped, not even by a soft reset.
+        """
+        if not self.wdt_max_ms:
+            return None
+        t = int(timeout_ms)
+        if t > self.wdt_max_ms:
+            t = self.wdt_max_ms
+        if t < 1:
+            t = 1
+        return self._machine.WDT(timeout=t)
+
+    def repl(self):
+        """Hand the port back to the REPL (restores Ctrl-C on a shared port)."""
+        self.port.release()
+
+
+def make_uart(machine, cfg):
+    """``machine.UART`` for a ``PORT`` table entry (pins passed only where the port
+    lets you route them: rp2 yes, STM32 no — its UART pins are fixed per board)."""
+    kw = {"timeout": PORT_TIMEOUT_MS, "rxbuf": cfg.get("rxbuf", PORT_RXBUF)}
+    if cfg.get("pass_pins"):
+        kw["tx"] = machine.Pin(cfg["tx"])
+        kw["rx"] = machine.Pin(cfg["rx"])
+    return machine.UART(cfg["id"], cfg.get("baud", PORT_BAUD), **kw)
+
+
+def make_port(machine, cfg):
+    if cfg["kind"] == "uart":
+        return UartPort(make_uart(machine, cfg))
+    if cfg["kind"] == "stdio":
+        import sys
+        import select
+        import micropython
+
+        poller = select.poll()
+        poller.register(sys.stdin, select.POLLIN)
+        return StdioPort(sys.stdin.buffer, sys.stdout.buffer, poller, micropython.kbd_intr)
+    raise ValueError("unknown port kind %r (uart or stdio)" % (cfg["kind"],))
+
+
+def make_fans(machine, pin_ids):
+    pwm = []
+    for p in pin_ids:
+        pwm.append(machine.PWM(machine.Pin(p), freq=PWM_FREQ_HZ, duty_u16=PWM_BOOT_DUTY))
+    return pwm
+
+
+def make_tach(machine, pin_ids):
+    """Tach inputs with the internal pull-up (~40 k) as a backstop: the fan's open
+    collector wants an external 10 k to 3.3 V for clean edges at 25 kHz PWM noise."""
+    tach = []
+    for p in pin_ids:
+        tach.append(machine.Pin(p, machine.Pin.IN, machine.Pin.PULL_UP))
+    return tach
+
+
+def build(machine, name, fs_dir, pins, wdt_max_ms, resolve=None, adc_ids=None, i2c=None):
+    """Construct the HAL from a board's ``PINS`` table.
+
+    ``resolve`` maps a table name to what ``machine.Pin`` accepts (STM32: ``Pin.cpu``).
+    ``adc_ids`` / ``i2c`` let a board override the ADC list (e.g. a mux) or the bus.
+    """
+    if resolve is None:
+
+        def resolve(p):
+            return p
+
+    if adc_ids is None:
+        adc = [machine.ADC(machine.Pin(resolve(p))) for p in pins["ntc"]]
+    else:
+        adc = adc_ids
+    if i2c is None:
+        i2c = machine.I2C(pins["i2c"]["id"], freq=pins["i2c"].get("freq", I2C_FREQ_HZ))
+    pwm = make_fans(machine, [resolve(p) for p in pins["fan_pwm"]])
+    tach = make_tach(machine, [resolve(p) for p in pins["tach"]])
+    port_cfg = dict(pins["port"])
+    if "tx" in port_cfg and port_cfg.get("pass_pins"):
+        port_cfg["tx"] = resolve(port_cfg["tx"])
+        port_cfg["rx"] = resolve(port_cfg["rx"])
+    port = make_port(machine, port_cfg)
+    return Hal(machine, name, fs_dir, adc, i2c, pwm, tach, port, wdt_max_ms)

@@ -1,0 +1,622 @@
+"""The firmware application: scheduler, sensors -> control -> fans, protocol link.
+
+``App(hal)`` builds everything from the stored config (factory defaults when it is
+missing or corrupt); ``app.run()`` is the main loop; ``app.step()`` runs one
+iteration and is what tests and the simulator drive. Each control tick:
+
+    sample NTCs + INA226 + tachs -> supervisor (faults, state, floors)
+    -> control law (PID on the worst channel + GPU-power feed-forward, curve, manual)
+    -> max(request, safety floor) -> fans -> telemetry frame when due -> watchdog
+
+In steady state none of that allocates (integers, preallocated buffers); commands and
+events allocate, they happen on transitions only. The watchdog is fed only at the end
+of a tick that completed; an unexpected exception drives both fans to 100 % and stops
+feeding it, so the MCU resets.
+"""
+
+from array import array
+
+from device import FW_VERSION, config
+from device.control.curve import FanCurve
+from device.control.pid import PID
+from device.control.select import worst
+from device.drivers.fan import Fan
+from device.drivers.ina226 import INA226
+from device.drivers.ntc import NTC
+from device.failsafe import EventQueue, Supervisor
+from device.selftest import SelfTest
+from device.ticks import ticks_add, ticks_diff
+from protocol import catalog as C
+from protocol import frame, jsonl
+from protocol import telemetry as T
+from protocol.message import FMT_CBOR, FMT_JSON
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+_N_CH = const(4)
+_N_FAN = const(2)
+_BOOT_TICKS = const(5)  # filter warm-up before sensor verdicts are trusted
+_RX_SIZE = const(128)
+MODE_AUTO = const(0)
+MODE_MANUAL = const(1)
+MODE_CURVE = const(2)
+
+BANNER = "MODULER READY v" + FW_VERSION
+
+
+class App:
+    def __init__(self, hal):
+        self.hal = hal
+        self.events = EventQueue(16)
+        self.fmt = FMT_CBOR
+        self.seq = 0
+        self.running = True
+        self.rx = bytearray(_RX_SIZE)
+        self.decoder = frame.StreamDecoder(accept=C.H2D)
+        self.enc = T.TelemetryEncoder()
+        self.temps = array("i", [0] * _N_CH)
+        self.setpoints = array("i", [0] * _N_CH)
+        self.pm = array("i", [0, 0, 0])  # mV, mA, mW
+        self.duty = array("i", [0] * _N_FAN)
+        self.manual_duty = array("i", [0] * _N_FAN)
+        self.worst_out = array("i", [0, 0])
+        self.ntc_open = 0
+        self.ntc_short = 0
+        self.pm_fault = False
+        self.uv = False
+        self.ticks = 0
+        self.missed = 0
+        self.mode = MODE_AUTO
+        self.hb_ms = 0
+        self.hb_seen = False
+        self.gpu_power_mw = 0
+        self.gpu_temp_mc = None
+        self.selftest = None
+        self.wdt = None
+        cfg, status, detail = config.load(hal.fs_dir)
+        self.cfg = cfg
+        self.config_status = status
+        self.config_detail = detail
+        self.configure(cfg)
+        if status == "corrupt":
+            self.events.push(
+                C.REASON_CONFIG_CORRUPT, C.SEV_WARNING, True, -1, 0, C.STATE_BOOT, C.STATE_BOOT
+            )
+        if hal.reset_cause() == "watchdog":
+            self.events.push(
+                C.REASON_WATCHDOG_RESET, C.SEV_ALARM, True, -1, 0, C.STATE_BOOT, C.STATE_BOOT
+            )
+        now = hal.ticks_ms()
+        self.boot_ms = now
+        self.last_tick = now
+        self.next_tick = now
+        self.next_tel = now
+
+    # -- construction from config ------------------------------------------------
+    def configure(self, cfg):
+        """(Re)build sensors, fans and control from ``cfg`` (already validated)."""
+        hal = self.hal
+        ctl = cfg["control"]
+        self.period_ms = ctl["period_ms"]
+        self.telemetry_ms = ctl["telemetry_ms"]
+        self.host_timeout_ms = ctl["host_timeout_ms"]
+        self.standalone_curve = ctl.get("standalone", "curve") == "curve"
+        chans = cfg["channels"]
+        self.ntcs = [NTC.from_config(hal.adc[i], chans[i]) for i in range(_N_CH)]
+        ctl_mask = 0
+        for i in range(_N_CH):
+            self.setpoints[i] = chans[i]["setpoint_mc"]
+            if chans[i]["controlled"]:
+                ctl_mask |= 1 << i
+        self.controlled = ctl_mask
+        fans = cfg["fans"]
+        old = getattr(self, "fans", None)
+        if old is None:
+            self.fans = [
+                Fan.from_config(hal.pwm[i], hal.tach[i], hal.IRQ_FALLING, fans[i])
+                for i in range(_N_FAN)
+            ]
+        else:
+            for i in range(_N_FAN):
+                old[i].configure(fans[i])
+        ina = cfg["ina226"]
+        try:
+            self.ina = INA226(
+                hal.i2c,
+                ina["addr"],
+                ina["shunt_uohm"],
+                ina["max_current_ma"],
+                ina["avg"],
+                ina["ct_us"],
+                ina["ct_us"],
+            )
+            self.ina.set_under_voltage_alert(ina["uv_mv"])
+            self.pm_fault = False
+        except OSError:
+            self.ina = None
+            self.pm_fault = True
+        self.uv_mv = ina["uv_mv"]
+        p = cfg["pid"]
+        self.pid = PID(
+            p["kp"],
+            p["ki"],
+            p["kd"],
+            p["kff"],
+            out_min=0,
+            out_max=65535,
+            slew_per_s=p["slew_pct_s"] * 65535 // 100,
+            d_filter_ms=p["d_filter_ms"],
+        )
+        cv = cfg["curve"]
+        self.curve = FanCurve(cv["points"], cv["hysteresis_mc"])
+        mode = ctl["mode"]
+        self.mode = (
+            MODE_CURVE if mode == "curve" else (MODE_MANUAL if mode == "manual" else MODE_AUTO)
+        )
+        self.sup = Supervisor(cfg, self.events) if not hasattr(self, "sup") else self._resup(cfg)
+        self.min_manual = cfg["safety"]["min_manual_duty"]
+        self.fmt = FMT_JSON if ctl["telemetry_format"] == "json" else self.fmt
+
+    def _resup(self, cfg):
+        old = self.sup
+        new = Supervisor(cfg, self.events)
+        # keep the state across a reconfiguration; the next tick re-evaluates
+        new.state = old.state
+        new.reason = old.reason
+        new.faults = old.faults
+        new.host_seen = old.host_seen
+        return new
+
+    # -- output ------------------------------------------------------------------
+    def _next_seq(self):
+        self.seq = (self.seq + 1) & 0xFFFF
+        return self.seq
+
+    def send(self, name, fields):
+        """Encode one message in the current output format and write it."""
+        if self.fmt == FMT_JSON:
+            data = jsonl.encode_line(name, fields, self._next_seq())
+        else:
+            data = frame.encode_frame(name, fields, self._next_seq())
+        self.hal.port_write(data, len(data))
+
+    def send_text(self, text):
+        data = (text + "\n").encode()
+        self.hal.port_write(data, len(data))
+
+    def hello(self, ref=None):
+        hal = self.hal
+        fields = {
+            "fw_version": FW_VERSION,
+            "proto_minor": 0,
+            "board": hal.name,
+            "uid": _hex(hal.unique_id()),
+            "channels": list(C.CHANNELS),
+            "fans": _N_FAN,
+            "max_frame": frame.MAX_FRAME,
+            "telemetry_ms": self.telemetry_ms,
+            "state": self.sup.state,
+        }
+        self.send("hello", fields)
+
+    def boot(self):
+        """Banner and hello, as the first thing on the port."""
+        self.send_text(BANNER)
+        self.hello()
+
+    def flush_events(self):
+        now_s = ticks_diff(self.last_tick, self.boot_ms) // 1000
+        while self.events.count:
+            ev = self.events.pop()
+            if ev["index"] < 0:
+                del ev["index"]
+            ev["uptime_s"] = now_s
+            self.send("event", ev)
+
+    def telemetry(self, now):
+        enc = self.enc
+        sup = self.sup
+        enc.set(T.UPTIME_S, ticks_diff(now, self.boot_ms) // 1000)
+        enc.set(T.STATE, sup.state)
+        enc.set(T.REASON, sup.reason)
+        enc.set(T.FAULTS, sup.faults)
+        bad = self.ntc_open | self.ntc_short
+        i = 0
+        while i < _N_CH:
+            if bad & (1 << i):
+                enc.clear(T.TEMP_GPU + i)
+            else:
+                enc.set(T.TEMP_GPU + i, self.temps[i])
+            i += 1
+        enc.set(T.FAN1_RPM, self.fans[0].rpm)
+        enc.set(T.FAN2_RPM, self.fans[1].rpm)
+        enc.set(T.FAN1_DUTY, self.fans[0].duty)
+        enc.set(T.FAN2_DUTY, self.fans[1].duty)
+        if self.pm_fault:
+            enc.clear(T.V_IN)
+            enc.clear(T.I_IN)
+            enc.clear(T.P_IN)
+        else:
+            enc.set(T.V_IN, self.pm[0])
+            enc.set(T.I_IN, self.pm[1])
+            enc.set(T.P_IN, self.pm[2])
+        if self.worst_out[0] >= 0:
+            enc.set(T.TARGET, self.worst_out[1])
+        else:
+            enc.clear(T.TARGET)
+        seq = self._next_seq()
+        if self.fmt == FMT_JSON:
+            n = enc.encode_json(seq)
+        else:
+            n = enc.encode_cbor(seq)
+        self.hal.port_write(enc.out, n)
+
+    # -- the control tick --------------------------------------------------------
+    def tick(self, now):
+        dt = ticks_diff(now, self.last_tick)
+        self.last_tick = now
+        self.ticks += 1
+        # sample
+        open_m = 0
+        short_m = 0
+        i = 0
+        while i < _N_CH:
+            ntc = self.ntcs[i]
+            t = ntc.read_mc()
+            f = ntc.fault
+            if f == NTC.FAULT_OPEN:
+                open_m |= 1 << i
+            elif f == NTC.FAULT_SHORT:
+                short_m |= 1 << i
+            else:
+                self.temps[i] = t
+            i += 1
+        self.ntc_open = open_m
+        self.ntc_short = short_m
+        if self.ina is not None:
+            try:
+                self.ina.read_into(self.pm)
+                self.pm_fault = False
+            except OSError:
+                self.pm_fault = True
+        self.uv = (not self.pm_fault) and self.pm[0] < self.uv_mv
+        stall = 0
+        i = 0
+        while i < _N_FAN:
+            fan = self.fans[i]
+            fan.update(now)
+            if fan.stalled:
+                stall |= 1 << i
+            i += 1
+        host_ok = self.hb_seen and ticks_diff(now, self.hb_ms) < self.host_timeout_ms
+        booted = self.ticks > _BOOT_TICKS
+        sup = self.sup
+        sup.update(
+            self.temps,
+            open_m,
+            short_m,
+            stall,
+            self.pm_fault,
+            self.uv,
+            host_ok,
+            self.mode == MODE_MANUAL,
+            booted,
+            self.pm[0],
+        )
+        # control law
+        valid = self.controlled & ~(open_m | short_m)
+        idx = worst(self.temps, self.setpoints, valid, self.worst_out)
+        state = sup.state
+        if idx < 0:
+            req0 = 65535  # no valid controlled sensor: nothing to regulate on
+            req1 = 65535
+        elif state == C.STATE_MANUAL:
+            req0 = self.manual_duty[0]
+            req1 = self.manual_duty[1]
+            self.pid.track(req0 if req0 > req1 else req1)
+        else:
+            err = self.worst_out[1]
+            if self.mode == MODE_CURVE or (state == C.STATE_STANDALONE and self.standalone_curve):
+                req0 = self.curve.duty(self.setpoints[0] + err)
+                self.pid.track(req0)
+            else:
+                ff = self.gpu_power_mw if host_ok else 0
+                req0 = self.pid.step(err, 0, dt, ff)
+            req1 = req0
+        st = self.selftest
+        if st is not None:
+            d = st.duty(now)
+            if d >= 0:
+                req0 = d
+                req1 = d
+        # safety floor: no command goes below it
+        fl = sup.floor
+        if req0 < fl[0]:
+            req0 = fl[0]
+        if req1 < fl[1]:
+            req1 = fl[1]
+        self.fans[0].set_duty(req0, now)
+        self.fans[1].set_duty(req1, now)
+        if st is not None and st.update(now, self):
+            self.send("selftest_report", st.report())
+            self.selftest = None
+        if self.events.count:
+            self.flush_events()
+        if ticks_diff(now, self.next_tel) >= 0:
+            self.next_tel = ticks_add(self.next_tel, self.telemetry_ms)
+            if ticks_diff(now, self.next_tel) >= 0:
+                self.next_tel = ticks_add(now, self.telemetry_ms)
+            self.telemetry(now)
+
+    # -- the loop ----------------------------------------------------------------
+    def step(self):
+        """One loop iteration: read the port, run the tick when due, feed the dog."""
+        hal = self.hal
+        n = hal.port_readinto(self.rx)
+        if n:
+            self.receive(self.rx, n)
+        now = hal.ticks_ms()
+        if ticks_diff(now, self.next_tick) >= 0:
+            self.next_tick = ticks_add(self.next_tick, self.period_ms)
+            if ticks_diff(now, self.next_tick) >= 0:  # fell behind: skip, count
+                self.missed += 1
+                self.next_tick = ticks_add(now, self.period_ms)
+            try:
+                self.tick(now)
+            except Exception as e:  # noqa: BLE001 - cool hard, stop feeding the dog
+                self.fail_hard(e)
+                return
+            if self.wdt is not None:
+                self.wdt.feed()
+        return ticks_diff(self.next_tick, hal.ticks_ms())
+
+    def fail_hard(self, exc):
+        for fan in self.fans:
+            try:
+                fan.pwm.duty_u16(65535)
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            self.send(
+                "event",
+                {
+                    "code": C.REASON_CRITICAL_TEMP,
+                    "severity": C.SEV_CRITICAL,
+                    "text": ("internal error: %r" % (exc,))[:96],
+                },
+            )
+        except Exception:  # noqa: BLE001
+            pass
+
+    def run(self):
+        hal = self.hal
+        self.boot()
+        self.wdt = hal.wdt_start(self.cfg["watchdog_ms"])
+        while self.running:
+            wait = self.step()
+            if wait is not None and wait > 0:
+                hal.sleep_ms(1 if wait > 1 else wait)
+        hal.repl()
+
+    # -- commands ----------------------------------------------------------------
+    def receive(self, buf, n):
+        data = buf if n == len(buf) else bytes(memoryview(buf)[:n])
+        for item in self.decoder.feed(data):
+            if not item.ok:
+                if item.kind in ("version", "unknown_type", "invalid"):
+                    self.fmt = item.fmt
+                    self.nack(item.seq, item.type, item.code, item.field, item.detail)
+                continue
+            self.fmt = item.fmt
+            try:
+                self.handle(item)
+            except CommandError as e:
+                self.nack(item.seq, item.type, e.code, e.field, str(e))
+            except (ValueError, TypeError, KeyError) as e:
+                self.nack(item.seq, item.type, C.ERR_OUT_OF_RANGE, None, str(e))
+            except OSError as e:
+                self.nack(item.seq, item.type, C.ERR_STORAGE, None, str(e))
+
+    def ack(self, msg):
+        self.send("ack", {"ref": msg.seq, "ref_type": msg.type})
+
+    def nack(self, ref, ref_type, code, field, text):
+        fields = {"ref": ref & 0xFFFF, "ref_type": ref_type & 0xFF, "code": code}
+        if field:
+            fields["field"] = field[:32]
+        if text:
+            fields["text"] = text[:96]
+        self.send("nack", fields)
+
+    def handle(self, msg):
+        t = msg.type
+        f = msg.fields
+        if t == C.T_HEARTBEAT:
+            self.hb_ms = self.hal.ticks_ms()
+            self.hb_seen = True
+            self.gpu_power_mw = f.get("gpu_power", 0)
+            self.gpu_temp_mc = f.get("gpu_temp")
+            return  # heartbeats are not answered
+        if t == C.T_HELLO_REQUEST:
+            self.hello()
+        elif t == C.T_FAN_MODE:
+            self.cmd_fan_mode(msg)
+        elif t == C.T_SETPOINTS:
+            self.cmd_setpoints(msg)
+        elif t == C.T_PID_GAINS:
+            self.cmd_pid(msg)
+        elif t == C.T_FAN_CURVE:
+            self.cmd_curve(msg)
+        elif t == C.T_CONFIG_GET:
+            self.cmd_config_get(msg)
+        elif t == C.T_CONFIG_SET:
+            self.apply_changes(msg.fields["values"])
+            self.ack(msg)
+        elif t == C.T_CONFIG_SAVE:
+            config.save(self.cfg, self.hal.fs_dir)
+            self.events.push(
+                C.REASON_CONFIG_SAVED, C.SEV_INFO, True, -1, 0, self.sup.state, self.sup.state
+            )
+            self.ack(msg)
+        elif t == C.T_CONFIG_RESET:
+            cfg = config.factory_reset(self.hal.fs_dir)
+            self.cfg = cfg
+            self.configure(cfg)
+            self.ack(msg)
+        elif t == C.T_CAL_READ:
+            self.cmd_cal_read(msg)
+        elif t == C.T_CAL_WRITE:
+            self.cmd_cal_write(msg)
+        elif t == C.T_SELFTEST:
+            if self.selftest is not None:
+                raise CommandError("a self-test is already running", C.ERR_BUSY)
+            self.selftest = SelfTest(self.hal.ticks_ms(), msg.seq)
+            self.ack(msg)
+        elif t == C.T_REBOOT:
+            self.ack(msg)
+            self.hal.reset()
+        elif t == C.T_REPL:
+            self.ack(msg)
+            self.running = False
+        else:
+            raise CommandError("not supported by this firmware", C.ERR_UNSUPPORTED)
+
+    def apply_changes(self, changes):
+        """Validate a whole new config built from ``changes``; apply it or change nothing."""
+        try:
+            cfg = config.merge(self.cfg, changes)
+        except config.ConfigError as e:
+            raise CommandError(str(e), C.ERR_OUT_OF_RANGE, getattr(e, "path", None)) from None
+        self.cfg = cfg
+        self.configure(cfg)
+
+    def cmd_fan_mode(self, msg):
+        f = msg.fields
+        mode = f["mode"]
+        if mode == 1:  # manual
+            d1 = f.get("duty1", self.manual_duty[0])
+            d2 = f.get("duty2", d1)
+            for name, d in (("duty1", d1), ("duty2", d2)):
+                if d < self.min_manual:
+                    raise CommandError(
+                        "%s below the safety minimum %d" % (name, self.min_manual),
+                        C.ERR_OUT_OF_RANGE,
+                        name,
+                    )
+            self.manual_duty[0] = d1
+            self.manual_duty[1] = d2
+            self.mode = MODE_MANUAL
+        elif mode == 0:
+            if self.mode == MODE_MANUAL:
+                self.pid.track(self.fans[0].duty)  # bumpless back to auto
+            self.mode = MODE_AUTO
+        elif mode == 2:
+            self.mode = MODE_CURVE
+        else:
+            raise CommandError("unknown fan mode %d" % mode, C.ERR_OUT_OF_RANGE, "mode")
+        self.ack(msg)
+
+    def cmd_setpoints(self, msg):
+        changes = {}
+        for i in range(_N_CH):
+            name = "sp_" + C.CHANNELS[i]
+            if name in msg.fields:
+                changes["channels.%d.setpoint_mc" % i] = msg.fields[name]
+        if not changes:
+            raise CommandError("no setpoint given", C.ERR_MISSING_FIELD)
+        self.apply_changes(changes)
+        self.ack(msg)
+
+    def cmd_pid(self, msg):
+        changes = {}
+        for name in ("kp", "ki", "kd", "kff"):
+            if name in msg.fields:
+                changes["pid." + name] = msg.fields[name]
+        if not changes:
+            raise CommandError("no gain given", C.ERR_MISSING_FIELD)
+        self.apply_changes(changes)
+        self.ack(msg)
+
+    def cmd_curve(self, msg):
+        changes = {"curve.points": msg.fields["points"]}
+        if "hysteresis" in msg.fields:
+            changes["curve.hysteresis_mc"] = msg.fields["hysteresis"]
+        self.apply_changes(changes)
+        self.ack(msg)
+
+    def cmd_config_get(self, msg):
+        section = msg.fields.get("section")
+        try:
+            values = config.flatten(self.cfg, section)
+        except KeyError:
+            raise CommandError(
+                "no config section %r" % section, C.ERR_OUT_OF_RANGE, "section"
+            ) from None
+        self.send("config", {"ref": msg.seq, "values": values, "version": self.cfg["version"]})
+
+    def cmd_cal_read(self, msg):
+        ch = msg.fields["channel"]
+        if ch >= _N_CH:
+            raise CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
+        n = msg.fields.get("samples", 64)
+        mean_x16, lo, hi = self.ntcs[ch].sample_raw(n)
+        fields = {
+            "ref": msg.seq,
+            "channel": ch,
+            "samples": n,
+            "raw_mean_x16": mean_x16,
+            "raw_min": lo,
+            "raw_max": hi,
+        }
+        t = self.ntcs[ch].read_mc()
+        if self.ntcs[ch].fault == NTC.FAULT_NONE:
+            fields["temp"] = t
+        self.send("cal_raw", fields)
+
+    def cmd_cal_write(self, msg):
+        f = msg.fields
+        ch = f["channel"]
+        if ch >= _N_CH:
+            raise CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
+        model = f["model"]
+        coeffs = f["coeffs"]
+        key = "channels.%d." % ch
+        changes = {}
+        if model == 0:  # sh
+            changes[key + "model"] = "sh"
+            changes[key + "sh"] = coeffs
+        elif model == 1:  # beta: [beta, r0_ohm, t0_mc]
+            if len(coeffs) != 3:
+                raise CommandError("beta needs [beta, r0_ohm, t0_mc]", C.ERR_OUT_OF_RANGE, "coeffs")
+            changes[key + "model"] = "beta"
+            changes[key + "beta"] = coeffs[0]
+            changes[key + "r0"] = coeffs[1]
+            changes[key + "t0_mc"] = coeffs[2]
+        else:  # poly correction only
+            changes[key + "correction"] = coeffs
+        if "correction" in f:
+            changes[key + "correction"] = f["correction"]
+        self.apply_changes(changes)
+        self.events.push(
+            C.REASON_CALIBRATION, C.SEV_INFO, True, ch, 0, self.sup.state, self.sup.state
+        )
+        self.ack(msg)
+
+
+class CommandError(ValueError):
+    """A command is refused: answered with a NACK carrying ``code`` and ``field``."""
+
+    def __init__(self, msg, code, field=None):
+        super().__init__(msg)
+        self.code = code
+        self.field = field
+
+
+def _hex(b):
+    return "".join(["%02x" % x for x in b])

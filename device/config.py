@@ -1,0 +1,968 @@
+"""Module configuration: factory defaults, validation, merge, and storage in flash.
+
+Runs unchanged on MicroPython and CPython. Config is read at boot and changed by
+commands only, never in the control tick, so this module allocates freely and uses
+floats (Steinhart-Hart coefficients).
+
+The configuration is a nested dict of plain JSON values (see ``DEFAULTS``). Units
+are in the names (``_mc`` milli-degC, ``_ms``, ``_mv``, ``_ma``, ``_uohm``, ``_us``);
+duties are ints 0..65535 like ``machine.PWM.duty_u16``; PID gains are in milli-units
+as in the ``pid_gains`` message (``kp`` 5000 = 5 % duty per degC).
+
+API
+---
+``DEFAULTS`` / ``defaults()``   factory config (``defaults()`` returns a fresh copy)
+``validate(cfg)``               raises ``ConfigError`` naming the path and the problem
+``merge(base, changes)``        new validated config with ``config_set`` changes applied
+``save(cfg, dirpath)``          write atomically (``config.json.tmp`` + rename)
+``load(dirpath)``               -> ``(cfg, status, detail)``, status ``ok|missing|corrupt``
+``factory_reset(dirpath)``      delete the stored file, return the defaults
+``get_section(cfg, name)``      flat ``{dotted key: value}`` map for ``config_get``
+``pages(cfg)``                  section names whose maps each fit one ``config`` message
+``flatten`` / ``unflatten``     nested config <-> dotted keys
+
+Errors carry the path twice: ``str(e)`` reads ``channels[2].crit_mc: must be > warn_mc
+(110000), got 100000`` for a human; ``e.path`` is the dotted key ``channels.2.crit_mc``
+that ``config_set`` uses (the nack ``field``) and ``e.problem`` the text after it.
+
+Dotted keys (the protocol form)
+-------------------------------
+``config``/``config_set`` carry a map with text keys, at most 64 entries. A key is the
+path of a leaf: dict keys and list indices joined by dots, ``"pid.kp"``,
+``"channels.1.setpoint_mc"``, ``"fans.0.min_duty"``. Only dicts and lists of dicts
+(``channels``, ``fans``) are expanded; every other list travels whole as one value:
+``"curve.points": [[30000, 13107], ...]``, ``"channels.0.sh": [A, B, C]`` (floats)
+or null, ``"channels.0.correction": []``. The whole config is about 100 entries, so
+``config_get`` without a section is answered page by page (``pages()``); each page
+is a top-level section, and a list section too big for one message is split per
+item (``"channels.0"``...).
+
+Storage
+-------
+``<fs_dir>/config.json`` holds one line of canonical JSON (below)::
+
+    {"config":{...},"crc":12345,"version":1}
+
+``crc`` is the CRC-16 (``protocol.crc``) of the bytes of the ``config`` value exactly
+as written. ``load`` checks those raw bytes, so the check never depends on how an
+interpreter prints a float (single-precision MCU builds print fewer digits than
+CPython); a file rewritten by hand or by a host tool in another layout is accepted if
+the CRC matches the canonical serialisation of its parsed ``config`` instead.
+
+Canonical JSON is ``protocol.jsonl.dump_value``: compact, keys sorted, ASCII only,
+identical bytes on both interpreters (MicroPython's ``json.dumps`` has neither
+``sort_keys`` nor a stable dict order).
+
+Atomic write: ``save`` validates, writes ``config.json.tmp``, flushes it (``os.fsync``
+on CPython, ``os.sync()`` on MCU ports that have it) and renames it over
+``config.json``. Rename replaces the target on littlefs and POSIX (checked on the
+MicroPython unix port: ``os.rename`` over an existing file replaces it). FAT (the
+pyboard's ``/flash`` unless it was formatted littlefs) refuses with EEXIST; ``save``
+then removes ``config.json`` and renames, which leaves a short window with only the
+``.tmp``. ``load`` resolves every interrupted save:
+
+- ``config.json`` present, ``.tmp`` left over: the save never finished (no ack was
+  sent), the old file wins and the ``.tmp`` is deleted;
+- only ``.tmp``, and it passes every check: the FAT window; it is renamed into place
+  (status ``ok``, detail says it was recovered);
+- only ``.tmp``, and it is truncated or bad: deleted, status ``missing``.
+
+Status of ``load``:
+
+- ``ok``       the stored config (maybe migrated from an older schema version);
+- ``missing``  no file: factory defaults, a normal first boot, no event needed (the
+  catalog has no reason code for it; the app may mention it in the boot log);
+- ``corrupt``  unreadable, not UTF-8, not JSON, wrong envelope, CRC mismatch, schema
+  version newer than this firmware or with no migration, or invalid values: factory
+  defaults are used, the file is renamed to ``config.json.bad`` for diagnosis (the
+  next boot then sees ``missing``, so the event fires once) and the caller raises an
+  event with ``REASON_CONFIG_CORRUPT`` and the detail as its text.
+
+Schema versions and migration: ``SCHEMA_VERSION`` is 1, the only version so far, so
+``_MIGRATIONS`` is empty. When the schema changes, bump ``SCHEMA_VERSION`` and add
+``_MIGRATIONS[n] = fn`` where ``fn(cfg)`` turns a version-n config into version n+1
+(including its ``"version"`` field); ``load`` chains them and validates the result.
+A stored version without a migration path is ``corrupt``.
+"""
+
+import json
+import math
+import os
+
+from protocol import catalog as C
+from protocol.crc import crc16
+from protocol.jsonl import dump_value
+
+SCHEMA_VERSION = 1
+FILE_NAME = "config.json"
+TMP_SUFFIX = ".tmp"
+BAD_SUFFIX = ".bad"
+MAX_FILE_BYTES = 16384  # the factory file is ~1.8 KB; never read a huge one into RAM
+MAX_ENTRIES = 64  # text keys in one config / config_set message (catalog)
+
+DUTY_FULL = 65535
+_ENOENT = 2
+_EEXIST = 17
+
+
+class ConfigError(ValueError):
+    """A config value is wrong. ``path`` is the dotted key, ``problem`` the reason."""
+
+    def __init__(self, path, problem, display=None):
+        self.path = path
+        self.problem = problem
+        super().__init__((display or path or "config") + ": " + problem)
+
+
+# --- factory defaults ------------------------------------------------------------
+#
+# Temperature limits per NTC channel, (setpoint, warn, crit) in degC. The NTCs sit
+# on a package, heatsink or PCB next to the part and read a few degC below its
+# junction, so the limits sit below the parts' own limits:
+#   gpu   70/85/90  NVIDIA H200 (fixtures/nvidia-h200): GPU_MAX 87, SLOWDOWN 89,
+#                   SHUTDOWN 95; GeForce RTX 30xx "max GPU temperature" 93; the seed
+#                   calls 85 degC the red line. crit 90 (not 95): at 95 on an NTC the
+#                   die is already past an H200's shutdown and a 3080's maximum.
+#   vram  80/90/95  GDDR6 (Micron, Samsung) and HBM (H200 MEM_MAX 95) allow a case
+#                   temperature of 95 degC: full cooling at 95, warning 5 below.
+#                   (The requested 95/105 put the warning at the limit itself and
+#                   the critical level 10 degC beyond it.)
+#   mos   90/110/125 power stages (DrMOS) allow Tj 150 degC; an NTC on the PCB beside
+#                   them reads ~15-25 degC lower; FR-4 Tg is 130-140 degC.
+#   amb   40/45/50  inlet air; GPUs are specified for 35-45 degC inlet. Fans cannot
+#                   cool the intake, so ambient is watched, not controlled.
+# ``crit_mc`` can be configured up to a hard ceiling per channel (_CRIT_CEILING_MC),
+# so no config_set can switch critical protection off by raising it out of reach.
+
+
+def _channel(name, setpoint_c, warn_c, crit_c, controlled):
+    return {
+        "name": name,
+        "model": "beta",  # "sh" once calibrated (cal_write)
+        "beta": 3950,  # B25/50 of the seed's 10 k NTC
+        "r0": 10000,  # ohm at t0
+        "t0_mc": 25000,
+        "sh": None,  # [A, B, C] Steinhart-Hart, 1/T = A + B ln R + C (ln R)^3
+        "correction": [],  # polynomial in degC, lowest order first, <= 8 coeffs
+        "r_fixed": 10000,  # ohm, the divider's fixed resistor
+        "ntc_low": True,  # NTC between ADC pin and ground
+        "setpoint_mc": setpoint_c * 1000,
+        "warn_mc": warn_c * 1000,
+        "crit_mc": crit_c * 1000,
+        "controlled": controlled,  # takes part in the PID's worst-channel error
+        "oversample": 8,  # ADC reads averaged per sample (power of two)
+        "filter": "median5",
+    }
+
+
+def _fan():
+    return {
+        "min_duty": 13107,  # 20 %: below this a 4-wire fan may stop
+        "kick_duty": 65535,  # spin-up kick from standstill
+        "kick_ms": 500,
+        "ppr": 2,  # tach pulses per revolution
+        "stall_ms": 3000,  # commanded >= min_duty but 0 RPM this long = stall
+        "max_rpm": 3000,  # seed's 120 mm 2500 RPM blower reads ~2850
+    }
+
+
+DEFAULTS = {
+    "version": SCHEMA_VERSION,
+    "control": {
+        "period_ms": 100,  # control tick, 10 Hz
+        "telemetry_ms": 1000,  # a multiple of period_ms
+        "telemetry_format": "cbor",  # "cbor" frames or "json" lines
+        "host_timeout_ms": 5000,  # no heartbeat this long -> STANDALONE
+        "mode": "auto",  # boot mode: auto (PID) | manual | curve
+        "manual_duty": 32768,  # manual mode's duty until the host sends one
+    },
+    "channels": [
+        _channel("gpu", 70, 85, 90, True),
+        _channel("vram", 80, 90, 95, True),
+        _channel("mos", 90, 110, 125, True),
+        _channel("amb", 40, 45, 50, False),
+    ],
+    "pid": {  # milli-units, as in the pid_gains message
+        "kp": 5000,  # 5 % duty per degC of error
+        "ki": 200,  # 0.2 % per degC per second
+        "kd": 1000,  # 1 % per (degC/s), on the measurement
+        "kff": 100,  # 0.1 % per W of GPU power (heartbeat feed-forward)
+        "slew_pct_s": 20,  # duty may change at most 20 % per second
+        "d_filter_ms": 2000,  # time constant of the derivative's low-pass, 0 = none
+    },
+    "curve": {  # curve mode and the fallback when the PID has no input
+        "points": [[30000, 13107], [50000, 19661], [65000, 32768], [75000, 45875],
+                   [85000, 65535]],
+        "hysteresis_mc": 2000,
+    },
+    "fans": [_fan(), _fan()],
+    "safety": {  # duty floors; the largest active cause wins
+        "boot": 45875,  # 70 % until the sensors are valid
+        "host_lost": 26214,  # 40 % in STANDALONE (no GPU power feed-forward)
+        "sensor_fault": 52428,  # 80 %: an open/short/stale NTC is blind
+        "fan_stall": 65535,  # the other fan, flat out
+        "over_temp": 52428,  # 80 % above a warning limit
+        "critical": 65535,  # above a critical limit; fixed, cannot be lowered
+        "min_manual_duty": 19661,  # 30 %: a forgotten manual override still moves air
+    },
+    "ina226": {
+        "addr": 0x40,
+        "shunt_uohm": 2000,  # 2 mOhm
+        "max_current_ma": 20000,  # sets current_LSB = max / 2**15
+        "avg": 16,  # samples averaged (reset default 1 is noisy)
+        "ct_us": 1100,  # bus and shunt conversion time
+        "uv_mv": 11400,  # under-voltage alert (12 V - 5 %), 0 = off
+    },
+    "watchdog_ms": 2000,
+}
+
+
+def defaults():
+    """A fresh, independent copy of the factory config."""
+    return _copy(DEFAULTS)
+
+
+def _copy(v):
+    if isinstance(v, dict):
+        return {k: _copy(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_copy(x) for x in v]
+    return v
+
+
+# --- schema --------------------------------------------------------------------
+#
+# Ordered tuples (dict order differs between interpreters, and errors must be the
+# same on both). Kinds: ("int", lo, hi), ("num", lo, hi) int or finite float,
+# ("bool",), ("str", min_len, max_len), ("enum", choices) (str or int choices),
+# ("opt", spec) null or spec, ("list", item, min_len, max_len), ("tuple", specs)
+# fixed-length list, ("obj", ((key, spec), ...)).
+
+_DUTY = ("int", 0, DUTY_FULL)
+_TEMP = ("int", C.TEMP_MIN_MC, C.TEMP_MAX_MC)
+_GAIN = ("int", 0, 1000000)  # pid_gains range
+_OHM = ("int", 100, 1000000)
+_COEF = ("num", -1, 1)  # int bounds: the same error text on both interpreters
+
+_SAFETY_KEYS = ("boot", "host_lost", "sensor_fault", "fan_stall", "over_temp", "critical",
+                "min_manual_duty")
+
+_CHANNEL = ("obj", (
+    ("name", ("enum", C.CHANNELS)),
+    ("model", ("enum", ("beta", "sh"))),
+    ("beta", ("int", 1000, 10000)),
+    ("r0", _OHM),
+    ("t0_mc", ("int", 0, 100000)),
+    ("sh", ("opt", ("tuple", (_COEF, _COEF, _COEF)))),
+    ("correction", ("list", ("num", -1000000, 1000000), 0, 8)),
+    ("r_fixed", _OHM),
+    ("ntc_low", ("bool",)),
+    ("setpoint_mc", _TEMP),
+    ("warn_mc", _TEMP),
+    ("crit_mc", _TEMP),
+    ("controlled", ("bool",)),
+    ("oversample", ("enum", (1, 2, 4, 8, 16, 32, 64))),  # power of two: shift to average
+    ("filter", ("enum", ("median5", "ema", "none"))),
+))
+
+_FAN = ("obj", (
+    ("min_duty", _DUTY),
+    ("kick_duty", _DUTY),
+    ("kick_ms", ("int", 0, 5000)),
+    ("ppr", ("int", 1, 4)),
+    ("stall_ms", ("int", 500, 60000)),
+    ("max_rpm", ("int", 100, 50000)),
+))
+
+_SCHEMA = ("obj", (
+    ("version", ("int", SCHEMA_VERSION, SCHEMA_VERSION)),
+    ("control", ("obj", (
+        ("period_ms", ("int", 20, 1000)),
+        ("telemetry_ms", ("int", 20, 60000)),
+        ("telemetry_format", ("enum", ("cbor", "json"))),
+        ("host_timeout_ms", ("int", 1000, 600000)),
+        ("mode", ("enum", C.FAN_MODES)),
+        ("manual_duty", _DUTY),
+    ))),
+    ("channels", ("list", _CHANNEL, len(C.CHANNELS), len(C.CHANNELS))),
+    ("pid", ("obj", (
+        ("kp", _GAIN),
+        ("ki", _GAIN),
+        ("kd", _GAIN),
+        ("kff", _GAIN),
+        ("slew_pct_s", ("int", 1, 1000)),
+        ("d_filter_ms", ("int", 0, 60000)),
+    ))),
+    ("curve", ("obj", (
+        ("points", ("list", ("tuple", (_TEMP, _DUTY)), 2, 16)),
+        ("hysteresis_mc", ("int", 0, 20000)),
+    ))),
+    ("fans", ("list", _FAN, 2, 2)),
+    ("safety", ("obj", tuple([(k, _DUTY) for k in _SAFETY_KEYS]))),
+    ("ina226", ("obj", (
+        ("addr", ("int", 0x40, 0x4F)),  # A0/A1 strapping
+        ("shunt_uohm", ("int", 100, 1000000)),
+        ("max_current_ma", ("int", 100, 100000)),
+        ("avg", ("enum", (1, 4, 16, 64, 128, 256, 512, 1024))),
+        ("ct_us", ("enum", (140, 204, 332, 588, 1100, 2116, 4156, 8244))),
+        ("uv_mv", ("int", 0, 36000)),  # INA226 bus range is 0..36 V
+    ))),
+    # 1000..8000: the RP2040 watchdog cannot exceed 8388 ms.
+    ("watchdog_ms", ("int", 1000, 8000)),
+))
+
+_ROOT_EXTRA = ("_comment", ("str", 0, 256))  # a note for humans, top level only
+
+# Per channel: the setpoints message's range for setpoint_mc, and a hard ceiling
+# for crit_mc (above every part's own limit: GPU shutdown, GDDR6X/HBM maximum,
+# MOSFET Tj 150, hot inlet air).
+_SETPOINT_RANGE_MC = ((20000, 110000), (20000, 110000), (20000, 125000), (10000, 60000))
+_CRIT_CEILING_MC = (100000, 110000, 150000, 70000)
+
+# Fault floors that must stay at least half duty whatever min_duty is.
+_FAULT_FLOORS = ("boot", "sensor_fault", "fan_stall", "over_temp")
+FAULT_FLOOR_MIN = 32768
+
+# INA226: shunt full scale 81.92 mV; CAL = 0.00512 / (current_LSB * R_shunt) with
+# current_LSB = max_current / 2**15 must fit 15 bits.
+_INA_SHUNT_FS_UV = 81920
+_INA_CAL_NUM = 167772160000  # 0.00512 * 2**15 in mA * uohm units
+_INA_CAL_MAX = 0x7FFF
+
+
+# --- paths and messages -------------------------------------------------------------
+
+
+def _dotted(parts):
+    return ".".join([str(p) for p in parts])
+
+
+def _display(parts):
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += "[%d]" % p
+        elif out:
+            out += "." + p
+        else:
+            out = p
+    return out
+
+
+def _err(parts, problem):
+    return ConfigError(_dotted(parts), problem, _display(parts))
+
+
+def _show(v):
+    text = repr(v)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return text
+
+
+def _choices(choices):
+    return ", ".join([repr(c) for c in choices])
+
+
+# --- validation ---------------------------------------------------------------------
+
+
+_INF = float("inf")
+
+
+def _is_number(v):
+    t = type(v)
+    if t is int:
+        return True
+    if t is float:
+        return v == v and v not in (_INF, -_INF)
+    return False
+
+
+def _check(spec, v, parts):
+    kind = spec[0]
+    if kind == "int":
+        if type(v) is not int or v < spec[1] or v > spec[2]:
+            raise _err(parts, "expected int %d..%d, got %s" % (spec[1], spec[2], _show(v)))
+    elif kind == "num":
+        if not _is_number(v) or v < spec[1] or v > spec[2]:
+            raise _err(parts, "expected a finite number %s..%s, got %s"
+                       % (spec[1], spec[2], _show(v)))
+    elif kind == "bool":
+        if type(v) is not bool:
+            raise _err(parts, "expected true or false, got %s" % _show(v))
+    elif kind == "str":
+        if type(v) is not str or not spec[1] <= len(v) <= spec[2]:
+            raise _err(parts, "expected text of %d..%d characters, got %s"
+                       % (spec[1], spec[2], _show(v)))
+    elif kind == "enum":
+        choices = spec[1]
+        if type(v) is not type(choices[0]) or v not in choices:
+            raise _err(parts, "expected one of %s, got %s" % (_choices(choices), _show(v)))
+    elif kind == "opt":
+        if v is not None:
+            _check(spec[1], v, parts)
+    elif kind == "list":
+        lo, hi = spec[2], spec[3]
+        if type(v) is not list or not lo <= len(v) <= hi:
+            want = ("%d" % lo) if lo == hi else ("%d..%d" % (lo, hi))
+            got = ("%d items" % len(v)) if type(v) is list else _show(v)
+            raise _err(parts, "expected a list of %s items, got %s" % (want, got))
+        for i in range(len(v)):
+            _check(spec[1], v[i], parts + [i])
+    elif kind == "tuple":
+        specs = spec[1]
+        if type(v) is not list or len(v) != len(specs):
+            got = ("%d items" % len(v)) if type(v) is list else _show(v)
+            raise _err(parts, "expected a list of %d items, got %s" % (len(specs), got))
+        for i in range(len(specs)):
+            _check(specs[i], v[i], parts + [i])
+    elif kind == "obj":
+        _check_obj(spec[1], v, parts, ())
+    else:  # pragma: no cover - a schema typo
+        raise ValueError("bad schema kind " + kind)
+
+
+def _check_obj(fields, v, parts, extra):
+    if type(v) is not dict:
+        raise _err(parts, "expected an object, got %s" % _show(v))
+    names = [f[0] for f in fields] + [f[0] for f in extra]
+    unknown = sorted([str(k) for k in v if k not in names])
+    if unknown:
+        where = _display(parts) or "the config"
+        raise _err(parts + [unknown[0]],
+                   "unknown key (typo?); %s has %s" % (where, ", ".join(names)))
+    for key, spec in fields:
+        if key not in v:
+            raise _err(parts + [key], "missing")
+        _check(spec, v[key], parts + [key])
+    for key, spec in extra:
+        if key in v:
+            _check(spec, v[key], parts + [key])
+
+
+def validate(cfg):
+    """Check every field of ``cfg`` and the rules between fields.
+
+    Raises ``ConfigError`` for the first problem found, in schema order (the same on
+    both interpreters); returns None when the config is usable.
+    """
+    _check_obj(_SCHEMA[1], cfg, [], (_ROOT_EXTRA,))
+    _check_rules(cfg)
+
+
+def _check_rules(cfg):
+    """Cross-field rules; the types and ranges are already known to be right."""
+    ctl = cfg["control"]
+    period = ctl["period_ms"]
+    tele = ctl["telemetry_ms"]
+    if tele < period or tele % period:
+        raise _err(["control", "telemetry_ms"], "must be a multiple of control.period_ms "
+                   "(%d), got %d" % (period, tele))
+    if cfg["watchdog_ms"] < 5 * period:
+        raise _err(["watchdog_ms"], "must be >= 5 x control.period_ms (%d), got %d"
+                   % (5 * period, cfg["watchdog_ms"]))
+
+    channels = cfg["channels"]
+    any_controlled = False
+    for i in range(len(channels)):
+        _check_channel(i, channels[i])
+        any_controlled = any_controlled or channels[i]["controlled"]
+    if not any_controlled:
+        raise _err(["channels"], "at least one channel must be controlled")
+
+    points = cfg["curve"]["points"]
+    for i in range(1, len(points)):
+        if points[i][0] <= points[i - 1][0]:
+            raise _err(["curve", "points", i, 0], "temperatures must ascend: %d after %d"
+                       % (points[i][0], points[i - 1][0]))
+        if points[i][1] < points[i - 1][1]:
+            raise _err(["curve", "points", i, 1], "duty must not fall as temperature "
+                       "rises: %d after %d" % (points[i][1], points[i - 1][1]))
+
+    fans = cfg["fans"]
+    min_duty = 0
+    min_fan = 0
+    for i in range(len(fans)):
+        fan = fans[i]
+        if fan["kick_duty"] < fan["min_duty"]:
+            raise _err(["fans", i, "kick_duty"], "must be >= min_duty (%d), got %d"
+                       % (fan["min_duty"], fan["kick_duty"]))
+        if fan["stall_ms"] <= fan["kick_ms"]:
+            raise _err(["fans", i, "stall_ms"], "must be > kick_ms (%d), got %d"
+                       % (fan["kick_ms"], fan["stall_ms"]))
+        if fan["min_duty"] > min_duty:
+            min_duty = fan["min_duty"]
+            min_fan = i
+
+    safety = cfg["safety"]
+    if safety["critical"] != DUTY_FULL:
+        raise _err(["safety", "critical"], "must be %d (full cooling; cannot be lowered), "
+                   "got %d" % (DUTY_FULL, safety["critical"]))
+    for key in _FAULT_FLOORS:
+        if safety[key] < FAULT_FLOOR_MIN:
+            raise _err(["safety", key], "must be >= %d (hard minimum of a fault floor), "
+                       "got %d" % (FAULT_FLOOR_MIN, safety[key]))
+    for key in _SAFETY_KEYS:
+        if safety[key] < min_duty:
+            raise _err(["safety", key], "must be >= fans[%d].min_duty (%d), got %d"
+                       % (min_fan, min_duty, safety[key]))
+    if ctl["manual_duty"] < safety["min_manual_duty"]:
+        raise _err(["control", "manual_duty"], "must be >= safety.min_manual_duty (%d), "
+                   "got %d" % (safety["min_manual_duty"], ctl["manual_duty"]))
+
+    ina = cfg["ina226"]
+    product = ina["max_current_ma"] * ina["shunt_uohm"]  # mA * uohm = nV
+    if product > _INA_SHUNT_FS_UV * 1000:
+        raise _err(["ina226", "max_current_ma"], "%d mA through %d uohm is %d uV, beyond "
+                   "the INA226 shunt range of %d uV" % (ina["max_current_ma"],
+                   ina["shunt_uohm"], product // 1000, _INA_SHUNT_FS_UV))
+    cal = _INA_CAL_NUM // product
+    if cal > _INA_CAL_MAX:
+        raise _err(["ina226", "max_current_ma"], "calibration value %d exceeds %d: raise "
+                   "max_current_ma or shunt_uohm (shunt voltage at max current must be "
+                   ">= 5120 uV)" % (cal, _INA_CAL_MAX))
+
+
+def _check_channel(i, ch):
+    name = C.CHANNELS[i]
+    if ch["name"] != name:
+        raise _err(["channels", i, "name"], "must be %r (channel order is fixed: %s), "
+                   "got %r" % (name, ", ".join(C.CHANNELS), ch["name"]))
+    lo, hi = _SETPOINT_RANGE_MC[i]
+    sp, warn, crit = ch["setpoint_mc"], ch["warn_mc"], ch["crit_mc"]
+    if not lo <= sp <= hi:
+        raise _err(["channels", i, "setpoint_mc"], "expected int %d..%d for %s, got %d"
+                   % (lo, hi, name, sp))
+    if warn <= sp:
+        raise _err(["channels", i, "warn_mc"], "must be > setpoint_mc (%d), got %d"
+                   % (sp, warn))
+    if crit <= warn:
+        raise _err(["channels", i, "crit_mc"], "must be > warn_mc (%d), got %d"
+                   % (warn, crit))
+    if crit > _CRIT_CEILING_MC[i]:
+        raise _err(["channels", i, "crit_mc"], "must be <= %d (hard ceiling for %s), got %d"
+                   % (_CRIT_CEILING_MC[i], name, crit))
+    sh = ch["sh"]
+    if ch["model"] == "sh" and sh is None:
+        raise _err(["channels", i, "sh"], "required ([A, B, C]) when model is 'sh'")
+    if sh is not None and not _sh_plausible(sh, ch["r0"]):
+        raise _err(["channels", i, "sh"], "not an NTC curve: temperature must fall as "
+                   "resistance rises (checked at r0/20, r0, r0*20) and stay within "
+                   "-55..200 degC at r0")
+
+
+def _sh_kelvin(sh, r_ohm):
+    ln = math.log(r_ohm)
+    inv = sh[0] + sh[1] * ln + sh[2] * ln * ln * ln
+    return 1.0 / inv if inv > 0 else None
+
+
+def _sh_plausible(sh, r0):
+    temps = [_sh_kelvin(sh, r0 / 20), _sh_kelvin(sh, r0), _sh_kelvin(sh, r0 * 20)]
+    if None in temps or not temps[0] > temps[1] > temps[2]:
+        return False
+    t0_mc = (temps[1] - 273.15) * 1000
+    return C.TEMP_MIN_MC <= t0_mc <= C.TEMP_MAX_MC
+
+
+# --- merge (config_set) ------------------------------------------------------------------
+
+
+def merge(base, changes):
+    """Return a new config: ``base`` with ``changes`` applied, validated as a whole.
+
+    ``changes`` maps keys to values. A key is a dotted path (``"pid.kp"``,
+    ``"channels.1.setpoint_mc"``) or a plain key whose value is a nested dict of
+    partial changes (``{"pid": {"kp": 4000}}``, ``{"channels": {"1": {...}}}``). A
+    list value replaces the whole list. Keys are applied in sorted order, so a
+    deeper key overrides a shallower one on both interpreters. ``base`` is never
+    modified; on any error ``ConfigError`` is raised and nothing changed.
+    """
+    if type(changes) is not dict:
+        raise ConfigError("", "changes must be an object, got %s" % _show(changes))
+    cfg = _copy(base)
+    keys = list(changes)
+    for k in keys:
+        if type(k) is not str or not k:
+            raise ConfigError("", "keys must be non-empty text, got %s" % _show(k))
+    for key in sorted(keys):
+        parts = [_index_or_key(p) for p in key.split(".")]
+        _apply(cfg, parts, _copy(changes[key]), [])
+    validate(cfg)
+    return cfg
+
+
+def _index_or_key(p):
+    return int(p) if p.isdigit() else p
+
+
+def _apply(node, parts, value, done):
+    """Set ``value`` at ``parts`` below ``node``; dicts merge into dicts."""
+    head = parts[0]
+    here = done + [head]
+    if type(node) is dict:
+        if type(head) is int:
+            head = str(head)
+            here = done + [head]
+        if len(parts) > 1 and head not in node:
+            raise _err(here, "unknown key")
+        if len(parts) == 1:
+            old = node.get(head)
+            if type(value) is dict and type(old) in (dict, list):
+                _merge_into(old, value, here)
+            else:
+                node[head] = value  # an unknown key here is reported by validate()
+            return
+        _apply(node[head], parts[1:], value, here)
+    elif type(node) is list:
+        if type(head) is not int or head >= len(node):
+            raise _err(here, "no such item (indices 0..%d)" % (len(node) - 1))
+        here = done + [head]
+        if len(parts) == 1:
+            if type(value) is dict and type(node[head]) in (dict, list):
+                _merge_into(node[head], value, here)
+            else:
+                node[head] = value
+            return
+        _apply(node[head], parts[1:], value, here)
+    else:
+        raise _err(done, "is a value, not a section (cannot set %s inside it)" % _show(head))
+
+
+def _merge_into(node, changes, done):
+    pairs = sorted([(str(k), v) for k, v in changes.items()], key=lambda kv: kv[0])
+    for k, v in pairs:
+        _apply(node, [_index_or_key(k)], v, done)
+
+
+# --- flatten / sections (config_get) ----------------------------------------------------
+
+
+def _expandable(v):
+    if type(v) is dict:
+        return True
+    if type(v) is list and v:
+        for x in v:
+            if type(x) is not dict:
+                return False
+        return True
+    return False
+
+
+def flatten(value, prefix=""):
+    """``{"pid": {"kp": 1}}`` -> ``{"pid.kp": 1}``; lists of dicts by index
+    (``"channels.0.beta"``), other lists stay whole values."""
+    out = {}
+    _flatten_into(out, value, prefix)
+    return out
+
+
+def _flatten_into(out, v, prefix):
+    if not _expandable(v):
+        out[prefix] = v
+        return
+    items = v.items() if type(v) is dict else enumerate(v)
+    for k, x in items:
+        key = str(k) if not prefix else prefix + "." + str(k)
+        _flatten_into(out, x, key)
+
+
+def unflatten(flat):
+    """Inverse of ``flatten``: dotted keys -> nested dicts, with dicts whose keys are
+    exactly "0".."n-1" turned back into lists."""
+    root = {}
+    for key in flat:
+        parts = key.split(".")
+        node = root
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if type(nxt) is not dict:
+                nxt = {}
+                node[p] = nxt
+            node = nxt
+        node[parts[-1]] = flat[key]
+    return _listify(root)
+
+
+def _listify(v):
+    if type(v) is not dict:
+        return v
+    for k in list(v):
+        v[k] = _listify(v[k])
+    n = len(v)
+    if n and all([str(i) in v for i in range(n)]):
+        return [v[str(i)] for i in range(n)]
+    return v
+
+
+def get_section(cfg, name, limit=MAX_ENTRIES):
+    """Flat ``{dotted key: value}`` map of one section for a ``config`` message.
+
+    ``name`` is a top-level key (``"pid"``, ``"watchdog_ms"``) or a dotted path
+    (``"channels.2"``, ``"pid.kp"``). Keys are full dotted paths, ready to send back
+    in ``config_set``. Raises ``ConfigError`` for an unknown name or when the map has
+    more than ``limit`` entries (``limit=None``: no limit).
+    """
+    if type(name) is not str or not name:
+        raise ConfigError("", "section must be non-empty text, got %s" % _show(name))
+    node = cfg
+    done = []
+    for p in name.split("."):
+        k = _index_or_key(p)
+        if type(node) is dict and p in node:
+            node = node[p]
+        elif type(node) is list and type(k) is int and k < len(node):
+            node = node[k]
+        else:
+            raise _err(done + [k], "no such section; sections are %s"
+                       % ", ".join(_section_names(cfg)))
+        done.append(k)
+    flat = flatten(node, name)
+    if limit is not None and len(flat) > limit:
+        hint = ""
+        if type(node) is list:
+            hint = ": ask for %s.0 .. %s.%d" % (name, name, len(node) - 1)
+        raise ConfigError(name, "%d entries do not fit one message (max %d)%s"
+                          % (len(flat), limit, hint))
+    return flat
+
+
+def _section_names(cfg):
+    names = [f[0] for f in _SCHEMA[1]]
+    if "_comment" in cfg:
+        names.append("_comment")
+    return names
+
+
+def pages(cfg, limit=MAX_ENTRIES):
+    """Section names whose ``get_section`` maps each fit in ``limit`` entries and
+    together cover the whole config, in schema order: how to answer a ``config_get``
+    without a section."""
+    out = []
+    for name in _section_names(cfg):
+        v = cfg[name]
+        if len(flatten(v, name)) <= limit or type(v) is not list:
+            out.append(name)
+        else:
+            for i in range(len(v)):
+                out.append("%s.%d" % (name, i))
+    return out
+
+
+# --- storage -----------------------------------------------------------------------------
+
+
+def canonical(value):
+    """Deterministic compact JSON text (sorted keys, ASCII): same on both interpreters."""
+    return dump_value(value)
+
+
+def _path(dirpath, name):
+    return dirpath.rstrip("/") + "/" + name
+
+
+def _exists(fs, path):
+    try:
+        fs.stat(path)
+        return True
+    except OSError:
+        return False
+
+
+def _remove_quiet(fs, path):
+    try:
+        fs.remove(path)
+    except OSError:
+        pass
+
+
+def _rename_over(fs, src, dst):
+    """Rename replacing ``dst``: native on littlefs/POSIX; FAT needs remove first."""
+    try:
+        fs.rename(src, dst)
+        return
+    except OSError as e:
+        if not e.args or e.args[0] != _EEXIST:
+            raise  # any other error: leave dst alone
+    fs.remove(dst)  # FAT: from here until the rename only ``src`` exists
+    fs.rename(src, dst)
+
+
+def encode_file(cfg):
+    """The exact text ``save`` writes for ``cfg`` (canonical envelope plus newline)."""
+    body = canonical(cfg)
+    crc = crc16(body.encode())
+    return '{"config":' + body + ',"crc":' + str(crc) + ',"version":' + \
+        str(SCHEMA_VERSION) + "}\n"
+
+
+def save(cfg, dirpath, fs=os):
+    """Validate and write ``cfg`` atomically to ``<dirpath>/config.json``.
+
+    Raises ``ConfigError`` (nothing written) or ``OSError`` from the filesystem (the
+    previous file is intact; a partial ``.tmp`` is removed when possible). ``fs`` is
+    the ``os`` module or a stand-in with ``rename``, ``remove``, ``stat`` (tests).
+    """
+    validate(cfg)
+    data = encode_file(cfg).encode()
+    final = _path(dirpath, FILE_NAME)
+    tmp = final + TMP_SUFFIX
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            if hasattr(fs, "fsync") and hasattr(f, "fileno"):
+                fs.fsync(f.fileno())
+    except OSError:
+        _remove_quiet(fs, tmp)
+        raise
+    if hasattr(fs, "sync") and not hasattr(fs, "fsync"):  # MicroPython MCU ports
+        fs.sync()
+    _rename_over(fs, tmp, final)
+    if hasattr(fs, "sync") and not hasattr(fs, "fsync"):
+        fs.sync()
+
+
+def _read(fs, path):
+    """Bytes of ``path``; None if missing. OSError for other trouble or a huge file."""
+    try:
+        size = fs.stat(path)[6]
+    except OSError as e:
+        if e.args and e.args[0] == _ENOENT:
+            return None
+        raise
+    if size > MAX_FILE_BYTES:
+        raise OSError("file is %d bytes, more than %d" % (size, MAX_FILE_BYTES))
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def decode_file(data):
+    """Parse and check the bytes of a config file -> ``(cfg, detail)``.
+
+    ``detail`` is "" or says the config was migrated. Raises ``ConfigError`` saying
+    what is wrong (the caller treats it as corrupt).
+    """
+    if not data:
+        raise ConfigError("", "file is empty")
+    try:
+        text = data.decode()
+    except UnicodeError:
+        raise ConfigError("", "file is not UTF-8 text") from None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ConfigError("", "file is not valid JSON (truncated?)") from None
+    if type(doc) is not dict:
+        raise ConfigError("", "file holds %s, not an object" % type(doc).__name__)
+    for key in doc:
+        if key not in ("config", "crc", "version"):
+            raise ConfigError("", "file has an unknown key %s" % _show(key))
+    version = doc.get("version")
+    crc = doc.get("crc")
+    cfg = doc.get("config")
+    if type(version) is not int or type(crc) is not int or type(cfg) is not dict:
+        raise ConfigError("", "file needs int version, int crc and an object config")
+    if version > SCHEMA_VERSION:
+        raise ConfigError("", "schema version %d is newer than this firmware supports (%d)"
+                          % (version, SCHEMA_VERSION))
+    if crc != _raw_crc(text):
+        computed = crc16(canonical(cfg).encode())
+        if crc != computed:
+            raise ConfigError("", "CRC mismatch (stored %d, computed %d)" % (crc, computed))
+    detail = ""
+    if version < SCHEMA_VERSION:
+        cfg = _migrate(cfg, version)
+        detail = "migrated from schema version %d" % version
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(e.path, "invalid value: " + str(e)) from None
+    return cfg, detail
+
+
+def _raw_crc(text):
+    """CRC of the config value's bytes as ``save`` lays them out, or -1."""
+    head = '{"config":'
+    end = text.rfind(',"crc":')
+    if not text.startswith(head) or end < len(head):
+        return -1
+    return crc16(text[len(head):end].encode())
+
+
+_MIGRATIONS = {}  # version n -> fn(cfg) returning the version n+1 config; none yet
+
+
+def _migrate(cfg, version):
+    while version < SCHEMA_VERSION:
+        step = _MIGRATIONS.get(version)
+        if step is None:
+            raise ConfigError("", "no migration from schema version %d" % version)
+        cfg = step(cfg)
+        version += 1
+    return cfg
+
+
+def load(dirpath, fs=os):
+    """Read ``<dirpath>/config.json`` -> ``(cfg, status, detail)``.
+
+    ``status`` is ``"ok"``, ``"missing"`` or ``"corrupt"`` (see the module docstring);
+    in the last two cases ``cfg`` is a fresh copy of the factory defaults. Never
+    raises for a bad file; ``detail`` says what was found, for the log or the event.
+    """
+    final = _path(dirpath, FILE_NAME)
+    tmp = final + TMP_SUFFIX
+    try:
+        data = _read(fs, final)
+    except OSError as e:
+        return _corrupt(fs, final, "cannot read %s: %s" % (FILE_NAME, e))
+    if data is None:
+        return _recover_tmp(fs, tmp, final)
+    if _exists(fs, tmp):
+        _remove_quiet(fs, tmp)  # an unfinished save: the old file stands
+    try:
+        cfg, detail = decode_file(data)
+    except ConfigError as e:
+        return _corrupt(fs, final, str(e))
+    return cfg, "ok", detail or "loaded"
+
+
+def _recover_tmp(fs, tmp, final):
+    try:
+        data = _read(fs, tmp)
+    except OSError:
+        data = b""
+    if data is None:
+        return defaults(), "missing", "no %s: factory defaults" % FILE_NAME
+    try:
+        cfg, detail = decode_file(data)
+        fs.rename(tmp, final)
+    except (ConfigError, OSError):
+        _remove_quiet(fs, tmp)
+        return defaults(), "missing", "no %s (removed an unfinished %s%s): factory " \
+            "defaults" % (FILE_NAME, FILE_NAME, TMP_SUFFIX)
+    return cfg, "ok", "recovered from an interrupted save" + (", " + detail if detail else "")
+
+
+def _corrupt(fs, final, why):
+    bad = final + BAD_SUFFIX
+    try:
+        _rename_over(fs, final, bad)
+        kept = "kept as %s%s" % (FILE_NAME, BAD_SUFFIX)
+    except OSError:
+        kept = "could not rename it to %s%s" % (FILE_NAME, BAD_SUFFIX)
+    return defaults(), "corrupt", "%s; factory defaults in use, %s" % (why, kept)
+
+
+def factory_reset(dirpath, fs=os):
+    """Delete the stored config (and any ``.tmp``); return fresh factory defaults.
+
+    The next boot then loads defaults with status ``missing``. A ``.bad`` file is
+    left for diagnosis.
+    """
+    final = _path(dirpath, FILE_NAME)
+    _remove_quiet(fs, final + TMP_SUFFIX)
+    if _exists(fs, final):
+        fs.remove(final)  # an OSError here means flash trouble: let the caller nack
+    return defaults()

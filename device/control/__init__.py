@@ -1,0 +1,1 @@
+"""Control laws: pure integer math, no I/O."""

@@ -1,0 +1,450 @@
+"""Fixed-point PID for the reverse-acting cooling loop: duty rises when it is hot.
+
+    pid = PID(kp=4000, ki=100, kd=20000, kff=50, slew_per_s=6553)
+    pid.track(boot_duty, temp_mc)           # manual -> auto without a bump
+    duty = pid.step(temp_mc, setpoint_mc, dt_ms, ff_mw=gpu_power_mw)
+
+error = measurement - setpoint (m degC); positive error -> more cooling. The output is
+
+    u = P + I + D + FF,  P = Kp*e,  I = integral(Ki*e dt),  D = Kd * d(measurement)/dt,
+    FF = Kff * gpu_power
+
+then clamped to [out_min, out_max] and slew-limited. Features: derivative on the
+measurement (no kick on a setpoint change) through a first-order low-pass of time
+constant ``d_filter_ms``; integral clamp [i_min, i_max] AND back-calculation
+anti-windup (after the limits and the slew limiter, the integrator moves toward the
+value that makes the unsaturated output consistent with the applied one, with
+tracking time constant Tt = ``tracking_ms``, by default Ti = kp/ki, with which the
+integrator settles at the applied output while saturated); bumpless
+manual -> auto transfer (``track``); GPU-power feed-forward so a load step moves the
+fans before the heat arrives; dt of 1..1000 ms (longer gaps count as 1000 ms,
+dt <= 0 returns the previous duty unchanged).
+
+Gains (``set_gains``) are the wire's milli-units (protocol/catalog.py, pid_gains),
+ints in 0..1000000 each:
+
+    kp   0.001 %duty per degC          ki   0.001 %duty per (degC*s)
+    kd   0.001 %duty*s per degC        kff  0.001 %duty per W
+
+Fixed point (converted once, at set time; the tick uses only small ints)
+--------------------------------------------------------------------------
+* Internal signal unit "Q13 duty": duty_u16 * 2**13. Full scale 65535 << 13 =
+  536862720 < 2**29. Every term (P, I, D, FF) and every partial sum is saturated to
+  +-_SAT = +-(2**29 - 1), so adding two of them stays below 2**30 - 1.
+* Each gain is a real number g = m / 2**sh with a 14-bit mantissa 0 <= m < 2**14
+  (relative precision better than 1e-4) and sh <= 28 (sh < 0 for huge gains),
+  plus ``lim``: the input magnitude beyond which the term saturates. ``mul(a, m, sh,
+  lim)`` computes round(a*m / 2**sh) for |a| < 2**30 by splitting a into a high part
+  (a >> 14, |.| <= 2**16) and a low 14-bit part, so no partial product reaches 2**30
+  (see its docstring for the bound of every intermediate).
+* Conversion, with F = 65535 * 2**13 (Q13 duty at 100 %duty; a milli-gain times a
+  milli-unit input gives 1e-6 %, hence 10**8 = 100 * 10**6):
+      P   per m degC of error          g = kp  * F / 10**8
+      I   per (m degC * ms)            g = ki  * F / 10**11    (input e*dt <= 1.4e8)
+      D   per Q8 m degC/s              g = kd  * F / (10**8 * 256)
+      FF  per mW                       g = kff * F / 10**8
+      slew per ms                      g = slew_per_s * 2**13 / 1000
+  e.g. kp = 5000 (5 %/degC): g = 26843 Q13 duty per m degC = 13422 * 2**1.
+* Inputs are clamped before any arithmetic: measurement and setpoint to +-2**20
+  m degC, error to +-131071 m degC (the design worst case is +-100000), the
+  per-tick measurement change to +-524287 m degC, the measured rate to +-131071
+  m degC/s (10 degC/s is the design case), GPU power to 0..2097151 mW (1 kW is
+  1000000), dt to 1..1000 ms. The derivative path keeps the filtered rate in Q8
+  m degC/s (<= 2**25) so the low-pass converges instead of sticking a few counts off.
+* The integrator lives in Q13 duty, clamped to [i_min, i_max] duty (within +-65535),
+  so it is bounded whatever the history. Resolution: 1/8192 duty per tick. With
+  ki = 0 there is no integral action: the integrator stays 0 (no back-calculation,
+  no bumpless initialisation, whose permanent offset a P/PD loop could never undo);
+  a manual -> auto switch is then smoothed by the slew limiter only.
+
+Tests (tests/test_pid.py): on CPython every arithmetic result of step() is checked
+against +-2**30 by an AST-instrumented copy of this module (tests/intcheck.py) over
+all extreme gains and inputs; on MicroPython the same drive runs under
+micropython.heap_lock() (no floats, tuples or other objects; the unix port's small
+ints are 63-bit, so only the CPython check proves the 31-bit bound of the MCU).
+"""
+
+try:
+    from micropython import const
+except ImportError:
+    const = lambda x: x  # noqa: E731
+
+GAIN_MAX = 1000000  # wire limit of every gain (milli-units)
+DUTY_MAX = 65535
+SLEW_MAX = 6553500  # duty per second: full scale in 10 ms; 0 disables the limiter
+D_FILTER_MAX_MS = 60000
+TRACKING_MAX_MS = 600000
+
+_Q = const(13)  # Q13 duty
+_HALF_Q = const(4096)
+_SAT = const(536870911)  # 2**29 - 1
+_A_MAX = const(1073741823)  # 2**30 - 1: "never saturate" input limit for mul()
+_T_LIM = const(1048575)  # m degC, measurement / setpoint clamp
+_E_MAX = const(131071)  # m degC, error clamp
+_DM_MAX = const(524287)  # m degC, measurement change per tick clamp
+_R_MAX = const(131071)  # m degC/s, measured rate clamp
+_R_Q = const(8)  # filtered rate in Q8 m degC/s
+_P_MAX_MW = const(2097151)  # feed-forward input clamp
+_DT_MAX = const(1000)  # ms
+
+# Q13 duty at 100 %duty (65535 << 13); set_gains() divides it down to the units.
+_FULL_Q = 536862720
+
+
+def mul(a, m, sh, lim):
+    """Return round(a * m / 2**sh) (half up), saturated to +-(2**29 - 1).
+
+    Preconditions, established by ``gain()``: |a| <= 2**30 - 1, 0 <= m < 2**14,
+    sh <= 28, and |a| < lim implies |a*m / 2**sh| <= 2**29 - 2. Intermediates:
+    sh <= 0: |a*m| <= 2**29 before and after the left shift (lim bounds it).
+    sh > 0: hi = (a >> 14) * m < 2**16 * 2**14 = 2**30; lo = (a & 0x3FFF) * m < 2**28.
+      sh >= 14: ((hi mod 2**(sh-14)) << 14) < 2**sh <= 2**28, plus lo and the
+      rounding half: < 2**28 + 2**28 + 2**27 < 2**30.
+      0 < sh < 14: |hi << (14-sh)| <= |a*m|/2**sh + 2**(28-sh) <= 2**29 + 2**27.
+    """
+    if a >= lim:
+        return _SAT
+    if a <= -lim:
+        return -_SAT
+    if sh <= 0:
+        return (a * m) << -sh
+    hi = (a >> 14) * m
+    lo = (a & 0x3FFF) * m
+    if sh >= 14:
+        s2 = sh - 14
+        return (hi >> s2) + ((((hi & ((1 << s2) - 1)) << 14) + lo + (1 << (sh - 1))) >> sh)
+    return (hi << (14 - sh)) + ((lo + (1 << (sh - 1))) >> sh)
+
+
+def gain(num, den):
+    """Convert the real gain num/den (ints >= 0) into ``(m, sh, lim)`` for ``mul``.
+
+    Runs at set time only (it may use big ints).
+
+    >>> gain(3, 2)
+    (12288, 13, 357913941)
+    >>> mul(1000, *gain(3, 2))
+    1500
+    """
+    if num == 0:
+        return 0, 14, _A_MAX
+    sh = 28
+    while True:
+        if sh >= 0:
+            m = (num * (2 << sh) + den) // (2 * den)
+        else:
+            m = (num * 2 + (den << -sh)) // ((2 * den) << -sh)
+        if m < 0x4000:
+            break
+        sh -= 1
+    if m == 0:  # too small to represent: behaves as zero
+        return 0, 14, _A_MAX
+    if sh >= 0:
+        lim = ((_SAT - 1) << sh) // m + 1
+    else:
+        lim = (_SAT - 1) // (m << -sh) + 1
+    if lim > _A_MAX:
+        lim = _A_MAX
+    return m, sh, lim
+
+
+def _check_int(name, value, lo, hi, unit):
+    if type(value) is not int or value < lo or value > hi:
+        raise ValueError("%s must be an int in %d..%d (%s), got %r" % (name, lo, hi, unit, value))
+
+
+class PID:
+    """Integer PID for a cooling loop; see the module docstring for units and scaling.
+
+    ``duty`` is the last output (``out_max`` before the first step: full cooling
+    until the loop has run).
+    """
+
+    def __init__(
+        self,
+        kp=0,
+        ki=0,
+        kd=0,
+        kff=0,
+        out_min=0,
+        out_max=DUTY_MAX,
+        slew_per_s=0,
+        d_filter_ms=1000,
+        i_min=-DUTY_MAX,
+        i_max=DUTY_MAX,
+        tracking_ms=None,
+        antiwindup=True,
+    ):
+        # Every attribute the tick touches is created here (no dict growth later).
+        self.kp = self.ki = self.kd = self.kff = 0
+        self._kp_m = self._ki_m = self._kd_m = self._kff_m = 0
+        self._kp_s = self._ki_s = self._kd_s = self._kff_s = 14
+        self._kp_l = self._ki_l = self._kd_l = self._kff_l = _A_MAX
+        self._slew_m = 0
+        self._slew_s = 14
+        self._slew_l = _A_MAX
+        self._lo = 0
+        self._hi = DUTY_MAX << _Q
+        self._i_lo = -(DUTY_MAX << _Q)
+        self._i_hi = DUTY_MAX << _Q
+        self._tau = 0
+        self._tt = 0
+        self._tt_auto = True
+        self.antiwindup = bool(antiwindup)
+        self.out_min = 0
+        self.out_max = DUTY_MAX
+        self.slew_per_s = 0
+        self.d_filter_ms = 0
+        self.tracking_ms = None
+        self.set_output_limits(out_min, out_max)
+        self.set_integral_limits(i_min, i_max)
+        self.set_slew(slew_per_s)
+        self.set_d_filter(d_filter_ms)
+        self.set_tracking(tracking_ms)
+        self.set_gains(kp, ki, kd, kff)
+        self._i = 0
+        self._u = 0
+        self._rf = 0
+        self._m_prev = 0
+        self._up = self._ud = self._uf = 0
+        self._fresh = True
+        self._pending = False
+        self.duty = 0
+        self.reset()
+
+    # ------------------------------------------------------------ configuration
+
+    def set_gains(self, kp, ki, kd, kff):
+        """Set all four gains (milli-units, ints 0..1000000); ValueError names the limits.
+
+        Nothing changes unless all four are valid. The integrator is kept in duty
+        units, so changing ki does not bump the output.
+        """
+        _check_int("kp", kp, 0, GAIN_MAX, "0.001 %duty/degC")
+        _check_int("ki", ki, 0, GAIN_MAX, "0.001 %duty/(degC*s)")
+        _check_int("kd", kd, 0, GAIN_MAX, "0.001 %duty*s/degC")
+        _check_int("kff", kff, 0, GAIN_MAX, "0.001 %duty/W")
+        self._kp_m, self._kp_s, self._kp_l = gain(kp * _FULL_Q, 10**8)
+        self._ki_m, self._ki_s, self._ki_l = gain(ki * _FULL_Q, 10**11)
+        self._kd_m, self._kd_s, self._kd_l = gain(kd * _FULL_Q, 10**8 << _R_Q)
+        self._kff_m, self._kff_s, self._kff_l = gain(kff * _FULL_Q, 10**8)
+        self.kp, self.ki, self.kd, self.kff = kp, ki, kd, kff
+        if self._tt_auto:
+            self._tt = _auto_tracking(kp, ki)
+
+    def set_output_limits(self, out_min, out_max):
+        """Clamp the output to out_min..out_max duty (0 <= out_min <= out_max <= 65535).
+
+        Cheap enough to call every tick, e.g. to raise out_min to a safety floor: the
+        back-calculation then keeps the integrator consistent with the floor.
+        """
+        _check_int("out_min", out_min, 0, DUTY_MAX, "duty_u16")
+        _check_int("out_max", out_max, out_min, DUTY_MAX, "duty_u16, >= out_min")
+        self.out_min = out_min
+        self.out_max = out_max
+        self._lo = out_min << _Q
+        self._hi = out_max << _Q
+
+    def set_integral_limits(self, i_min, i_max):
+        """Clamp the integral term to i_min..i_max duty (-65535 <= i_min <= i_max <= 65535)."""
+        _check_int("i_min", i_min, -DUTY_MAX, DUTY_MAX, "duty_u16")
+        _check_int("i_max", i_max, i_min, DUTY_MAX, "duty_u16, >= i_min")
+        self._i_lo = i_min << _Q
+        self._i_hi = i_max << _Q
+
+    def set_slew(self, slew_per_s):
+        """Limit the output change to slew_per_s duty per second (0 = unlimited)."""
+        _check_int("slew_per_s", slew_per_s, 0, SLEW_MAX, "duty_u16 per s, 0 = off")
+        self.slew_per_s = slew_per_s
+        self._slew_m, self._slew_s, self._slew_l = gain(slew_per_s << _Q, 1000)
+
+    def set_d_filter(self, d_filter_ms):
+        """Time constant of the derivative's first-order low-pass (0 = unfiltered)."""
+        _check_int("d_filter_ms", d_filter_ms, 0, D_FILTER_MAX_MS, "ms")
+        self.d_filter_ms = d_filter_ms
+        self._tau = d_filter_ms
+
+    def set_tracking(self, tracking_ms=None):
+        """Back-calculation time constant Tt in ms; None = Ti = kp/ki (0 = one tick)."""
+        if tracking_ms is None:
+            self._tt_auto = True
+            self._tt = _auto_tracking(self.kp, self.ki)
+        else:
+            _check_int("tracking_ms", tracking_ms, 0, TRACKING_MAX_MS, "ms")
+            self._tt_auto = False
+            self._tt = tracking_ms
+        self.tracking_ms = tracking_ms
+
+    # ------------------------------------------------------------------ state
+
+    def reset(self):
+        """Forget all history: integrator 0, no previous sample, duty = out_max."""
+        self._i = 0
+        self._u = self._hi
+        self._rf = 0
+        self._m_prev = 0
+        self._up = self._ud = self._uf = 0
+        self._fresh = True
+        self._pending = False
+        self.duty = self.out_max
+
+    def track(self, duty_u16, measurement_mc):
+        """Follow a duty imposed from outside (manual, boot, fail-safe).
+
+        The next ``step()`` starts bumplessly: the integrator is initialised so that
+        its output equals ``duty_u16`` (as far as the integral limits allow; not
+        with ki = 0, see the module docstring), the slew limiter starts from it and
+        the derivative starts from ``measurement_mc``. Call it every tick while not
+        in automatic mode, or once at the switch.
+        """
+        if duty_u16 < 0:
+            duty_u16 = 0
+        elif duty_u16 > DUTY_MAX:
+            duty_u16 = DUTY_MAX
+        m = measurement_mc
+        if m > _T_LIM:
+            m = _T_LIM
+        elif m < -_T_LIM:
+            m = -_T_LIM
+        self._u = duty_u16 << _Q
+        self._m_prev = m
+        self._rf = 0
+        self._fresh = False
+        self._pending = True
+        self.duty = duty_u16
+
+    def set_auto(self, measurement_mc, current_duty_u16):
+        """Switch manual -> auto: same as ``track(current_duty_u16, measurement_mc)``."""
+        self.track(current_duty_u16, measurement_mc)
+
+    def terms(self, out):
+        """Write the last P, I, D and FF contributions (duty, may be negative) into out[0:4]."""
+        out[0] = (self._up + _HALF_Q) >> _Q
+        out[1] = (self._i + _HALF_Q) >> _Q
+        out[2] = (self._ud + _HALF_Q) >> _Q
+        out[3] = (self._uf + _HALF_Q) >> _Q
+
+    # ------------------------------------------------------------------- tick
+
+    def step(self, measurement_mc, setpoint_mc, dt_ms, ff_mw=0):
+        """One control tick: return the duty (int 0..65535). Allocation-free.
+
+        ``dt_ms`` is the time since the previous step (1..1000 ms; more counts as
+        1000; <= 0 returns the previous duty and changes nothing).
+        """
+        if dt_ms <= 0:
+            return self.duty
+        dt = dt_ms
+        if dt > _DT_MAX:
+            dt = _DT_MAX
+        m = measurement_mc
+        if m > _T_LIM:
+            m = _T_LIM
+        elif m < -_T_LIM:
+            m = -_T_LIM
+        sp = setpoint_mc
+        if sp > _T_LIM:
+            sp = _T_LIM
+        elif sp < -_T_LIM:
+            sp = -_T_LIM
+        e = m - sp
+        if e > _E_MAX:
+            e = _E_MAX
+        elif e < -_E_MAX:
+            e = -_E_MAX
+
+        # Derivative on the measurement, low-pass filtered in Q8 m degC/s.
+        if self._fresh:
+            self._m_prev = m
+        dm = m - self._m_prev
+        self._m_prev = m
+        if dm > _DM_MAX:
+            dm = _DM_MAX
+        elif dm < -_DM_MAX:
+            dm = -_DM_MAX
+        r = dm * 1000 // dt
+        if r > _R_MAX:
+            r = _R_MAX
+        elif r < -_R_MAX:
+            r = -_R_MAX
+        r <<= _R_Q
+        if self._tau == 0:
+            rf = r
+        else:
+            rf = self._rf
+            rf += mul(r - rf, (dt << 13) // (self._tau + dt), 13, _A_MAX)
+        self._rf = rf
+
+        ff = ff_mw
+        if ff < 0:
+            ff = 0
+        elif ff > _P_MAX_MW:
+            ff = _P_MAX_MW
+
+        up = mul(e, self._kp_m, self._kp_s, self._kp_l)
+        ud = mul(rf, self._kd_m, self._kd_s, self._kd_l)
+        uf = mul(ff, self._kff_m, self._kff_s, self._kff_l)
+        pdf = _sat(_sat(up + ud) + uf)
+        if self._ki_m == 0:
+            i = 0
+            integrating = False
+        elif self._pending:
+            # Bumpless: choose I so that this first automatic output is the tracked duty.
+            i = self._u - pdf
+            integrating = True
+        else:
+            i = self._i + mul(e * dt, self._ki_m, self._ki_s, self._ki_l)
+            integrating = True
+        self._pending = False
+        if i > self._i_hi:
+            i = self._i_hi
+        elif i < self._i_lo:
+            i = self._i_lo
+
+        u = _sat(pdf + i)
+        v = u
+        if v > self._hi:
+            v = self._hi
+        elif v < self._lo:
+            v = self._lo
+        if self._slew_m and not self._fresh:
+            limit = mul(dt, self._slew_m, self._slew_s, self._slew_l)
+            if v > self._u + limit:
+                v = self._u + limit
+            elif v < self._u - limit:
+                v = self._u - limit
+
+        if self.antiwindup and integrating and v != u:
+            # Back-calculation: I += (applied - unsaturated) * dt / (Tt + dt).
+            diff = _sat(v - u)
+            i += mul(diff, (dt << 13) // (self._tt + dt), 13, _A_MAX)
+            if i > self._i_hi:
+                i = self._i_hi
+            elif i < self._i_lo:
+                i = self._i_lo
+
+        self._i = i
+        self._up = up
+        self._ud = ud
+        self._uf = uf
+        self._u = v
+        self._fresh = False
+        duty = (v + _HALF_Q) >> _Q
+        self.duty = duty
+        return duty
+
+
+def _sat(x):
+    if x > _SAT:
+        return _SAT
+    if x < -_SAT:
+        return -_SAT
+    return x
+
+
+def _auto_tracking(kp, ki):
+    """Tt = Ti = kp/ki in ms (the integrator then settles at the applied output)."""
+    if ki == 0:
+        return 0
+    tt = kp * 1000 // ki
+    return TRACKING_MAX_MS if tt > TRACKING_MAX_MS else tt

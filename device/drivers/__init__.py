@@ -1,0 +1,1 @@
+"""Sensor and actuator drivers, one chip per file."""

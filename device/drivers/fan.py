@@ -1,0 +1,342 @@
+"""4-wire PWM fan: 25 kHz PWM with minimum duty and spin-up kick, tach counted in IRQ.
+
+``Fan(pwm, tach_pin, irq_trigger, ...)`` takes a ``machine.PWM``-like and a
+``machine.Pin``-like object (bus injected, nothing built here). Time comes in as
+``now_ms`` arguments (the HAL's ``ticks_ms()``); differences follow ``ticks_diff``
+for a 2**30 period, as on 32-bit MicroPython ports.
+
+Duty requests (``set_duty(duty_u16, now_ms)``):
+
+- ints are clamped to 0..65535 (a control law may overshoot); anything that is not an
+  int (float, None, str, bool) raises ValueError;
+- a non-zero request below ``min_duty`` becomes ``min_duty``; 0 means "stop" only with
+  ``allow_stop=True``, otherwise it also becomes ``min_duty``;
+- starting from stopped (applied duty 0) drives ``kick_duty`` for ``kick_ms`` first;
+  ``update()`` then applies the latest request. A stop cancels a kick.
+
+``update(now_ms)`` runs once per control tick:
+
+- RPM over a window of at least ``rpm_window_ms``:
+  ``rpm = pulses * 60000 // (pulses_per_rev * elapsed_ms)`` (integer). The elapsed
+  time is measured, so a late tick does not inflate the reading; a window longer
+  than twice ``rpm_window_ms`` (the loop stalled) is discarded and the reading kept.
+- Glitch filter: a window whose pulse count implies more than ``max_rpm`` (noise
+  coupled onto the tach line) is discarded (``glitches`` counts them) and the previous
+  reading kept. The check compares counts first, so nothing overflows.
+- Stall: the fan is commanded to run (applied duty >= ``min_duty``, i.e. not stopped)
+  but no tach pulse arrived for ``stall_ms``. Spin-up counts from the start command.
+  ``stalled`` clears at the first tick that sees pulses again.
+  (The design card says "above minimum"; a fan at exactly ``min_duty`` that does not
+  turn is stalled too -- min_duty is by definition a duty that spins it -- and the
+  fail-safe then raises the floor, which is the safe outcome.)
+
+Read-only attributes: ``rpm``, ``duty`` (applied to the PWM, before ``invert``),
+``commanded`` (the last request after clamping, before min-duty/kick), ``stalled``,
+``kicking``, ``glitches``, ``pulses`` (tach edges seen, modulo 2**29).
+
+``update()``, ``set_duty()`` and the tach ISR allocate nothing: ints within +-2**30,
+the ISR is a bound method created once in ``__init__`` and only increments a counter
+(safe as a hard IRQ). The constructor drives ``initial_duty`` (full speed by default:
+until the control loop says otherwise, cooling is at its maximum).
+"""
+
+try:
+    from micropython import const
+except ImportError:
+    const = lambda x: x
+
+_DUTY_MAX = const(65535)
+_COUNT_MASK = const(0x1FFFFFFF)  # ISR counter wraps before leaving small-int range
+_HALF_PERIOD = const(0x20000000)  # half of the 2**30 tick period
+_MS_PER_MIN = const(60000)
+_SMALL_INT_LIMIT = const(0x3FFFFFFF)
+
+
+def _diff(a, b):
+    """ticks_diff(a, b) for a 2**30 tick period without leaving small-int range."""
+    d = a - b
+    if d >= _HALF_PERIOD:
+        d = d - _HALF_PERIOD - _HALF_PERIOD
+    elif d < -_HALF_PERIOD:
+        d = d + _HALF_PERIOD + _HALF_PERIOD
+    return d
+
+
+def rpm_from_pulses(pulses, pulses_per_rev, elapsed_ms):
+    """Revolutions per minute from tach pulses counted over ``elapsed_ms``.
+
+    >>> rpm_from_pulses(50, 2, 1000)
+    1500
+    """
+    return pulses * _MS_PER_MIN // (pulses_per_rev * elapsed_ms)
+
+
+def _check_int(value, lo, hi, what):
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or value > hi:
+        raise ValueError("%s must be an int %d..%d, got %r" % (what, lo, hi, value))
+
+
+# config key -> constructor argument (device/config.py's "fans" entries use "ppr")
+_CONFIG_KEYS = (
+    ("freq_hz", "freq_hz"),
+    ("min_duty", "min_duty"),
+    ("kick_duty", "kick_duty"),
+    ("kick_ms", "kick_ms"),
+    ("ppr", "pulses_per_rev"),
+    ("pulses_per_rev", "pulses_per_rev"),
+    ("rpm_window_ms", "rpm_window_ms"),
+    ("stall_ms", "stall_ms"),
+    ("max_rpm", "max_rpm"),
+    ("allow_stop", "allow_stop"),
+    ("invert", "invert"),
+)
+
+
+class Fan:
+    """One 4-wire fan. See the module docstring for the behaviour.
+
+    ``Fan.from_config(pwm, tach_pin, irq_trigger, cfg)`` builds one from a config dict
+    (keys ``min_duty``, ``kick_duty``, ``kick_ms``, ``ppr``, ``stall_ms``, ``max_rpm``,
+    optionally ``freq_hz``, ``rpm_window_ms``, ``allow_stop``, ``invert``; unknown keys
+    are ignored); ``configure(cfg)`` applies such a dict to a running fan (missing keys
+    keep their value; the tach IRQ and counters are kept). ``pwm`` is the PWM object;
+    ``force_full()`` drives 100 % directly, for last-resort error paths.
+    """
+
+    def __init__(
+        self,
+        pwm,
+        tach_pin,
+        irq_trigger,
+        freq_hz=25000,
+        min_duty=13107,
+        kick_duty=65535,
+        kick_ms=500,
+        pulses_per_rev=2,
+        rpm_window_ms=1000,
+        stall_ms=3000,
+        max_rpm=20000,
+        allow_stop=False,
+        invert=False,
+        initial_duty=65535,
+    ):
+        _check_int(initial_duty, 0, _DUTY_MAX, "initial_duty")
+        self._set(
+            freq_hz,
+            min_duty,
+            kick_duty,
+            kick_ms,
+            pulses_per_rev,
+            rpm_window_ms,
+            stall_ms,
+            max_rpm,
+            allow_stop,
+            invert,
+        )
+        self.pwm = pwm
+        self._pin = tach_pin
+
+        self.pulses = 0  # incremented by the ISR only
+        self.rpm = 0
+        self.stalled = False
+        self.kicking = False
+        self.glitches = 0
+        self.duty = -1  # forces the first write
+        self.commanded = initial_duty
+        self._target = 0
+        self._kick_start = 0
+        self._started = False  # first update() seen
+        self._win_start = 0
+        self._win_count = 0
+        self._tick_count = 0
+        self._alive_ms = 0  # last time the fan was known turning (or started)
+
+        pwm.freq(freq_hz)
+        self._target = self._effective(initial_duty)
+        self._apply(self._target)
+        # Bound method created once: the IRQ must not allocate.
+        self._isr = self._on_edge
+        tach_pin.irq(handler=self._isr, trigger=irq_trigger)
+
+    def _set(
+        self,
+        freq_hz,
+        min_duty,
+        kick_duty,
+        kick_ms,
+        pulses_per_rev,
+        rpm_window_ms,
+        stall_ms,
+        max_rpm,
+        allow_stop,
+        invert,
+    ):
+        """Validate every parameter, then assign them all (nothing changes on error)."""
+        _check_int(freq_hz, 1, 1000000, "freq_hz")
+        _check_int(min_duty, 0, _DUTY_MAX, "min_duty")
+        _check_int(kick_duty, 0, _DUTY_MAX, "kick_duty")
+        _check_int(kick_ms, 0, 60000, "kick_ms")
+        _check_int(pulses_per_rev, 1, 16, "pulses_per_rev")
+        _check_int(rpm_window_ms, 50, 60000, "rpm_window_ms")
+        _check_int(stall_ms, 1, 600000, "stall_ms")
+        _check_int(max_rpm, 1, 1000000, "max_rpm")
+        if kick_duty < min_duty:
+            raise ValueError("kick_duty %d is below min_duty %d" % (kick_duty, min_duty))
+        # glitch limit = max_rpm * ppr * elapsed (elapsed <= 2 windows) must stay small
+        if max_rpm * pulses_per_rev * 2 * rpm_window_ms > _SMALL_INT_LIMIT:
+            raise ValueError(
+                "max_rpm * pulses_per_rev * 2 * rpm_window_ms exceeds 2**30; "
+                "use a shorter window or a lower max_rpm"
+            )
+        self.freq_hz = freq_hz
+        self.min_duty = min_duty
+        self.kick_duty = kick_duty
+        self.kick_ms = kick_ms
+        self.pulses_per_rev = pulses_per_rev
+        self.rpm_window_ms = rpm_window_ms
+        self.stall_ms = stall_ms
+        self.max_rpm = max_rpm
+        self.allow_stop = bool(allow_stop)
+        self.invert = bool(invert)
+
+    @classmethod
+    def from_config(cls, pwm, tach_pin, irq_trigger, cfg):
+        kw = {}
+        for key, arg in _CONFIG_KEYS:
+            if key in cfg:
+                kw[arg] = cfg[key]
+        return cls(pwm, tach_pin, irq_trigger, **kw)
+
+    def configure(self, cfg):
+        """Apply a config dict to this running fan; the request is re-applied."""
+        cur = {
+            "freq_hz": self.freq_hz,
+            "min_duty": self.min_duty,
+            "kick_duty": self.kick_duty,
+            "kick_ms": self.kick_ms,
+            "pulses_per_rev": self.pulses_per_rev,
+            "rpm_window_ms": self.rpm_window_ms,
+            "stall_ms": self.stall_ms,
+            "max_rpm": self.max_rpm,
+            "allow_stop": self.allow_stop,
+            "invert": self.invert,
+        }
+        for key, arg in _CONFIG_KEYS:
+            if key in cfg:
+                cur[arg] = cfg[key]
+        old_freq = self.freq_hz
+        old_invert = self.invert
+        self._set(
+            cur["freq_hz"],
+            cur["min_duty"],
+            cur["kick_duty"],
+            cur["kick_ms"],
+            cur["pulses_per_rev"],
+            cur["rpm_window_ms"],
+            cur["stall_ms"],
+            cur["max_rpm"],
+            cur["allow_stop"],
+            cur["invert"],
+        )
+        if self.freq_hz != old_freq:
+            self.pwm.freq(self.freq_hz)
+        if self.invert != old_invert:
+            self.duty = -1  # the PWM level means the opposite now: rewrite it
+        self._target = self._effective(self.commanded)
+        if self.kicking:
+            if self._target == 0:
+                self.kicking = False
+                self._apply(0)
+            else:
+                self._apply(self.duty if self.duty >= 0 else self.kick_duty)
+        else:
+            self._apply(self._target)
+
+    def force_full(self):
+        """Drive 100 % cooling straight to the PWM (honours ``invert``); never raises
+        for a sane PWM object. For error paths: the next ``set_duty`` takes over again."""
+        self.kicking = False
+        self.duty = _DUTY_MAX
+        self.pwm.duty_u16(0 if self.invert else _DUTY_MAX)
+
+    def _on_edge(self, pin):
+        self.pulses = (self.pulses + 1) & _COUNT_MASK
+
+    def _apply(self, duty):
+        if duty != self.duty:
+            self.duty = duty
+            self.pwm.duty_u16(_DUTY_MAX - duty if self.invert else duty)
+
+    def _effective(self, duty):
+        if duty == 0 and self.allow_stop:
+            return 0
+        if duty < self.min_duty:
+            return self.min_duty
+        return duty
+
+    def set_duty(self, duty_u16, now_ms):
+        """Request a duty (0..65535, clamped); kicks first when starting from stop."""
+        if not isinstance(duty_u16, int) or isinstance(duty_u16, bool):
+            raise ValueError("duty_u16 must be an int")
+        if duty_u16 < 0:
+            duty_u16 = 0
+        elif duty_u16 > _DUTY_MAX:
+            duty_u16 = _DUTY_MAX
+        self.commanded = duty_u16
+        target = self._effective(duty_u16)
+        self._target = target
+        if target == 0:
+            self.kicking = False
+            self.stalled = False
+            self._apply(0)
+            return
+        if self.duty == 0:  # starting from stop
+            self._alive_ms = now_ms
+            if self.kick_ms > 0 and target < self.kick_duty:
+                self.kicking = True
+                self._kick_start = now_ms
+                self._apply(self.kick_duty)
+                return
+        if not self.kicking:
+            self._apply(target)
+
+    def update(self, now_ms):
+        """Per control tick: end a kick, measure RPM, detect a stall."""
+        count = self.pulses
+        if not self._started:
+            self._started = True
+            self._win_start = now_ms
+            self._win_count = count
+            self._tick_count = count
+            self._alive_ms = now_ms
+            return
+        if self.kicking and _diff(now_ms, self._kick_start) >= self.kick_ms:
+            self.kicking = False
+            self._apply(self._target)
+
+        # RPM window
+        elapsed = _diff(now_ms, self._win_start)
+        if elapsed >= self.rpm_window_ms:
+            n = (count - self._win_count) & _COUNT_MASK
+            if elapsed <= 2 * self.rpm_window_ms:
+                limit = self.max_rpm * self.pulses_per_rev * elapsed // _MS_PER_MIN
+                if n > limit:
+                    self.glitches += 1
+                else:
+                    self.rpm = rpm_from_pulses(n, self.pulses_per_rev, elapsed)
+            self._win_start = now_ms
+            self._win_count = count
+        elif elapsed < 0:  # clock went backwards: restart the window
+            self._win_start = now_ms
+            self._win_count = count
+
+        # Stall: running but no pulse for stall_ms
+        if count != self._tick_count:
+            self._tick_count = count
+            self._alive_ms = now_ms
+            self.stalled = False
+        elif self.duty == 0:
+            self._alive_ms = now_ms
+            self.stalled = False
+        elif _diff(now_ms, self._alive_ms) >= self.stall_ms:
+            self.stalled = True

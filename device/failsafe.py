@@ -1,0 +1,284 @@
+"""Fail-safe supervisor: faults -> state, reason, duty floors and events.
+
+Explicit state with a reason, in the manner of phosphor-pid-control's failsafe zones:
+
+========== ===================================================================
+BOOT       fixed safe duty until every sensor has produced its first verdict
+HOSTED     host heartbeats arriving; regulating on local sensors + feed-forward
+STANDALONE no heartbeat within the timeout: keep regulating on local sensors
+FAILSAFE   sensor open/short, fan stall or over-temperature: floor duty per
+           cause, the maximum of the causes wins
+MANUAL     host override of the duty, still floored by safety
+========== ===================================================================
+
+Priority: BOOT (until sensors are valid) > FAILSAFE > MANUAL > HOSTED > STANDALONE.
+Above a channel's critical temperature both fans run at 100 % whatever was
+commanded. One fan stalled: the other is driven at least at the ``fan_stall`` floor
+(and the stalled one too, to restart it).
+
+An event is queued on every change of a fault bit and on every state change, and only
+then. :meth:`Supervisor.update` runs in the control tick: it does not allocate (int
+masks, preallocated arrays, a fixed-size event ring).
+"""
+
+from array import array
+
+from protocol import catalog as C
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+_EV_FIELDS = const(8)  # code, severity, active, index, value, state, prev_state, spare
+
+# Faults that put the module in FAILSAFE (NTC bits only for controlled channels).
+_FAN_STALL_BITS = C.FAULT_FAN1_STALL | C.FAULT_FAN2_STALL
+
+
+class EventQueue:
+    """Fixed-size ring of pending events (ints only); the oldest is dropped when full."""
+
+    def __init__(self, capacity=16):
+        self.cap = capacity
+        self.buf = array("i", [0] * (capacity * _EV_FIELDS))
+        self.head = 0
+        self.count = 0
+        self.dropped = 0
+
+    def push(self, code, severity, active, index, value, state, prev_state):
+        if self.count == self.cap:
+            self.head = (self.head + 1) % self.cap
+            self.count -= 1
+            self.dropped += 1
+        o = ((self.head + self.count) % self.cap) * _EV_FIELDS
+        b = self.buf
+        b[o] = code
+        b[o + 1] = severity
+        b[o + 2] = 1 if active else 0
+        b[o + 3] = index
+        b[o + 4] = value
+        b[o + 5] = state
+        b[o + 6] = prev_state
+        self.count += 1
+
+    def pop(self):
+        """The oldest event as a field dict for protocol ``event`` (allocates), or None."""
+        if not self.count:
+            return None
+        o = self.head * _EV_FIELDS
+        b = self.buf
+        self.head = (self.head + 1) % self.cap
+        self.count -= 1
+        return {
+            "code": b[o],
+            "severity": b[o + 1],
+            "active": bool(b[o + 2]),
+            "index": b[o + 3],
+            "value": b[o + 4],
+            "state": b[o + 5],
+            "prev_state": b[o + 6],
+        }
+
+
+def _bit_index(mask):
+    i = 0
+    while mask and not mask & 1:
+        mask >>= 1
+        i += 1
+    return i
+
+
+class Supervisor:
+    """Holds the state machine; fed once per control tick by the app."""
+
+    def __init__(self, cfg, events=None):
+        chans = cfg["channels"]
+        self.n = len(chans)
+        self.warn_mc = array("i", [c["warn_mc"] for c in chans])
+        self.crit_mc = array("i", [c["crit_mc"] for c in chans])
+        controlled = 0
+        i = 0
+        while i < self.n:
+            if chans[i]["controlled"]:
+                controlled |= 1 << i
+            i += 1
+        self.controlled = controlled
+        s = cfg["safety"]
+        self.floor_boot = s["boot"]
+        self.floor_sensor = s["sensor_fault"]
+        self.floor_stall = s["fan_stall"]
+        self.floor_over = s["over_temp"]
+        self.hyst_mc = s.get("hyst_mc", 2000)
+        self.events = events if events is not None else EventQueue()
+        self.state = C.STATE_BOOT
+        self.reason = C.REASON_BOOT
+        self.faults = 0  # telemetry bitmask C.FAULT_*
+        self.ntc_open = 0
+        self.ntc_short = 0
+        self.over = 0  # channels above warn (with hysteresis)
+        self.crit = 0  # channels above crit (with hysteresis)
+        self.stall = 0
+        self.floor = array("i", [self.floor_boot, self.floor_boot])
+        self.host_seen = False
+
+    # -- the tick ------------------------------------------------------------
+    def update(
+        self, temps_mc, ntc_open, ntc_short, stall, pm_fault, uv, host_ok, manual, booted, v_in_mv=0
+    ):
+        """Evaluate one tick; returns True when the state changed.
+
+        temps_mc: array of channel temperatures (ignored where open/short);
+        ntc_open/ntc_short/stall: bit masks by channel/fan; pm_fault, uv, host_ok,
+        manual, booted: bools.
+        """
+        ev = self.events
+        st = self.state
+        # sensor faults
+        self._edges(self.ntc_open, ntc_open, C.REASON_SENSOR_OPEN, 0)
+        self._edges(self.ntc_short, ntc_short, C.REASON_SENSOR_SHORT, 0)
+        self.ntc_open = ntc_open
+        self.ntc_short = ntc_short
+        bad = ntc_open | ntc_short
+        # temperatures with hysteresis
+        over = self.over
+        crit = self.crit
+        h = self.hyst_mc
+        i = 0
+        while i < self.n:
+            bit = 1 << i
+            if bad & bit:
+                over &= ~bit
+                crit &= ~bit
+            else:
+                t = temps_mc[i]
+                if t > self.warn_mc[i]:
+                    over |= bit
+                elif t < self.warn_mc[i] - h:
+                    over &= ~bit
+                if t > self.crit_mc[i]:
+                    crit |= bit
+                elif t < self.crit_mc[i] - h:
+                    crit &= ~bit
+            i += 1
+        self._edges(self.over, over, C.REASON_OVER_TEMP, 1, temps_mc)
+        self._edges(self.crit, crit, C.REASON_CRITICAL_TEMP, 1, temps_mc)
+        self.over = over
+        self.crit = crit
+        self._edges(self.stall, stall, C.REASON_FAN_STALL, 2)
+        self.stall = stall
+        # fault bitmask for telemetry
+        f = bad & 0xF
+        if stall & 1:
+            f |= C.FAULT_FAN1_STALL
+        if stall & 2:
+            f |= C.FAULT_FAN2_STALL
+        if pm_fault:
+            f |= C.FAULT_POWER_MONITOR
+        if uv:
+            f |= C.FAULT_UNDER_VOLTAGE
+        if over:
+            f |= C.FAULT_OVER_TEMP
+        if crit:
+            f |= C.FAULT_CRITICAL_TEMP
+        if host_ok:
+            self.host_seen = True
+        elif self.host_seen:
+            f |= C.FAULT_HOST_TIMEOUT
+        old = self.faults
+        if (old ^ f) & C.FAULT_POWER_MONITOR:
+            ev.push(
+                C.REASON_POWER_MONITOR_FAULT,
+                C.SEV_WARNING,
+                f & C.FAULT_POWER_MONITOR,
+                -1,
+                0,
+                st,
+                st,
+            )
+        if (old ^ f) & C.FAULT_UNDER_VOLTAGE:
+            ev.push(
+                C.REASON_UNDER_VOLTAGE, C.SEV_ALARM, f & C.FAULT_UNDER_VOLTAGE, -1, v_in_mv, st, st
+            )
+        self.faults = f
+        # state
+        ctl_bad = bad & self.controlled
+        if crit:
+            new, reason = C.STATE_FAILSAFE, C.REASON_CRITICAL_TEMP
+        elif not booted:
+            new, reason = C.STATE_BOOT, C.REASON_BOOT
+        elif stall:
+            new, reason = C.STATE_FAILSAFE, C.REASON_FAN_STALL
+        elif ctl_bad & ntc_short:
+            new, reason = C.STATE_FAILSAFE, C.REASON_SENSOR_SHORT
+        elif ctl_bad:
+            new, reason = C.STATE_FAILSAFE, C.REASON_SENSOR_OPEN
+        elif over:
+            new, reason = C.STATE_FAILSAFE, C.REASON_OVER_TEMP
+        elif manual and host_ok:
+            new, reason = C.STATE_MANUAL, C.REASON_MANUAL_OVERRIDE
+        elif host_ok:
+            new, reason = C.STATE_HOSTED, C.REASON_HOST_OK
+        else:
+            new = C.STATE_STANDALONE
+            reason = C.REASON_HOST_TIMEOUT if self.host_seen else C.REASON_BOOT
+        # floors: the maximum of the active causes wins
+        fl = 0
+        if new == C.STATE_BOOT:
+            fl = self.floor_boot
+        if ctl_bad and self.floor_sensor > fl:
+            fl = self.floor_sensor
+        if over and self.floor_over > fl:
+            fl = self.floor_over
+        f0 = fl
+        f1 = fl
+        if stall:
+            if self.floor_stall > f0:
+                f0 = self.floor_stall
+            if self.floor_stall > f1:
+                f1 = self.floor_stall
+        if crit:
+            f0 = 65535
+            f1 = 65535
+        self.floor[0] = f0
+        self.floor[1] = f1
+        if new != st or reason != self.reason:
+            prev = st
+            self.state = new
+            self.reason = reason
+            ev.push(reason, _severity(new, reason), True, -1, 0, new, prev)
+            return True
+        return False
+
+    def _edges(self, old, new, code, kind, values=None):
+        """Queue an event for every bit that changed between ``old`` and ``new``;
+        ``values[i]`` (e.g. the temperature) goes in the event's value."""
+        diff = old ^ new
+        st = self.state
+        while diff:
+            low = diff & -diff
+            i = _bit_index(low)
+            active = bool(new & low)
+            if kind == 2:  # fans
+                sev = C.SEV_ALARM
+            elif code == C.REASON_CRITICAL_TEMP:
+                sev = C.SEV_CRITICAL
+            elif (1 << i) & self.controlled:
+                sev = C.SEV_ALARM
+            else:
+                sev = C.SEV_WARNING
+            self.events.push(code, sev, active, i, values[i] if values is not None else 0, st, st)
+            diff &= ~low
+
+
+def _severity(state, reason):
+    if reason == C.REASON_CRITICAL_TEMP:
+        return C.SEV_CRITICAL
+    if state == C.STATE_FAILSAFE:
+        return C.SEV_ALARM
+    if state == C.STATE_STANDALONE and reason == C.REASON_HOST_TIMEOUT:
+        return C.SEV_WARNING
+    return C.SEV_INFO

@@ -1,0 +1,321 @@
+"""Deploy the firmware to a board with ``mpy-cross`` and the real ``mpremote``.
+
+``deploy()`` stages everything the board runs in ``build/flash/<board>/`` (compiled
+``.mpy`` files, or ``.py`` with ``compile=False``, plus ``main.py``), then runs one
+``mpremote`` invocation: a small prepare script on the board (removes the previous
+firmware's ``device/``, ``protocol/`` and ``boards/`` so a stale ``.py`` cannot shadow
+a new ``.mpy``, and writes the default config only when the board has none), a
+recursive ``fs cp``, and ``reset``. The CLI (``modbridge flash``) only parses and
+prints; errors are :class:`FlashError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ModbridgeError
+from .mpy import CODE_ROOT
+
+log = logging.getLogger(__name__)
+
+#: Firmware trees copied to the board, relative to the repository root.
+FIRMWARE_TREES = ("device", "protocol")
+#: CPython-only files inside those trees, never deployed (explicit on purpose).
+EXCLUDE = (
+    "protocol/specgen.py",  # writes SPEC.md on the host
+    "protocol/fuzz.py",  # host fuzzing harness
+    "protocol/vectors",  # golden vectors (JSON) for the test suite
+)
+#: Always deployed from boards/, besides the board's own module.
+BOARD_SUPPORT = ("boards/__init__.py", "boards/_common.py")
+#: Entry point on the board: ``main.py`` runs after boot.py on every hard reset.
+MAIN_PY = (
+    "# Written by `modbridge flash`. Starts the module firmware; see device/README.md.\n"
+    "import device.main  # noqa: F401\n"
+)
+PREPARE_NAME = "prepare.py"
+_BOARD_ARCH = object()  # sentinel: use the board's arch from boards.BOARDS
+
+
+class FlashError(ModbridgeError):
+    """Deploying failed; the message says what to do."""
+
+
+@dataclass
+class Plan:
+    """What ``deploy`` did or, in a dry run, would do."""
+
+    board: str
+    staging: Path
+    files: list[str] = field(default_factory=list)  # paths inside staging, posix
+    commands: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def command_lines(self) -> list[str]:
+        return [f"cd {shlex.quote(str(self.staging))} && {shlex.join(c)}" for c in self.commands]
+
+
+def _checkout() -> None:
+    """Make the checkout's ``boards``/``device`` importable (they are not installed)."""
+    if not (CODE_ROOT / "boards" / "__init__.py").is_file():
+        raise FlashError(f"no firmware beside the protocol package ({CODE_ROOT}): use a checkout")
+    if str(CODE_ROOT) not in sys.path:
+        sys.path.insert(0, str(CODE_ROOT))
+
+
+def board_names() -> list[str]:
+    _checkout()
+    from boards import BOARDS
+
+    return sorted(BOARDS)
+
+
+def board_entry(board: str) -> tuple[str, str | None]:
+    _checkout()
+    from boards import BOARDS
+
+    if board not in BOARDS:
+        raise FlashError(f"unknown board {board!r}; valid boards: {', '.join(board_names())}")
+    return BOARDS[board]
+
+
+def firmware_sources(board: str, root: Path = CODE_ROOT) -> list[str]:
+    """Every .py the board needs, relative to ``root`` (posix), sorted."""
+    modname, _ = board_entry(board)
+    board_file = modname.replace(".", "/") + ".py"
+    if not (root / board_file).is_file():
+        raise FlashError(f"board {board!r} has no module yet ({board_file} is missing)")
+    out = set(BOARD_SUPPORT) | {board_file}
+    for tree in FIRMWARE_TREES:
+        for p in (root / tree).rglob("*.py"):
+            rel = p.relative_to(root).as_posix()
+            if "__pycache__" in p.parts or _excluded(rel):
+                continue
+            out.add(rel)
+    return sorted(out)
+
+
+def _excluded(rel: str) -> bool:
+    return any(rel == e or rel.startswith(e + "/") for e in EXCLUDE)
+
+
+def find_tool(name: str) -> str:
+    """A command next to this interpreter (the venv), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if not found:
+        raise FlashError(f"{name} not found: run `make setup` (installs it into .venv)")
+    return found
+
+
+def default_config(root: Path = CODE_ROOT) -> tuple[str | None, str | None, str]:
+    """(file name, text, note) of the factory config from ``device.config``, if any."""
+    if not (root / "device" / "config.py").is_file():
+        return None, None, "device/config.py does not exist yet: no default config written"
+    try:
+        cfg = importlib.import_module("device.config")
+    except Exception as e:  # noqa: BLE001 - a half-written module must not stop a flash
+        return None, None, f"device.config failed to import ({e}): no default config written"
+    defaults = getattr(cfg, "DEFAULTS", None)
+    if defaults is None:
+        return None, None, "device.config has no DEFAULTS: no default config written"
+    name = getattr(cfg, "FILE_NAME", "config.json")
+    encode = getattr(cfg, "encode_file", None)
+    if encode is None:  # a file without the firmware's envelope (version, CRC) is "corrupt"
+        return None, None, "device.config has no encode_file: no default config written"
+    text = encode(defaults)
+    if isinstance(text, bytes | bytearray):
+        text = bytes(text).decode()
+    return name, text, f"default config {name} is written only if the board has none"
+
+
+def prepare_script(remote_dir: str, config_name: str | None, config_text: str | None) -> str:
+    """MicroPython code run on the board before copying (see module docstring)."""
+    lines = [
+        "# Generated by modbridge flash; runs on the board before the copy.",
+        "import os",
+        f"D = {remote_dir.rstrip('/')!r}",
+        "def _j(a, b):",
+        "    return a + '/' + b if a else b",
+        "def _rm(p):",
+        "    try:",
+        "        st = os.stat(p)",
+        "    except OSError:",
+        "        return",
+        "    if st[0] & 0x4000:",
+        "        for e in os.listdir(p):",
+        "            _rm(_j(p, e))",
+        "        os.rmdir(p)",
+        "    else:",
+        "        os.remove(p)",
+        "for t in ('device', 'protocol', 'boards'):",
+        "    _rm(_j(D, t))",
+    ]
+    if config_name and config_text is not None:
+        lines += [
+            f"C = _j(D, {config_name!r})",
+            "try:",
+            "    os.stat(C)",
+            "except OSError:",
+            "    with open(C + '.tmp', 'w') as f:",
+            f"        f.write({config_text!r})",
+            "    os.rename(C + '.tmp', C)",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def stage(
+    board: str,
+    staging: Path,
+    *,
+    files: Sequence[str] | None = None,
+    compile: bool = True,
+    march: str | None | object = _BOARD_ARCH,
+    root: Path = CODE_ROOT,
+) -> list[str]:
+    """Fill ``staging`` with what goes on the board; returns the staged paths."""
+    _, arch = board_entry(board)
+    if march is _BOARD_ARCH:
+        march = arch
+    sources = list(files) if files is not None else firmware_sources(board, root)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    mpy_cross = find_tool("mpy-cross") if compile else None
+    staged = []
+    for rel in sources:
+        src = root / rel
+        if compile:
+            out_rel = rel[:-3] + ".mpy"
+            dst = staging / out_rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            argv = [mpy_cross] + ([f"-march={march}"] if march else []) + ["-o", str(dst), rel]
+            proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60)
+            if proc.returncode != 0:
+                raise FlashError(f"mpy-cross failed on {rel}: {_last_line(proc.stderr)}")
+            staged.append(out_rel)
+        else:
+            dst = staging / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            staged.append(rel)
+    (staging / "main.py").write_text(MAIN_PY)
+    staged.append("main.py")
+    return staged
+
+
+def check_port(port: str) -> None:
+    """Fail early, in one line, on a missing device node or missing permission."""
+    if not port.startswith("/"):
+        return  # an mpremote shortcut (auto, a0, u0, id:...) or a socket
+    if not os.path.exists(port):
+        raise FlashError(
+            f"port {port} not found: is the board plugged in? (`mpremote connect list` shows ports)"
+        )
+    if not os.access(port, os.R_OK | os.W_OK):
+        raise FlashError(
+            f"permission denied on {port}: add yourself to the dialout group "
+            "(`sudo usermod -aG dialout $USER`, then log in again)"
+        )
+
+
+def mpremote_commands(
+    mpremote: Sequence[str],
+    port: str,
+    staged: Sequence[str],
+    prepare_path: Path,
+    remote_dir: str,
+    *,
+    resume: bool,
+    reset: bool,
+) -> list[list[str]]:
+    """The mpremote invocation (run with cwd = staging)."""
+    tops = sorted({p.split("/", 1)[0] for p in staged})
+    dest = ":" + (remote_dir or ".")
+    argv = [*mpremote, "connect", port]
+    if resume:
+        argv.append("resume")
+    argv += ["run", str(prepare_path), "+", "fs", "cp", "-r", *tops, dest]
+    if reset:
+        argv += ["+", "reset"]
+    return [argv]
+
+
+def deploy(
+    board: str,
+    port: str,
+    *,
+    files: Sequence[str] | None = None,
+    dry_run: bool = False,
+    mpremote_cmd: Sequence[str] | None = None,
+    compile: bool = True,
+    march: str | None | object = _BOARD_ARCH,
+    reset: bool = True,
+    resume: bool | None = None,
+    remote_dir: str | None = None,
+    build_dir: Path | None = None,
+    timeout_s: float = 300,
+    emit: Callable[[str], None] = log.info,
+) -> Plan:
+    """Compile/stage the firmware for ``board`` and copy it to ``port`` with mpremote.
+
+    ``march`` overrides the board's arch (None: no ``-march``, bytecode only, which the
+    unix port loads). ``resume`` defaults to True for the ``sim`` board (a soft reset
+    ends the unix port) and False otherwise. ``remote_dir`` defaults to the board
+    module's ``FS_DIR`` ("" = the board's current directory).
+    """
+    modname, _ = board_entry(board)
+    if files is None:
+        files = firmware_sources(board)  # fails first, and clearly, on a missing module
+    if resume is None:
+        resume = board == "sim"
+    if remote_dir is None:
+        try:
+            remote_dir = importlib.import_module(modname).FS_DIR
+        except ImportError as e:
+            raise FlashError(f"board {board!r}: cannot import {modname} ({e})") from e
+    staging = (build_dir or CODE_ROOT / "build" / "flash") / board
+    plan = Plan(board=board, staging=staging)
+    staged = stage(board, staging, files=files, compile=compile, march=march)
+    plan.files = staged
+    cfg_name, cfg_text, note = default_config()
+    plan.notes.append(note)
+    prepare_path = staging.parent / f"{board}.{PREPARE_NAME}"
+    prepare_path.write_text(prepare_script(remote_dir, cfg_name, cfg_text))
+    mpremote = list(mpremote_cmd) if mpremote_cmd else [find_tool("mpremote")]
+    plan.commands = mpremote_commands(
+        mpremote, port, staged, prepare_path, remote_dir, resume=resume, reset=reset
+    )
+    if dry_run:
+        return plan
+    check_port(port)
+    for argv in plan.commands:
+        emit(shlex.join(argv))
+        try:
+            proc = subprocess.run(
+                argv, cwd=staging, capture_output=True, text=True, timeout=timeout_s
+            )
+        except subprocess.TimeoutExpired as e:
+            raise FlashError(f"mpremote timed out after {timeout_s:.0f} s on {port}") from e
+        if proc.returncode != 0:
+            raise FlashError(
+                f"mpremote failed (exit {proc.returncode}) on {port}: "
+                f"{_last_line(proc.stderr or proc.stdout)}"
+            )
+    return plan
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else "(no output)"

@@ -1,0 +1,213 @@
+"""modbridge flash: staging, command lines, errors, and a real deploy with mpremote.
+
+The real deploy follows DESIGN.md "Testing without hardware": the MicroPython unix
+port runs ``-i`` on a raw pty behind a relay (host/modbridge/pty_relay.py), the real
+``mpremote connect <pty> resume run ... + fs cp -r ...`` copies the firmware into
+its working directory, and a fresh ``micropython`` imports the deployed files.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from modbridge import flash
+from modbridge.cli import main
+from modbridge.mpy import micropython_path
+from modbridge.pty_relay import UnixPortBoard
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------- staging
+
+
+def test_sources_exclude_host_only_files():
+    srcs = flash.firmware_sources("pico")
+    assert "boards/pico.py" in srcs
+    assert {"boards/__init__.py", "boards/_common.py"} <= set(srcs)
+    assert not any(s.startswith("boards/") and s.endswith("pyboard_v11.py") for s in srcs)
+    assert "protocol/frame.py" in srcs and "device/__init__.py" in srcs
+    for excluded in ("protocol/specgen.py", "protocol/fuzz.py"):
+        assert excluded not in srcs
+    assert not any(s.startswith("protocol/vectors/") for s in srcs)
+    assert all(s.endswith(".py") and "__pycache__" not in s for s in srcs)
+
+
+def test_stage_py_and_mpy(tmp_path):
+    files = ["protocol/crc.py", "boards/__init__.py"]
+    staged = flash.stage("pico", tmp_path / "py", files=files, compile=False)
+    assert staged == ["protocol/crc.py", "boards/__init__.py", "main.py"]
+    assert (tmp_path / "py/protocol/crc.py").read_bytes() == (REPO_ROOT / files[0]).read_bytes()
+    assert "import device.main" in (tmp_path / "py/main.py").read_text()
+    staged = flash.stage("pico", tmp_path / "mpy", files=files)
+    assert staged[:2] == ["protocol/crc.mpy", "boards/__init__.mpy"]
+    head = (tmp_path / "mpy/protocol/crc.mpy").read_bytes()[:4]
+    assert head[0] == ord("M") and head[1] == 6  # .mpy format v6
+
+
+def test_prepare_script_compiles_and_keeps_an_existing_config():
+    text = flash.prepare_script("/flash", "config.json", '{"a":1}\n')
+    compile(text, "prepare.py", "exec")
+    assert "D = '/flash'" in text and "os.stat(C)" in text
+    assert "config" not in flash.prepare_script("/", None, None).split("import os")[1]
+
+
+# ---------------------------------------------------------------------- dry run
+
+
+def test_dry_run_command_lines(tmp_path):
+    plan = flash.deploy("pyboard_v11", "/dev/ttyACM0", dry_run=True, compile=False,
+                        build_dir=tmp_path, mpremote_cmd=["mpremote"])
+    (line,) = plan.command_lines()
+    want = (f"cd {tmp_path}/pyboard_v11 && mpremote connect /dev/ttyACM0 run "
+            f"{tmp_path}/pyboard_v11.prepare.py + fs cp -r boards device main.py protocol "
+            ":/flash + reset")
+    assert line == want
+    assert (tmp_path / "pyboard_v11" / "boards" / "pyboard_v11.py").is_file()
+    plan = flash.deploy("pico", "/dev/ttyACM0", dry_run=True, compile=False, reset=False,
+                        resume=True, build_dir=tmp_path, mpremote_cmd=["mpremote"])
+    argv = plan.commands[0]
+    assert argv[:4] == ["mpremote", "connect", "/dev/ttyACM0", "resume"]
+    assert argv[-1] == ":/" and "reset" not in argv
+
+
+def test_cli_dry_run():
+    res = CliRunner().invoke(main, ["flash", "--board", "pico", "--port", "/dev/ttyACM0",
+                                    "--dry-run", "--no-compile", "--no-reset"])
+    assert res.exit_code == 0, res.output
+    cmd = [ln for ln in res.output.splitlines() if "mpremote" in ln]
+    assert len(cmd) == 1 and "connect /dev/ttyACM0 run" in cmd[0] and "reset" not in cmd[0]
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def test_unknown_board_lists_valid_ones():
+    with pytest.raises(flash.FlashError) as e:
+        flash.deploy("stm32f072", "/dev/ttyUSB0", dry_run=True)
+    msg = str(e.value)
+    assert "unknown board 'stm32f072'" in msg
+    assert "blackpill_f411, nucleo_f411re, pico, pyboard_v11, sim" in msg
+    res = CliRunner().invoke(main, ["flash", "--board", "nope", "--port", "/dev/x"])
+    assert res.exit_code == 1 and "unknown board 'nope'" in res.output
+
+
+def test_board_without_module_yet():
+    if (REPO_ROOT / "boards" / "sim.py").exists():
+        pytest.skip("boards/sim.py exists now")
+    with pytest.raises(flash.FlashError, match="no module yet"):
+        flash.deploy("sim", "/dev/pts/9", dry_run=True)
+
+
+def test_missing_port(tmp_path):
+    with pytest.raises(flash.FlashError, match="not found: is the board plugged in"):
+        flash.deploy("pico", "/dev/ttyNOPE9", compile=False, build_dir=tmp_path)
+
+
+def test_permission_denied_says_dialout(tmp_path, monkeypatch):
+    port = tmp_path / "ttyACM0"
+    port.touch()
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(flash.FlashError, match="permission denied.*dialout group"):
+        flash.deploy("pico", str(port), compile=False, build_dir=tmp_path)
+
+
+def test_mpremote_failure_shows_its_stderr(tmp_path):
+    port = tmp_path / "ttyUSB0"
+    port.touch()
+    fake = [sys.executable, "-c",
+            "import sys; sys.stderr.write('mpremote: could not enter raw repl\\n'); sys.exit(1)"]
+    with pytest.raises(flash.FlashError) as e:
+        flash.deploy("pico", str(port), compile=False, build_dir=tmp_path, mpremote_cmd=fake)
+    assert str(e.value) == f"mpremote failed (exit 1) on {port}: mpremote: could not enter raw repl"
+
+
+def test_mpy_cross_failure_names_the_file(tmp_path):
+    bad = tmp_path / "src"
+    (bad / "protocol").mkdir(parents=True)
+    (bad / "protocol" / "broken.py").write_text("def (:\n")
+    with pytest.raises(flash.FlashError, match="mpy-cross failed on protocol/broken.py"):
+        flash.stage("pico", tmp_path / "out", files=["protocol/broken.py"], root=bad)
+
+
+# ---------------------------------------------------------------------- real deploy
+
+
+def _deploy_to_unix_port(tmp_path, compile):
+    board_dir = tmp_path / "board"
+    board_dir.mkdir()
+    with UnixPortBoard(board_dir, heapsize="4M") as board:
+        plan = flash.deploy(
+            "pico", board.path, compile=compile, march=None, reset=False, resume=True,
+            remote_dir="", build_dir=tmp_path / "stage", timeout_s=60,
+        )
+        assert board.proc.poll() is None, "the unix port died during the deploy"
+    return board_dir, plan
+
+
+def _import_deployed(board_dir, tmp_path):
+    code = (
+        "import protocol.frame, protocol.crc, device, boards, boards.pico\n"
+        "print(protocol.frame.MAX_FRAME, protocol.crc.crc16(b'123456789'), device.FW_VERSION,"
+        " boards.BOARDS['pico'][1], boards.pico.NAME)\n"
+    )
+    proc = subprocess.run(
+        [micropython_path(), "-c", code],
+        cwd=tmp_path,
+        env={"MICROPYPATH": str(board_dir), "PATH": os.environ.get("PATH", "")},
+        capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split()
+
+
+def _expected_import_output():
+    import device
+    from protocol import crc, frame
+
+    return [str(frame.MAX_FRAME), str(crc.crc16(b"123456789")), device.FW_VERSION,
+            "armv6m", "pico"]
+
+
+def test_deploy_py_files_to_the_unix_port(tmp_path):
+    board_dir, plan = _deploy_to_unix_port(tmp_path, compile=False)
+    # Byte for byte what was staged from the repo (others may edit device/ meanwhile) ...
+    assert sorted(plan.files) == sorted(flash.firmware_sources("pico") + ["main.py"])
+    for rel in plan.files:
+        assert (board_dir / rel).read_bytes() == (plan.staging / rel).read_bytes(), rel
+    # ... and, for files that do not change under us, the repo itself.
+    for rel in ("boards/__init__.py", "boards/_common.py", "boards/pico.py", "protocol/crc.py"):
+        assert (board_dir / rel).read_bytes() == (REPO_ROOT / rel).read_bytes(), rel
+    assert (board_dir / "main.py").read_text() == flash.MAIN_PY
+    assert not (board_dir / "protocol" / "specgen.py").exists()
+    if plan.notes[0].startswith("default config"):
+        assert (board_dir / "config.json").is_file()
+    assert _import_deployed(board_dir, tmp_path) == _expected_import_output()
+
+
+def test_deploy_mpy_files_to_the_unix_port(tmp_path):
+    board_dir, plan = _deploy_to_unix_port(tmp_path, compile=True)
+    staged = [p for p in plan.files if p.endswith(".mpy")]
+    assert staged and all((board_dir / p).read_bytes() == (plan.staging / p).read_bytes()
+                          for p in staged)
+    assert not list(board_dir.glob("protocol/*.py")), "only .mpy must be on the board"
+    assert _import_deployed(board_dir, tmp_path) == _expected_import_output()
+
+
+def test_redeploy_removes_stale_sources(tmp_path):
+    """A .py left by a --no-compile deploy would shadow the new .mpy: prepare removes it."""
+    board_dir = tmp_path / "board"
+    board_dir.mkdir()
+    (board_dir / "protocol").mkdir()
+    (board_dir / "protocol" / "frame.py").write_text("MAX_FRAME = -1\n")
+    (board_dir / "config.json").write_text("{\"keep\": true}\n")
+    with UnixPortBoard(board_dir) as board:
+        flash.deploy("pico", board.path, compile=True, march=None, reset=False, resume=True,
+                     remote_dir="", build_dir=tmp_path / "stage", timeout_s=60)
+    assert not (board_dir / "protocol" / "frame.py").exists()
+    assert (board_dir / "config.json").read_text() == "{\"keep\": true}\n"
+    assert _import_deployed(board_dir, tmp_path)[0] == str(_expected_import_output()[0])
