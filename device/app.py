@@ -19,7 +19,7 @@ from array import array
 from device import FW_VERSION, config
 from device.control.curve import FanCurve
 from device.control.pid import PID
-from device.control.select import worst
+from device.control.select import worst_channel
 from device.drivers.fan import Fan
 from device.drivers.ina226 import INA226
 from device.drivers.ntc import NTC
@@ -29,6 +29,7 @@ from device.ticks import ticks_add, ticks_diff
 from protocol import catalog as C
 from protocol import frame, jsonl
 from protocol import telemetry as T
+from protocol.errors import OversizeError
 from protocol.message import FMT_CBOR, FMT_JSON
 
 try:
@@ -72,6 +73,7 @@ class App:
         self.uv = False
         self.ticks = 0
         self.missed = 0
+        self.failures = 0
         self.mode = MODE_AUTO
         self.hb_ms = 0
         self.hb_seen = False
@@ -203,6 +205,8 @@ class App:
             "telemetry_ms": self.telemetry_ms,
             "state": self.sup.state,
         }
+        if ref is not None:
+            fields["ref"] = ref
         self.send("hello", fields)
 
     def boot(self):
@@ -311,7 +315,7 @@ class App:
         )
         # control law
         valid = self.controlled & ~(open_m | short_m)
-        idx = worst(self.temps, self.setpoints, valid, self.worst_out)
+        idx = worst_channel(self.temps, self.setpoints, valid, self.worst_out)
         state = sup.state
         if idx < 0:
             req0 = 65535  # no valid controlled sensor: nothing to regulate on
@@ -319,12 +323,12 @@ class App:
         elif state == C.STATE_MANUAL:
             req0 = self.manual_duty[0]
             req1 = self.manual_duty[1]
-            self.pid.track(req0 if req0 > req1 else req1)
+            self.pid.track(req0 if req0 > req1 else req1, self.worst_out[1])
         else:
             err = self.worst_out[1]
             if self.mode == MODE_CURVE or (state == C.STATE_STANDALONE and self.standalone_curve):
                 req0 = self.curve.duty(self.setpoints[0] + err)
-                self.pid.track(req0)
+                self.pid.track(req0, err)
             else:
                 ff = self.gpu_power_mw if host_ok else 0
                 req0 = self.pid.step(err, 0, dt, ff)
@@ -377,9 +381,10 @@ class App:
         return ticks_diff(self.next_tick, hal.ticks_ms())
 
     def fail_hard(self, exc):
+        self.failures += 1
         for fan in self.fans:
             try:
-                fan.pwm.duty_u16(65535)
+                fan.force_full()
             except Exception:  # noqa: BLE001
                 pass
         try:
@@ -444,7 +449,7 @@ class App:
             self.gpu_temp_mc = f.get("gpu_temp")
             return  # heartbeats are not answered
         if t == C.T_HELLO_REQUEST:
-            self.hello()
+            self.hello(msg.seq)
         elif t == C.T_FAN_MODE:
             self.cmd_fan_mode(msg)
         elif t == C.T_SETPOINTS:
@@ -514,7 +519,7 @@ class App:
             self.mode = MODE_MANUAL
         elif mode == 0:
             if self.mode == MODE_MANUAL:
-                self.pid.track(self.fans[0].duty)  # bumpless back to auto
+                self.pid.track(self.fans[0].duty, self.worst_out[1])  # bumpless
             self.mode = MODE_AUTO
         elif mode == 2:
             self.mode = MODE_CURVE
@@ -551,14 +556,32 @@ class App:
         self.ack(msg)
 
     def cmd_config_get(self, msg):
+        """One ``config`` message for the section asked, or one per page for all."""
         section = msg.fields.get("section")
+        names = [section] if section else config.pages(self.cfg)
+        replies = []
+        for name in names:
+            try:
+                values = config.get_section(self.cfg, name)
+            except config.ConfigError as e:
+                raise CommandError(str(e), C.ERR_OUT_OF_RANGE, "section") from None
+            replies.append({"ref": msg.seq, "values": values, "version": self.cfg["version"]})
+        for fields in replies:
+            self._send_config(fields)
+
+    def _send_config(self, fields):
+        """Send a config message, split in halves until each fits MAX_FRAME."""
         try:
-            values = config.flatten(self.cfg, section)
-        except KeyError:
-            raise CommandError(
-                "no config section %r" % section, C.ERR_OUT_OF_RANGE, "section"
-            ) from None
-        self.send("config", {"ref": msg.seq, "values": values, "version": self.cfg["version"]})
+            self.send("config", fields)
+        except OversizeError:
+            keys = sorted(fields["values"])
+            if len(keys) < 2:
+                raise
+            half = len(keys) // 2
+            for part in (keys[:half], keys[half:]):
+                sub = dict(fields)
+                sub["values"] = {k: fields["values"][k] for k in part}
+                self._send_config(sub)
 
     def cmd_cal_read(self, msg):
         ch = msg.fields["channel"]

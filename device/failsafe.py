@@ -112,6 +112,7 @@ class Supervisor:
         self.floor_sensor = s["sensor_fault"]
         self.floor_stall = s["fan_stall"]
         self.floor_over = s["over_temp"]
+        self.floor_host = s.get("host_lost", 0)
         self.hyst_mc = s.get("hyst_mc", 2000)
         self.events = events if events is not None else EventQueue()
         self.state = C.STATE_BOOT
@@ -229,6 +230,8 @@ class Supervisor:
         fl = 0
         if new == C.STATE_BOOT:
             fl = self.floor_boot
+        elif new == C.STATE_STANDALONE and self.host_seen:
+            fl = self.floor_host
         if ctl_bad and self.floor_sensor > fl:
             fl = self.floor_sensor
         if over and self.floor_over > fl:

@@ -1,0 +1,479 @@
+"""The firmware app end to end on a fake board: states, fail-safe, commands, telemetry.
+
+DUAL: runs on CPython and under MicroPython (where the steady-state tick is also run
+under heap_lock).
+"""
+
+from device import config
+from device.app import BANNER, App
+from fakehal import FakeHal, run
+from mpcompat import IS_MICROPYTHON, heap_locked
+from protocol import catalog as C
+from protocol import frame, jsonl
+
+DUAL = True
+MPY_TIMEOUT = 600
+
+
+def boot(**kw):
+    hal = FakeHal(**kw)
+    app = App(hal)
+    app.boot()
+    app.wdt = hal.wdt_start(app.cfg["watchdog_ms"])
+    run(app, hal, 1000)
+    return hal, app
+
+
+def by_name(items, name):
+    return [it for it in items if it.ok and it.name == name]
+
+
+def events(items, code=None):
+    evs = by_name(items, "event")
+    if code is None:
+        return evs
+    return [e for e in evs if e.fields["code"] == code]
+
+
+_seq = [100]
+
+
+def cmd(hal, name, fields=None, fmt="cbor"):
+    _seq[0] += 1
+    if fmt == "json":
+        hal.send(jsonl.encode_line(name, fields or {}, _seq[0]))
+    else:
+        hal.send(frame.encode_frame(name, fields or {}, _seq[0]))
+    return _seq[0]
+
+
+def answer(hal, app, seq, ms=100):
+    run(app, hal, ms)
+    items = hal.take()
+    for it in items:
+        if it.ok and it.name in ("ack", "nack") and it.fields["ref"] == seq:
+            return it, items
+    raise AssertionError("no answer to seq %d in %r" % (seq, items))
+
+
+def heartbeat(hal, temp_mc=60000, power_mw=300000):
+    cmd(hal, "heartbeat", {"gpu_temp": temp_mc, "gpu_power": power_mw, "power_limit": 700000})
+
+
+# -- boot ------------------------------------------------------------------------------
+
+
+def test_boot_banner_hello_then_standalone():
+    hal = FakeHal()
+    app = App(hal)
+    app.boot()
+    raw = hal.take_raw()
+    assert raw.startswith((BANNER + "\n").encode()), raw[:40]
+    items = hal.decoder.feed(raw)
+    hello = by_name(items, "hello")[0]
+    assert hello.fields["board"] == "fake"
+    assert hello.fields["uid"] == "300041000b51333539383137"
+    assert hello.fields["channels"] == ["gpu", "vram", "mos", "amb"]
+    assert app.sup.state == C.STATE_BOOT
+    # fans at the boot floor until the sensors have been read a few times
+    run(app, hal, 200)
+    assert app.fans[0].duty >= app.cfg["safety"]["boot"], app.fans[0].duty
+    run(app, hal, 800)
+    assert app.sup.state == C.STATE_STANDALONE, app.sup.state
+    evs = events(hal.take())
+    assert [(e.fields["prev_state"], e.fields["state"]) for e in evs] == [
+        (C.STATE_BOOT, C.STATE_STANDALONE)
+    ]
+
+
+def test_telemetry_period_and_content():
+    hal, app = boot()
+    hal.take()
+    run(app, hal, 3000)
+    tel = by_name(hal.take(), "telemetry")
+    assert len(tel) == 3, len(tel)
+    f = tel[-1].fields
+    assert abs(f["temp_gpu"] - 45000) < 300 and abs(f["temp_amb"] - 25000) < 300, f
+    assert f["v_in"] == 12000 and f["i_in"] == 5000 and f["p_in"] == 60000, f
+    assert f["state"] == C.STATE_STANDALONE and f["faults"] == 0
+    assert f["fan1_rpm"] > 0 and f["fan1_duty"] == app.fans[0].duty
+
+
+# -- host link ---------------------------------------------------------------------------
+
+
+def test_heartbeat_hosted_then_timeout_standalone():
+    hal, app = boot()
+    heartbeat(hal)
+    run(app, hal, 200)
+    assert app.sup.state == C.STATE_HOSTED
+    assert app.gpu_power_mw == 300000
+    hal.take()
+    timeout = app.cfg["control"]["host_timeout_ms"]
+    run(app, hal, timeout + 500)
+    assert app.sup.state == C.STATE_STANDALONE
+    assert app.sup.reason == C.REASON_HOST_TIMEOUT
+    items = hal.take()
+    ev = events(items, C.REASON_HOST_TIMEOUT)
+    assert len(ev) == 1 and ev[0].fields["severity"] == C.SEV_WARNING
+    tel = by_name(items, "telemetry")[-1].fields
+    assert tel["faults"] & C.FAULT_HOST_TIMEOUT
+    # the host-lost floor applies while standalone after a host was seen
+    assert app.fans[0].duty >= app.cfg["safety"]["host_lost"]
+    heartbeat(hal)
+    run(app, hal, 200)
+    assert app.sup.state == C.STATE_HOSTED
+    assert len(events(hal.take(), C.REASON_HOST_OK)) == 1
+
+
+def test_feed_forward_raises_duty_before_the_heat_arrives():
+    hal, app = boot(temps_c=(62.0, 50.0, 55.0, 25.0))
+    heartbeat(hal, power_mw=100000)
+    run(app, hal, 3000)
+    low = app.fans[0].duty
+    heartbeat(hal, power_mw=650000)
+    run(app, hal, 300)
+    assert app.fans[0].duty > low, (low, app.fans[0].duty)
+
+
+# -- fail-safe -----------------------------------------------------------------------------
+
+
+def test_ntc_open_enters_failsafe_with_floor_and_one_event():
+    hal, app = boot()
+    hal.take()
+    hal.set_code(0, 65535)  # GPU NTC open (NTC on the low side: code at full scale)
+    run(app, hal, 2000)
+    assert app.sup.state == C.STATE_FAILSAFE and app.sup.reason == C.REASON_SENSOR_OPEN
+    floor = app.cfg["safety"]["sensor_fault"]
+    assert app.fans[0].duty >= floor and app.fans[1].duty >= floor
+    items = hal.take()
+    ev = events(items, C.REASON_SENSOR_OPEN)
+    assert len(ev) == 2, ev  # the fault (index 0) and the state change
+    assert ev[0].fields["index"] == 0 and ev[0].fields["active"]
+    tel = by_name(items, "telemetry")[-1].fields
+    assert "temp_gpu" not in tel  # a faulted sensor is absent, never made up
+    assert tel["faults"] & C.FAULT_NTC_GPU
+    run(app, hal, 2000)
+    assert events(hal.take()) == []  # logged on transitions only
+    hal.set_temp(0, 45.0)
+    run(app, hal, 2000)
+    assert app.sup.state == C.STATE_STANDALONE
+    cleared = events(hal.take(), C.REASON_SENSOR_OPEN)
+    assert len(cleared) == 1 and not cleared[0].fields["active"]
+
+
+def test_ntc_short_on_ambient_is_reported_but_not_failsafe():
+    hal, app = boot()
+    hal.set_code(3, 0)  # ambient shorted
+    run(app, hal, 2000)
+    assert app.sup.state == C.STATE_STANDALONE, app.sup.state
+    assert app.sup.faults & C.FAULT_NTC_AMB
+    ev = events(hal.take(), C.REASON_SENSOR_SHORT)
+    assert len(ev) == 1 and ev[0].fields["index"] == 3
+    assert ev[0].fields["severity"] == C.SEV_WARNING
+
+
+def test_fan_stall_drives_the_other_fan_harder():
+    hal, app = boot()
+    hal.fan_ok[1] = False
+    run(app, hal, 6000)
+    assert app.fans[1].stalled
+    assert app.sup.state == C.STATE_FAILSAFE and app.sup.reason == C.REASON_FAN_STALL
+    assert app.fans[0].duty >= app.cfg["safety"]["fan_stall"]
+    ev = events(hal.take(), C.REASON_FAN_STALL)
+    assert ev[0].fields["index"] == 1 and ev[0].fields["active"]
+
+
+def test_over_temperature_and_critical():
+    hal, app = boot()
+    hal.set_temp(0, 87.0)  # above the GPU warning limit
+    run(app, hal, 2000)
+    assert app.sup.state == C.STATE_FAILSAFE and app.sup.reason == C.REASON_OVER_TEMP
+    assert app.fans[0].duty >= app.cfg["safety"]["over_temp"]
+    hal.set_temp(0, 99.0)  # above critical
+    run(app, hal, 1000)
+    assert app.sup.reason == C.REASON_CRITICAL_TEMP
+    assert app.fans[0].duty == 65535 and app.fans[1].duty == 65535
+    ev = events(hal.take(), C.REASON_CRITICAL_TEMP)
+    assert ev and ev[0].fields["severity"] == C.SEV_CRITICAL
+
+
+def test_critical_overrides_manual():
+    hal, app = boot()
+    heartbeat(hal)
+    seq = cmd(hal, "fan_mode", {"mode": 1, "duty1": 20000, "duty2": 20000})
+    ack, _ = answer(hal, app, seq)
+    assert ack.name == "ack"
+    assert app.sup.state == C.STATE_MANUAL
+    hal.set_temp(0, 99.0)
+    heartbeat(hal)
+    run(app, hal, 1000)
+    assert app.fans[0].duty == 65535 and app.fans[1].duty == 65535
+
+
+def test_power_monitor_missing_and_under_voltage():
+    hal, app = boot()
+    hal.ina.set_bus_mv(11000)
+    run(app, hal, 1000)
+    assert app.sup.faults & C.FAULT_UNDER_VOLTAGE
+    assert len(events(hal.take(), C.REASON_UNDER_VOLTAGE)) == 1
+    hal.ina.stop_answering()
+    run(app, hal, 1000)
+    assert app.sup.faults & C.FAULT_POWER_MONITOR
+    items = hal.take()
+    assert len(events(items, C.REASON_POWER_MONITOR_FAULT)) == 1
+    tel = by_name(items, "telemetry")[-1].fields
+    assert "v_in" not in tel and "p_in" not in tel
+    assert app.sup.state == C.STATE_STANDALONE  # cooling unaffected
+
+
+def test_exception_in_tick_runs_fans_full_and_starves_the_watchdog():
+    hal, app = boot()
+    feeds = hal.wdt.feeds
+    assert feeds > 0
+
+    def broken():
+        raise RuntimeError("driver bug")
+
+    app.ntcs[0].read_mc = broken
+    run(app, hal, 500)
+    assert hal.wdt.feeds == feeds
+    assert hal.pwm[0].duty_u16() == 65535 and hal.pwm[1].duty_u16() == 65535
+    assert app.failures > 0
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def test_manual_mode_valid_and_refused():
+    hal, app = boot()
+    heartbeat(hal)
+    seq = cmd(hal, "fan_mode", {"mode": 1, "duty1": 40000, "duty2": 30000})
+    ack, _ = answer(hal, app, seq)
+    assert ack.name == "ack" and ack.fields["ref_type"] == C.T_FAN_MODE
+    run(app, hal, 2000)
+    assert app.sup.state == C.STATE_MANUAL
+    assert app.fans[0].duty == 40000 and app.fans[1].duty == 30000
+    # below the safety minimum: refused, nothing changes
+    seq = cmd(hal, "fan_mode", {"mode": 1, "duty1": 1000})
+    nack, _ = answer(hal, app, seq)
+    assert nack.name == "nack" and nack.fields["code"] == C.ERR_OUT_OF_RANGE
+    assert nack.fields["field"] == "duty1"
+    assert app.fans[0].duty == 40000
+
+
+def test_json_command_gets_a_json_answer_and_json_telemetry():
+    hal, app = boot()
+    hal.take()
+    seq = cmd(hal, "fan_mode", {"mode": 2}, fmt="json")
+    run(app, hal, 1100)
+    raw = hal.take_raw()
+    lines = [ln for ln in raw.split(b"\n") if ln]
+    assert lines[0].startswith(b'{"type":"ack"'), lines[0]
+    assert b'"ref":%d' % seq in lines[0]
+    assert any(ln.startswith(b'{"type":"telemetry"') for ln in lines), lines
+    assert app.mode == 2
+
+
+def test_garbage_commands_are_nacked_and_change_nothing():
+    hal, app = boot()
+    before = config.flatten(app.cfg)
+    state = app.sup.state
+    cases = (
+        ("setpoints", {"sp_gpu": 5000}),  # below the protocol's range
+        ("setpoints", {"sp_gpu": 99000}),  # above the channel's warning limit
+        ("pid_gains", {"kp": -1}),
+        ("fan_curve", {"points": [[30000, 10000], [20000, 20000]]}),  # not ascending
+        ("fan_curve", {"points": [[30000, 10000], "x"]}),
+        ("config_set", {"values": {"pid.kp": "fast"}}),
+        ("config_set", {"values": {"nonsense": 1}}),
+        ("config_set", {"values": {"safety.critical": 100}}),
+        ("config_get", {"section": "nope"}),
+        ("cal_read", {"channel": 7}),
+        ("cal_write", {"channel": 0, "model": 0, "coeffs": [1, 2]}),
+        ("cal_write", {"channel": 0, "model": 1, "coeffs": [3950, 10000]}),
+        ("cal_write", {"channel": 0, "model": 1, "coeffs": [-5, 10000, 25000]}),
+        ("fan_mode", {"mode": 1, "duty1": 0}),
+    )
+    for name, fields in cases:
+        try:
+            seq = cmd(hal, name, fields)
+        except ValueError:  # refused by the encoder already: send the JSON form
+            seq = None
+        if seq is None:
+            continue
+        reply, _ = answer(hal, app, seq)
+        assert reply.name == "nack", (name, fields, reply)
+        assert reply.fields["code"] in (C.ERR_OUT_OF_RANGE, C.ERR_BAD_TYPE), reply
+        assert config.flatten(app.cfg) == before, (name, fields)
+        assert app.sup.state == state
+    # malformed at the protocol level: wrong type, unknown type, other major version
+    hal.send(b'{"type":"fan_mode","mode":"sideways","seq":7}\n')
+    hal.send(b'{"type":"self_destruct","seq":8}\n')
+    hal.send(b'{"type":"reboot","v":"2.0","seq":9}\n')
+    hal.send(b"\x13\x37 garbage \xff\x00")
+    run(app, hal, 200)
+    nacks = by_name(hal.take(), "nack")
+    codes = sorted([(n.fields["ref"], n.fields["code"]) for n in nacks])
+    assert codes == [(7, C.ERR_OUT_OF_RANGE), (8, C.ERR_UNKNOWN_TYPE), (9, C.ERR_VERSION)], codes
+    assert hal.resets == 0
+    assert config.flatten(app.cfg) == before
+
+
+def test_setpoints_pid_curve_applied():
+    hal, app = boot()
+    seq = cmd(hal, "setpoints", {"sp_gpu": 65000, "sp_mos": 85000})
+    assert answer(hal, app, seq)[0].name == "ack"
+    assert app.cfg["channels"][0]["setpoint_mc"] == 65000 and app.setpoints[2] == 85000
+    seq = cmd(hal, "pid_gains", {"kp": 8000, "ki": 300})
+    assert answer(hal, app, seq)[0].name == "ack"
+    assert app.cfg["pid"]["kp"] == 8000 and app.cfg["pid"]["kd"] == config.DEFAULTS["pid"]["kd"]
+    pts = [[30000, 16384], [60000, 40000], [80000, 65535]]
+    seq = cmd(hal, "fan_curve", {"points": pts, "hysteresis": 3000})
+    assert answer(hal, app, seq)[0].name == "ack"
+    assert app.cfg["curve"]["points"] == pts and app.cfg["curve"]["hysteresis_mc"] == 3000
+
+
+def test_config_get_set_save_reset_round_trip():
+    hal, app = boot()
+    seq = cmd(hal, "config_get", {"section": "pid"})
+    run(app, hal, 100)
+    cfgmsg = [m for m in by_name(hal.take(), "config") if m.fields["ref"] == seq][0]
+    assert cfgmsg.fields["values"]["pid.kp"] == app.cfg["pid"]["kp"]
+    seq = cmd(hal, "config_get")
+    run(app, hal, 100)
+    pages = [m for m in by_name(hal.take(), "config") if m.fields["ref"] == seq]
+    merged = {}
+    for p in pages:
+        merged.update(p.fields["values"])
+    assert merged == config.flatten(app.cfg), "all pages together are the whole config"
+    seq = cmd(hal, "config_set", {"values": {"control.telemetry_ms": 2000}})
+    assert answer(hal, app, seq)[0].name == "ack"
+    assert app.telemetry_ms == 2000
+    seq = cmd(hal, "config_save")
+    assert answer(hal, app, seq)[0].name == "ack"
+    cfg, status, _ = config.load(hal.fs_dir)
+    assert status == "ok" and cfg["control"]["telemetry_ms"] == 2000
+    # a rebooted module comes up with the saved config
+    app2 = App(FakeHal(fs_dir=hal.fs_dir))
+    assert app2.telemetry_ms == 2000
+    seq = cmd(hal, "config_reset")
+    assert answer(hal, app, seq)[0].name == "ack"
+    assert app.telemetry_ms == config.DEFAULTS["control"]["telemetry_ms"]
+    assert config.load(hal.fs_dir)[1] == "missing"
+
+
+def test_corrupt_config_boots_defaults_and_raises_an_event():
+    hal = FakeHal()
+    f = open(hal.fs_dir + "/config.json", "w")
+    f.write('{"config": {"version": 1}, "crc": 1')
+    f.close()
+    app = App(hal)
+    assert app.config_status == "corrupt"
+    assert app.period_ms == config.DEFAULTS["control"]["period_ms"]
+    app.boot()
+    run(app, hal, 500)
+    assert len(events(hal.take(), C.REASON_CONFIG_CORRUPT)) == 1
+
+
+def test_watchdog_reset_cause_is_reported():
+    hal = FakeHal(reset_cause="watchdog")
+    app = App(hal)
+    app.boot()
+    run(app, hal, 200)
+    assert len(events(hal.take(), C.REASON_WATCHDOG_RESET)) == 1
+
+
+def test_cal_read_and_cal_write():
+    hal, app = boot()
+    seq = cmd(hal, "cal_read", {"channel": 1, "samples": 16})
+    run(app, hal, 100)
+    raw = [m for m in by_name(hal.take(), "cal_raw") if m.fields["ref"] == seq][0]
+    assert raw.fields["channel"] == 1 and raw.fields["samples"] == 16
+    assert raw.fields["raw_min"] <= raw.fields["raw_mean_x16"] // 16 <= raw.fields["raw_max"]
+    assert abs(raw.fields["temp"] - 50000) < 300
+    # a new beta changes what the channel reads; a correction of +1.5 degC shifts it
+    seq = cmd(hal, "cal_write", {"channel": 1, "model": 1, "coeffs": [3950, 10000, 25000],
+                                 "correction": [1.5]})
+    reply, items = answer(hal, app, seq, ms=1000)
+    assert reply.name == "ack", reply
+    run(app, hal, 1000)
+    assert abs(app.temps[1] - 51500) < 300, app.temps[1]
+    assert len(events(items + hal.take(), C.REASON_CALIBRATION)) == 1
+
+
+def test_selftest_passes_with_healthy_parts():
+    hal, app = boot()
+    seq = cmd(hal, "selftest")
+    assert answer(hal, app, seq)[0].name == "ack"
+    run(app, hal, 10000)
+    r = by_name(hal.take(), "selftest_report")[0].fields
+    assert r["passed"] and r["text"] == "all parts passed", r
+    for rpm in (r["fan1_rpm"], r["fan2_rpm"]):
+        # 100, 75, 50, 25 %: the tach follows the duty down
+        assert rpm[0] > rpm[1] > rpm[2] > rpm[3] > 0, rpm
+    assert r["v_in"] == 12000
+
+
+def test_selftest_reports_the_failed_part():
+    hal, app = boot()
+    hal.fan_ok[1] = False
+    seq = cmd(hal, "selftest")
+    ack, _ = answer(hal, app, seq)
+    assert ack.name == "ack"
+    busy = cmd(hal, "selftest")
+    nack, _ = answer(hal, app, busy)
+    assert nack.fields["code"] == C.ERR_BUSY
+    run(app, hal, 10000)
+    rep = by_name(hal.take(), "selftest_report")
+    assert len(rep) == 1, rep
+    r = rep[0].fields
+    assert r["ref"] == seq and not r["passed"]
+    assert r["fans_ok"] == [True, False], r
+    # the stall put the module in FAILSAFE: fan 1 stays at full whatever the step
+    assert r["fan1_rpm"][0] >= 2900 and r["fan2_rpm"] == [0, 0, 0, 0], r
+    assert r["channels_ok"] == [True, True, True, True] and r["power_monitor_ok"]
+    assert r["text"] == "failed: fan2"
+
+
+def test_reboot_and_repl():
+    hal, app = boot()
+    seq = cmd(hal, "reboot")
+    assert answer(hal, app, seq)[0].name == "ack"
+    assert hal.resets == 1
+    seq = cmd(hal, "repl")
+    assert answer(hal, app, seq)[0].name == "ack"
+    assert not app.running
+
+
+def test_hello_request_answered_with_ref():
+    hal, app = boot()
+    hal.take()
+    seq = cmd(hal, "hello_request")
+    run(app, hal, 100)
+    hello = by_name(hal.take(), "hello")
+    assert len(hello) == 1 and hello[0].fields["ref"] == seq
+
+
+def test_steady_state_ticks_do_not_allocate():
+    hal, app = boot()
+    heartbeat(hal)
+    run(app, hal, 2000)
+    hal.take()
+    # 1,000 ticks of 100 ms (sample, filter, control, PWM, telemetry encode)
+    def ticks():
+        n = 0
+        while n < 1000:
+            app.step()
+            hal.advance(100)
+            n += 1
+            if hal.tx_len > 60000:
+                hal.tx_len = 0
+
+    app.hb_ms = hal.ticks_ms()  # no heartbeats arrive under the lock: freeze the host
+    app.host_timeout_ms = 10 ** 8
+    heap_locked(ticks)
+    assert app.ticks > 1000 and app.failures == 0 and app.missed == 0
+    if IS_MICROPYTHON:
+        assert app.sup.state == C.STATE_HOSTED
