@@ -189,8 +189,17 @@ def ohms_to_adc(r_ohm, r_fixed_ohm, ntc_on_low_side=True, full_scale=65535):
 # --------------------------------------------------------------------------- LUT
 
 
-def build_lut(model, params, r_fixed_ohm, ntc_on_low_side=True, correction=None,
-              points=257, full_scale=65535, t_min_c=T_MIN_C, t_max_c=T_MAX_C):
+def build_lut(
+    model,
+    params,
+    r_fixed_ohm,
+    ntc_on_low_side=True,
+    correction=None,
+    points=257,
+    full_scale=65535,
+    t_min_c=T_MIN_C,
+    t_max_c=T_MAX_C,
+):
     """Table of milli-degC at evenly spaced ADC codes, for ``lut_interp_mc``.
 
     Returns ``(lut, step)``: ``lut`` is an ``array('i')`` of ``points`` entries, entry
@@ -259,12 +268,14 @@ def _check_lut(lut, ntc_on_low_side):
             raise CalibrationError(
                 "non-monotonic curve: the table goes from {} to {} m degC between "
                 "neighbouring ADC codes; the coefficients (or the correction) bend "
-                "the curve back, refit".format(prev, v))
+                "the curve back, refit".format(prev, v)
+            )
         prev = v
     if runs != 1:
         raise CalibrationError(
             "the coefficients give no single valid temperature range over the ADC "
-            "codes ({} separate ranges); check model and divider settings".format(runs))
+            "codes ({} separate ranges); check model and divider settings".format(runs)
+        )
 
 
 # --------------------------------------------------------------------------- fitting
@@ -315,12 +326,15 @@ def fit_poly(xs, ys, degree):
     if n < degree + 1:
         raise CalibrationError(
             "degree {} needs at least {} points, got {}: use degree <= {}".format(
-                degree, degree + 1, n, n - 1))
+                degree, degree + 1, n, n - 1
+            )
+        )
     distinct = len(set(xs))
     if distinct < degree + 1:
         raise CalibrationError(
             "degree {} needs {} distinct x values, only {} are distinct: too few "
-            "distinct points for this degree".format(degree, degree + 1, distinct))
+            "distinct points for this degree".format(degree, degree + 1, distinct)
+        )
     lo = min(xs)
     hi = max(xs)
     mid = 0.5 * (lo + hi)
@@ -337,7 +351,9 @@ def fit_poly(xs, ys, degree):
             "ill-conditioned: condition number {:.2g} > {:.0g}; the x values are too "
             "clustered for degree {} (small errors in the readings would swing the "
             "coefficients wildly). Spread the points out or lower the degree".format(
-                cond, MAX_POLY_COND, degree))
+                cond, MAX_POLY_COND, degree
+            )
+        )
     return _unscale_poly(coef_z, mid, half)
 
 
@@ -378,16 +394,20 @@ def _check_points(points, need, what):
         pts.append((float(p[0]), float(p[1])))
     if len(pts) < need:
         raise CalibrationError(
-            "{} needs at least {} reference points, got {}".format(what, need, len(pts)))
+            "{} needs at least {} reference points, got {}".format(what, need, len(pts))
+        )
     for r, t in pts:
         if not r > 0.0 or r == _INF:
             raise CalibrationError(
                 "non-positive or infinite resistance {!r} ohm at {} degC: the channel "
-                "reads a short or an open circuit, check the wiring".format(r, t))
+                "reads a short or an open circuit, check the wiring".format(r, t)
+            )
         if not (T_MIN_C <= t <= T_MAX_C):
             raise CalibrationError(
-                "temperature {} degC outside {}..{} degC: typo, or kelvin "
-                "instead of degC?".format(t, T_MIN_C, T_MAX_C))
+                "temperature {} degC outside {}..{} degC: typo, or kelvin instead of degC?".format(
+                    t, T_MIN_C, T_MAX_C
+                )
+            )
     pts.sort(key=lambda p: p[1])
     for i in range(1, len(pts)):
         (r1, t1), (r2, t2) = pts[i - 1], pts[i]
@@ -395,19 +415,23 @@ def _check_points(points, need, what):
             raise CalibrationError(
                 "duplicate or near-duplicate temperatures {} and {} degC (closer than "
                 "{} degC): each reference point must be a different temperature".format(
-                    t1, t2, MIN_SPACING_C))
+                    t1, t2, MIN_SPACING_C
+                )
+            )
     for i in range(1, len(pts)):
         (r1, t1), (r2, t2) = pts[i - 1], pts[i]
         if abs(math.log(r2 / r1)) < MIN_LN_RATIO:
             raise CalibrationError(
                 "near-duplicate resistances {} at {} degC and {} at {} degC: the "
                 "sensor did not follow the bath (not immersed, wrong channel, or "
-                "not settled)".format(_fmt_r(r1), t1, _fmt_r(r2), t2))
+                "not settled)".format(_fmt_r(r1), t1, _fmt_r(r2), t2)
+            )
         if r2 > r1:
             raise CalibrationError(
                 "resistance not decreasing with temperature: {} at {} degC but {} at "
                 "{} degC; an NTC must fall monotonically (wrong channel, swapped "
-                "points, or a PTC?)".format(_fmt_r(r1), t1, _fmt_r(r2), t2))
+                "points, or a PTC?)".format(_fmt_r(r1), t1, _fmt_r(r2), t2)
+            )
     return pts
 
 
@@ -501,13 +525,17 @@ def _check_fit(pts, model, params, check_range_c, solve):
             "fitted curve by up to {:.1f} degC (at {:.0f} degC; noise gain {:.0f} > {:.0f}). "
             "The reference temperatures are too close together for the range {}..{} "
             "degC: spread them out (e.g. 25/50/75 degC)".format(
-                0.1 * gain, worst_t, gain, MAX_NOISE_GAIN, check_range_c[0], check_range_c[1]))
+                0.1 * gain, worst_t, gain, MAX_NOISE_GAIN, check_range_c[0], check_range_c[1]
+            )
+        )
 
 
 def _r_grid(model, params, check_range_c):
     lo, hi = check_range_c
-    return [model_resistance(lo + (hi - lo) * i / (_SAMPLES - 1), model, params)
-            for i in range(_SAMPLES)]
+    return [
+        model_resistance(lo + (hi - lo) * i / (_SAMPLES - 1), model, params)
+        for i in range(_SAMPLES)
+    ]
 
 
 def _check_monotonic(model, params, correction, check_range_c):
@@ -524,7 +552,8 @@ def _check_monotonic(model, params, correction, check_range_c):
     if not ok:
         raise CalibrationError(
             "non-monotonic curve: the model has no resistance range covering {}..{} "
-            "degC; refit with points spanning the range".format(lo, hi))
+            "degC; refit with points spanning the range".format(lo, hi)
+        )
     l_lo = math.log(r_lo)
     span = math.log(r_hi) - l_lo
     prev = None
@@ -537,14 +566,18 @@ def _check_monotonic(model, params, correction, check_range_c):
             t = None
         if t is None or t != t or t < -KELVIN:
             raise CalibrationError(
-                "non-monotonic curve: no valid temperature at {} within {}..{} "
-                "degC".format(_fmt_r(r), lo, hi))
+                "non-monotonic curve: no valid temperature at {} within {}..{} degC".format(
+                    _fmt_r(r), lo, hi
+                )
+            )
         if prev is not None and not t < prev:
             raise CalibrationError(
                 "non-monotonic curve: temperature rises from {:.2f} to {:.2f} degC as "
                 "resistance grows to {} (within {}..{} degC); the fit bends back, use "
                 "better spread or more points, or a lower correction degree".format(
-                    prev, t, _fmt_r(r), lo, hi))
+                    prev, t, _fmt_r(r), lo, hi
+                )
+            )
         if prev is not None and correction is None:
             # Local beta between neighbouring samples: real NTCs have 2000..5000 K.
             k0, k1 = prev + KELVIN, t + KELVIN
@@ -554,7 +587,9 @@ def _check_monotonic(model, params, correction, check_range_c):
                     "implausible curve: local beta {:.0f} K near {:.0f} degC (an NTC has "
                     "{:.0f}..{:.0f} K); the readings do not look like one NTC thermistor, "
                     "check the channel, wiring and bath temperatures".format(
-                        local, t, BETA_MIN_K, BETA_MAX_K))
+                        local, t, BETA_MIN_K, BETA_MAX_K
+                    )
+                )
         prev = t
         r_prev = r
 

@@ -191,8 +191,7 @@ DEFAULTS = {
         "d_filter_ms": 2000,  # time constant of the derivative's low-pass, 0 = none
     },
     "curve": {  # curve mode and the fallback when the PID has no input
-        "points": [[30000, 13107], [50000, 19661], [65000, 32768], [75000, 45875],
-                   [85000, 65535]],
+        "points": [[30000, 13107], [50000, 19661], [65000, 32768], [75000, 45875], [85000, 65535]],
         "hysteresis_mc": 2000,
     },
     "fans": [_fan(), _fan()],
@@ -244,72 +243,112 @@ _GAIN = ("int", 0, 1000000)  # pid_gains range
 _OHM = ("int", 100, 1000000)
 _COEF = ("num", -1, 1)  # int bounds: the same error text on both interpreters
 
-_SAFETY_KEYS = ("boot", "host_lost", "sensor_fault", "fan_stall", "over_temp", "critical",
-                "min_manual_duty")
+_SAFETY_KEYS = (
+    "boot",
+    "host_lost",
+    "sensor_fault",
+    "fan_stall",
+    "over_temp",
+    "critical",
+    "min_manual_duty",
+)
 
-_CHANNEL = ("obj", (
-    ("name", ("enum", C.CHANNELS)),
-    ("model", ("enum", ("beta", "sh"))),
-    ("beta", ("int", 1000, 10000)),
-    ("r0", _OHM),
-    ("t0_mc", ("int", 0, 100000)),
-    ("sh", ("opt", ("tuple", (_COEF, _COEF, _COEF)))),
-    ("correction", ("list", ("num", -1000000, 1000000), 0, 8)),
-    ("r_fixed", _OHM),
-    ("ntc_low", ("bool",)),
-    ("setpoint_mc", _TEMP),
-    ("warn_mc", _TEMP),
-    ("crit_mc", _TEMP),
-    ("controlled", ("bool",)),
-    ("oversample", ("enum", (1, 2, 4, 8, 16, 32, 64))),  # power of two: shift to average
-    ("filter", ("enum", ("median5", "ema", "none"))),
-))
+_CHANNEL = (
+    "obj",
+    (
+        ("name", ("enum", C.CHANNELS)),
+        ("model", ("enum", ("beta", "sh"))),
+        ("beta", ("int", 1000, 10000)),
+        ("r0", _OHM),
+        ("t0_mc", ("int", 0, 100000)),
+        ("sh", ("opt", ("tuple", (_COEF, _COEF, _COEF)))),
+        ("correction", ("list", ("num", -1000000, 1000000), 0, 8)),
+        ("r_fixed", _OHM),
+        ("ntc_low", ("bool",)),
+        ("setpoint_mc", _TEMP),
+        ("warn_mc", _TEMP),
+        ("crit_mc", _TEMP),
+        ("controlled", ("bool",)),
+        ("oversample", ("enum", (1, 2, 4, 8, 16, 32, 64))),  # power of two: shift to average
+        ("filter", ("enum", ("median5", "ema", "none"))),
+    ),
+)
 
-_FAN = ("obj", (
-    ("min_duty", _DUTY),
-    ("kick_duty", _DUTY),
-    ("kick_ms", ("int", 0, 5000)),
-    ("ppr", ("int", 1, 4)),
-    ("stall_ms", ("int", 500, 60000)),
-    ("max_rpm", ("int", 100, 50000)),
-))
+_FAN = (
+    "obj",
+    (
+        ("min_duty", _DUTY),
+        ("kick_duty", _DUTY),
+        ("kick_ms", ("int", 0, 5000)),
+        ("ppr", ("int", 1, 4)),
+        ("stall_ms", ("int", 500, 60000)),
+        ("max_rpm", ("int", 100, 50000)),
+    ),
+)
 
-_SCHEMA = ("obj", (
-    ("version", ("int", SCHEMA_VERSION, SCHEMA_VERSION)),
-    ("control", ("obj", (
-        ("period_ms", ("int", 20, 1000)),
-        ("telemetry_ms", ("int", 20, 60000)),
-        ("telemetry_format", ("enum", ("cbor", "json"))),
-        ("host_timeout_ms", ("int", 1000, 600000)),
-        ("mode", ("enum", C.FAN_MODES)),
-        ("manual_duty", _DUTY),
-    ))),
-    ("channels", ("list", _CHANNEL, len(C.CHANNELS), len(C.CHANNELS))),
-    ("pid", ("obj", (
-        ("kp", _GAIN),
-        ("ki", _GAIN),
-        ("kd", _GAIN),
-        ("kff", _GAIN),
-        ("slew_pct_s", ("int", 1, 1000)),
-        ("d_filter_ms", ("int", 0, 60000)),
-    ))),
-    ("curve", ("obj", (
-        ("points", ("list", ("tuple", (_TEMP, _DUTY)), 2, 16)),
-        ("hysteresis_mc", ("int", 0, 20000)),
-    ))),
-    ("fans", ("list", _FAN, 2, 2)),
-    ("safety", ("obj", tuple([(k, _DUTY) for k in _SAFETY_KEYS]))),
-    ("ina226", ("obj", (
-        ("addr", ("int", 0x40, 0x4F)),  # A0/A1 strapping
-        ("shunt_uohm", ("int", 100, 1000000)),
-        ("max_current_ma", ("int", 100, 100000)),
-        ("avg", ("enum", (1, 4, 16, 64, 128, 256, 512, 1024))),
-        ("ct_us", ("enum", (140, 204, 332, 588, 1100, 2116, 4156, 8244))),
-        ("uv_mv", ("int", 0, 36000)),  # INA226 bus range is 0..36 V
-    ))),
-    # 1000..8000: the RP2040 watchdog cannot exceed 8388 ms.
-    ("watchdog_ms", ("int", 1000, 8000)),
-))
+_SCHEMA = (
+    "obj",
+    (
+        ("version", ("int", SCHEMA_VERSION, SCHEMA_VERSION)),
+        (
+            "control",
+            (
+                "obj",
+                (
+                    ("period_ms", ("int", 20, 1000)),
+                    ("telemetry_ms", ("int", 20, 60000)),
+                    ("telemetry_format", ("enum", ("cbor", "json"))),
+                    ("host_timeout_ms", ("int", 1000, 600000)),
+                    ("mode", ("enum", C.FAN_MODES)),
+                    ("manual_duty", _DUTY),
+                ),
+            ),
+        ),
+        ("channels", ("list", _CHANNEL, len(C.CHANNELS), len(C.CHANNELS))),
+        (
+            "pid",
+            (
+                "obj",
+                (
+                    ("kp", _GAIN),
+                    ("ki", _GAIN),
+                    ("kd", _GAIN),
+                    ("kff", _GAIN),
+                    ("slew_pct_s", ("int", 1, 1000)),
+                    ("d_filter_ms", ("int", 0, 60000)),
+                ),
+            ),
+        ),
+        (
+            "curve",
+            (
+                "obj",
+                (
+                    ("points", ("list", ("tuple", (_TEMP, _DUTY)), 2, 16)),
+                    ("hysteresis_mc", ("int", 0, 20000)),
+                ),
+            ),
+        ),
+        ("fans", ("list", _FAN, 2, 2)),
+        ("safety", ("obj", tuple([(k, _DUTY) for k in _SAFETY_KEYS]))),
+        (
+            "ina226",
+            (
+                "obj",
+                (
+                    ("addr", ("int", 0x40, 0x4F)),  # A0/A1 strapping
+                    ("shunt_uohm", ("int", 100, 1000000)),
+                    ("max_current_ma", ("int", 100, 100000)),
+                    ("avg", ("enum", (1, 4, 16, 64, 128, 256, 512, 1024))),
+                    ("ct_us", ("enum", (140, 204, 332, 588, 1100, 2116, 4156, 8244))),
+                    ("uv_mv", ("int", 0, 36000)),  # INA226 bus range is 0..36 V
+                ),
+            ),
+        ),
+        # 1000..8000: the RP2040 watchdog cannot exceed 8388 ms.
+        ("watchdog_ms", ("int", 1000, 8000)),
+    ),
+)
 
 _ROOT_EXTRA = ("_comment", ("str", 0, 256))  # a note for humans, top level only
 
@@ -386,15 +425,17 @@ def _check(spec, v, parts):
             raise _err(parts, "expected int %d..%d, got %s" % (spec[1], spec[2], _show(v)))
     elif kind == "num":
         if not _is_number(v) or v < spec[1] or v > spec[2]:
-            raise _err(parts, "expected a finite number %s..%s, got %s"
-                       % (spec[1], spec[2], _show(v)))
+            raise _err(
+                parts, "expected a finite number %s..%s, got %s" % (spec[1], spec[2], _show(v))
+            )
     elif kind == "bool":
         if type(v) is not bool:
             raise _err(parts, "expected true or false, got %s" % _show(v))
     elif kind == "str":
         if type(v) is not str or not spec[1] <= len(v) <= spec[2]:
-            raise _err(parts, "expected text of %d..%d characters, got %s"
-                       % (spec[1], spec[2], _show(v)))
+            raise _err(
+                parts, "expected text of %d..%d characters, got %s" % (spec[1], spec[2], _show(v))
+            )
     elif kind == "enum":
         choices = spec[1]
         if type(v) is not type(choices[0]) or v not in choices:
@@ -430,8 +471,9 @@ def _check_obj(fields, v, parts, extra):
     unknown = sorted([str(k) for k in v if k not in names])
     if unknown:
         where = _display(parts) or "the config"
-        raise _err(parts + [unknown[0]],
-                   "unknown key (typo?); %s has %s" % (where, ", ".join(names)))
+        raise _err(
+            parts + [unknown[0]], "unknown key (typo?); %s has %s" % (where, ", ".join(names))
+        )
     for key, spec in fields:
         if key not in v:
             raise _err(parts + [key], "missing")
@@ -457,11 +499,15 @@ def _check_rules(cfg):
     period = ctl["period_ms"]
     tele = ctl["telemetry_ms"]
     if tele < period or tele % period:
-        raise _err(["control", "telemetry_ms"], "must be a multiple of control.period_ms "
-                   "(%d), got %d" % (period, tele))
+        raise _err(
+            ["control", "telemetry_ms"],
+            "must be a multiple of control.period_ms (%d), got %d" % (period, tele),
+        )
     if cfg["watchdog_ms"] < 5 * period:
-        raise _err(["watchdog_ms"], "must be >= 5 x control.period_ms (%d), got %d"
-                   % (5 * period, cfg["watchdog_ms"]))
+        raise _err(
+            ["watchdog_ms"],
+            "must be >= 5 x control.period_ms (%d), got %d" % (5 * period, cfg["watchdog_ms"]),
+        )
 
     channels = cfg["channels"]
     any_controlled = False
@@ -474,11 +520,16 @@ def _check_rules(cfg):
     points = cfg["curve"]["points"]
     for i in range(1, len(points)):
         if points[i][0] <= points[i - 1][0]:
-            raise _err(["curve", "points", i, 0], "temperatures must ascend: %d after %d"
-                       % (points[i][0], points[i - 1][0]))
+            raise _err(
+                ["curve", "points", i, 0],
+                "temperatures must ascend: %d after %d" % (points[i][0], points[i - 1][0]),
+            )
         if points[i][1] < points[i - 1][1]:
-            raise _err(["curve", "points", i, 1], "duty must not fall as temperature "
-                       "rises: %d after %d" % (points[i][1], points[i - 1][1]))
+            raise _err(
+                ["curve", "points", i, 1],
+                "duty must not fall as temperature "
+                "rises: %d after %d" % (points[i][1], points[i - 1][1]),
+            )
 
     fans = cfg["fans"]
     min_duty = 0
@@ -486,70 +537,99 @@ def _check_rules(cfg):
     for i in range(len(fans)):
         fan = fans[i]
         if fan["kick_duty"] < fan["min_duty"]:
-            raise _err(["fans", i, "kick_duty"], "must be >= min_duty (%d), got %d"
-                       % (fan["min_duty"], fan["kick_duty"]))
+            raise _err(
+                ["fans", i, "kick_duty"],
+                "must be >= min_duty (%d), got %d" % (fan["min_duty"], fan["kick_duty"]),
+            )
         if fan["stall_ms"] <= fan["kick_ms"]:
-            raise _err(["fans", i, "stall_ms"], "must be > kick_ms (%d), got %d"
-                       % (fan["kick_ms"], fan["stall_ms"]))
+            raise _err(
+                ["fans", i, "stall_ms"],
+                "must be > kick_ms (%d), got %d" % (fan["kick_ms"], fan["stall_ms"]),
+            )
         if fan["min_duty"] > min_duty:
             min_duty = fan["min_duty"]
             min_fan = i
 
     safety = cfg["safety"]
     if safety["critical"] != DUTY_FULL:
-        raise _err(["safety", "critical"], "must be %d (full cooling; cannot be lowered), "
-                   "got %d" % (DUTY_FULL, safety["critical"]))
+        raise _err(
+            ["safety", "critical"],
+            "must be %d (full cooling; cannot be lowered), "
+            "got %d" % (DUTY_FULL, safety["critical"]),
+        )
     for key in _FAULT_FLOORS:
         if safety[key] < FAULT_FLOOR_MIN:
-            raise _err(["safety", key], "must be >= %d (hard minimum of a fault floor), "
-                       "got %d" % (FAULT_FLOOR_MIN, safety[key]))
+            raise _err(
+                ["safety", key],
+                "must be >= %d (hard minimum of a fault floor), "
+                "got %d" % (FAULT_FLOOR_MIN, safety[key]),
+            )
     for key in _SAFETY_KEYS:
         if safety[key] < min_duty:
-            raise _err(["safety", key], "must be >= fans[%d].min_duty (%d), got %d"
-                       % (min_fan, min_duty, safety[key]))
+            raise _err(
+                ["safety", key],
+                "must be >= fans[%d].min_duty (%d), got %d" % (min_fan, min_duty, safety[key]),
+            )
     if ctl["manual_duty"] < safety["min_manual_duty"]:
-        raise _err(["control", "manual_duty"], "must be >= safety.min_manual_duty (%d), "
-                   "got %d" % (safety["min_manual_duty"], ctl["manual_duty"]))
+        raise _err(
+            ["control", "manual_duty"],
+            "must be >= safety.min_manual_duty (%d), "
+            "got %d" % (safety["min_manual_duty"], ctl["manual_duty"]),
+        )
 
     ina = cfg["ina226"]
     product = ina["max_current_ma"] * ina["shunt_uohm"]  # mA * uohm = nV
     if product > _INA_SHUNT_FS_UV * 1000:
-        raise _err(["ina226", "max_current_ma"], "%d mA through %d uohm is %d uV, beyond "
-                   "the INA226 shunt range of %d uV" % (ina["max_current_ma"],
-                   ina["shunt_uohm"], product // 1000, _INA_SHUNT_FS_UV))
+        raise _err(
+            ["ina226", "max_current_ma"],
+            "%d mA through %d uohm is %d uV, beyond "
+            "the INA226 shunt range of %d uV"
+            % (ina["max_current_ma"], ina["shunt_uohm"], product // 1000, _INA_SHUNT_FS_UV),
+        )
     cal = _INA_CAL_NUM // product
     if cal > _INA_CAL_MAX:
-        raise _err(["ina226", "max_current_ma"], "calibration value %d exceeds %d: raise "
-                   "max_current_ma or shunt_uohm (shunt voltage at max current must be "
-                   ">= 5120 uV)" % (cal, _INA_CAL_MAX))
+        raise _err(
+            ["ina226", "max_current_ma"],
+            "calibration value %d exceeds %d: raise "
+            "max_current_ma or shunt_uohm (shunt voltage at max current must be "
+            ">= 5120 uV)" % (cal, _INA_CAL_MAX),
+        )
 
 
 def _check_channel(i, ch):
     name = C.CHANNELS[i]
     if ch["name"] != name:
-        raise _err(["channels", i, "name"], "must be %r (channel order is fixed: %s), "
-                   "got %r" % (name, ", ".join(C.CHANNELS), ch["name"]))
+        raise _err(
+            ["channels", i, "name"],
+            "must be %r (channel order is fixed: %s), "
+            "got %r" % (name, ", ".join(C.CHANNELS), ch["name"]),
+        )
     lo, hi = _SETPOINT_RANGE_MC[i]
     sp, warn, crit = ch["setpoint_mc"], ch["warn_mc"], ch["crit_mc"]
     if not lo <= sp <= hi:
-        raise _err(["channels", i, "setpoint_mc"], "expected int %d..%d for %s, got %d"
-                   % (lo, hi, name, sp))
+        raise _err(
+            ["channels", i, "setpoint_mc"],
+            "expected int %d..%d for %s, got %d" % (lo, hi, name, sp),
+        )
     if warn <= sp:
-        raise _err(["channels", i, "warn_mc"], "must be > setpoint_mc (%d), got %d"
-                   % (sp, warn))
+        raise _err(["channels", i, "warn_mc"], "must be > setpoint_mc (%d), got %d" % (sp, warn))
     if crit <= warn:
-        raise _err(["channels", i, "crit_mc"], "must be > warn_mc (%d), got %d"
-                   % (warn, crit))
+        raise _err(["channels", i, "crit_mc"], "must be > warn_mc (%d), got %d" % (warn, crit))
     if crit > _CRIT_CEILING_MC[i]:
-        raise _err(["channels", i, "crit_mc"], "must be <= %d (hard ceiling for %s), got %d"
-                   % (_CRIT_CEILING_MC[i], name, crit))
+        raise _err(
+            ["channels", i, "crit_mc"],
+            "must be <= %d (hard ceiling for %s), got %d" % (_CRIT_CEILING_MC[i], name, crit),
+        )
     sh = ch["sh"]
     if ch["model"] == "sh" and sh is None:
         raise _err(["channels", i, "sh"], "required ([A, B, C]) when model is 'sh'")
     if sh is not None and not _sh_plausible(sh, ch["r0"]):
-        raise _err(["channels", i, "sh"], "not an NTC curve: temperature must fall as "
-                   "resistance rises (checked at r0/20, r0, r0*20) and stay within "
-                   "-55..200 degC at r0")
+        raise _err(
+            ["channels", i, "sh"],
+            "not an NTC curve: temperature must fall as "
+            "resistance rises (checked at r0/20, r0, r0*20) and stay within "
+            "-55..200 degC at r0",
+        )
 
 
 def _sh_kelvin(sh, r_ohm):
@@ -715,16 +795,18 @@ def get_section(cfg, name, limit=MAX_ENTRIES):
         elif type(node) is list and type(k) is int and k < len(node):
             node = node[k]
         else:
-            raise _err(done + [k], "no such section; sections are %s"
-                       % ", ".join(_section_names(cfg)))
+            raise _err(
+                done + [k], "no such section; sections are %s" % ", ".join(_section_names(cfg))
+            )
         done.append(k)
     flat = flatten(node, name)
     if limit is not None and len(flat) > limit:
         hint = ""
         if type(node) is list:
             hint = ": ask for %s.0 .. %s.%d" % (name, name, len(node) - 1)
-        raise ConfigError(name, "%d entries do not fit one message (max %d)%s"
-                          % (len(flat), limit, hint))
+        raise ConfigError(
+            name, "%d entries do not fit one message (max %d)%s" % (len(flat), limit, hint)
+        )
     return flat
 
 
@@ -793,8 +875,7 @@ def encode_file(cfg):
     """The exact text ``save`` writes for ``cfg`` (canonical envelope plus newline)."""
     body = canonical(cfg)
     crc = crc16(body.encode())
-    return '{"config":' + body + ',"crc":' + str(crc) + ',"version":' + \
-        str(SCHEMA_VERSION) + "}\n"
+    return '{"config":' + body + ',"crc":' + str(crc) + ',"version":' + str(SCHEMA_VERSION) + "}\n"
 
 
 def save(cfg, dirpath, fs=os):
@@ -865,8 +946,11 @@ def decode_file(data):
     if type(version) is not int or type(crc) is not int or type(cfg) is not dict:
         raise ConfigError("", "file needs int version, int crc and an object config")
     if version > SCHEMA_VERSION:
-        raise ConfigError("", "schema version %d is newer than this firmware supports (%d)"
-                          % (version, SCHEMA_VERSION))
+        raise ConfigError(
+            "",
+            "schema version %d is newer than this firmware supports (%d)"
+            % (version, SCHEMA_VERSION),
+        )
     if crc != _raw_crc(text):
         computed = crc16(canonical(cfg).encode())
         if crc != computed:
@@ -888,7 +972,7 @@ def _raw_crc(text):
     end = text.rfind(',"crc":')
     if not text.startswith(head) or end < len(head):
         return -1
-    return crc16(text[len(head):end].encode())
+    return crc16(text[len(head) : end].encode())
 
 
 _MIGRATIONS = {}  # version n -> fn(cfg) returning the version n+1 config; none yet
@@ -940,8 +1024,12 @@ def _recover_tmp(fs, tmp, final):
         fs.rename(tmp, final)
     except (ConfigError, OSError):
         _remove_quiet(fs, tmp)
-        return defaults(), "missing", "no %s (removed an unfinished %s%s): factory " \
-            "defaults" % (FILE_NAME, FILE_NAME, TMP_SUFFIX)
+        return (
+            defaults(),
+            "missing",
+            "no %s (removed an unfinished %s%s): factory "
+            "defaults" % (FILE_NAME, FILE_NAME, TMP_SUFFIX),
+        )
     return cfg, "ok", "recovered from an interrupted save" + (", " + detail if detail else "")
 
 

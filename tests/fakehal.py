@@ -4,9 +4,10 @@ from temperatures through the real divider math). Importable on both interpreter
 ``step``/``advance`` do not allocate, so app ticks can run under ``heap_lock``.
 """
 
-from device import calib
 from fakes import IRQ_FALLING, FakeADC, FakeClock, FakeI2C, FakeINA226, FakePin, FakePWM
 from mpcompat import tmpdir
+
+from device import calib
 from protocol import catalog as C
 from protocol.frame import StreamDecoder
 
@@ -32,8 +33,16 @@ class FakeHal:
     name = "fake"
     IRQ_FALLING = IRQ_FALLING
 
-    def __init__(self, temps_c=(45.0, 50.0, 55.0, 25.0), fs_dir=None, clock_start=0,
-                 bus_mv=12000, current_ma=5000, max_rpm=3000, reset_cause="power"):
+    def __init__(
+        self,
+        temps_c=(45.0, 50.0, 55.0, 25.0),
+        fs_dir=None,
+        clock_start=0,
+        bus_mv=12000,
+        current_ma=5000,
+        max_rpm=3000,
+        reset_cause="power",
+    ):
         self.clock = FakeClock(clock_start)
         self.ticks_ms = self.clock.ticks_ms
         self.sleep_ms = self.clock.sleep_ms

@@ -4,10 +4,11 @@ DUAL: runs on CPython and under MicroPython (where the steady-state tick is also
 under heap_lock).
 """
 
-from device import config
-from device.app import BANNER, App
 from fakehal import FakeHal, run
 from mpcompat import IS_MICROPYTHON, heap_locked
+
+from device import config
+from device.app import BANNER, App
 from protocol import catalog as C
 from protocol import frame, jsonl
 
@@ -53,7 +54,7 @@ def answer(hal, app, seq, ms=100):
     for it in items:
         if it.ok and it.name in ("ack", "nack") and it.fields["ref"] == seq:
             return it, items
-    raise AssertionError("no answer to seq %d in %r" % (seq, items))
+    raise AssertionError("no answer to seq " + str(seq) + " in " + repr(items))
 
 
 def heartbeat(hal, temp_mc=60000, power_mw=300000):
@@ -394,8 +395,11 @@ def test_cal_read_and_cal_write():
     assert raw.fields["raw_min"] <= raw.fields["raw_mean_x16"] // 16 <= raw.fields["raw_max"]
     assert abs(raw.fields["temp"] - 50000) < 300
     # a new beta changes what the channel reads; a correction of +1.5 degC shifts it
-    seq = cmd(hal, "cal_write", {"channel": 1, "model": 1, "coeffs": [3950, 10000, 25000],
-                                 "correction": [1.5]})
+    seq = cmd(
+        hal,
+        "cal_write",
+        {"channel": 1, "model": 1, "coeffs": [3950, 10000, 25000], "correction": [1.5]},
+    )
     reply, items = answer(hal, app, seq, ms=1000)
     assert reply.name == "ack", reply
     run(app, hal, 1000)
@@ -461,6 +465,7 @@ def test_steady_state_ticks_do_not_allocate():
     heartbeat(hal)
     run(app, hal, 2000)
     hal.take()
+
     # 1,000 ticks of 100 ms (sample, filter, control, PWM, telemetry encode)
     def ticks():
         n = 0
@@ -472,7 +477,7 @@ def test_steady_state_ticks_do_not_allocate():
                 hal.tx_len = 0
 
     app.hb_ms = hal.ticks_ms()  # no heartbeats arrive under the lock: freeze the host
-    app.host_timeout_ms = 10 ** 8
+    app.host_timeout_ms = 10**8
     heap_locked(ticks)
     assert app.ticks > 1000 and app.failures == 0 and app.missed == 0
     if IS_MICROPYTHON:

@@ -18,8 +18,7 @@ filter restarts from the first good reading after a fault.
 
 from array import array
 
-from device.calib import (KELVIN, LUT_OPEN, LUT_SHORT, adc_to_ohms, build_lut,
-                          lut_interp_mc)
+from device.calib import KELVIN, LUT_OPEN, LUT_SHORT, adc_to_ohms, build_lut, lut_interp_mc
 
 try:
     from micropython import const
@@ -57,8 +56,17 @@ class NTC:
     FAULT_OPEN = _FAULT_OPEN
     FAULT_SHORT = _FAULT_SHORT
 
-    def __init__(self, adc, lut, step, oversample=8, filter="median5",
-                 open_code=None, short_code=None, ema_alpha=64):
+    def __init__(
+        self,
+        adc,
+        lut,
+        step,
+        oversample=8,
+        filter="median5",
+        open_code=None,
+        short_code=None,
+        ema_alpha=64,
+    ):
         if not 1 <= oversample <= _MAX_OVERSAMPLE:
             raise ValueError("oversample must be 1..%d" % _MAX_OVERSAMPLE)
         self._adc = adc
@@ -96,12 +104,14 @@ class NTC:
         if model == "sh":
             params = tuple(float(x) for x in cfg["sh"])
         else:
-            params = (float(cfg["beta"]), float(cfg["r0"]),
-                      cfg.get("t0_mc", 25000) / 1000.0 + KELVIN)
+            params = (
+                float(cfg["beta"]),
+                float(cfg["r0"]),
+                cfg.get("t0_mc", 25000) / 1000.0 + KELVIN,
+            )
         r_fixed = float(cfg["r_fixed"])
         low = bool(cfg.get("ntc_low", True))
-        lut, step = build_lut(model, params, r_fixed, low, cfg.get("correction") or None,
-                              points)
+        lut, step = build_lut(model, params, r_fixed, low, cfg.get("correction") or None, points)
         for key in ("oversample", "filter", "ema_alpha"):
             if key in cfg and key not in kwargs:
                 kwargs[key] = cfg[key]
