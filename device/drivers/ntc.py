@@ -16,9 +16,9 @@ outside -55..200 degC, so no range check can mistake it for a reading), sets
 filter restarts from the first good reading after a fault.
 """
 
-from array import array
 
 from device.calib import KELVIN, LUT_OPEN, LUT_SHORT, adc_to_ohms, build_lut, lut_interp_mc
+from device.control.filters import EMA, Median
 
 try:
     from micropython import const
@@ -75,9 +75,11 @@ class NTC:
         self._n = oversample
         self._set_thresholds(open_code, short_code)
         if filter == "median5":
-            self._filter = _Median5()
+            self._filter = Median(_MEDIAN_N)
         elif filter == "ema":
-            self._filter = _EMA(ema_alpha)
+            if not 1 <= ema_alpha <= 256:
+                raise ValueError("ema_alpha must be 1..256 (1/256ths)")
+            self._filter = EMA(ema_alpha)
         elif filter is None or hasattr(filter, "update"):
             self._filter = filter
         else:
@@ -219,57 +221,3 @@ class NTC:
 
 def _fault_of(sentinel):
     return _FAULT_OPEN if sentinel == LUT_OPEN else _FAULT_SHORT
-
-
-class _Median5:
-    """Median of the last 5 values: a ring and an insertion sort, preallocated."""
-
-    def __init__(self):
-        self._ring = array("i", (0,) * _MEDIAN_N)
-        self._tmp = array("i", (0,) * _MEDIAN_N)
-        self._count = 0
-        self._pos = 0
-
-    def reset(self):
-        self._count = 0
-        self._pos = 0
-
-    def update(self, value):
-        ring = self._ring
-        ring[self._pos] = value
-        self._pos = (self._pos + 1) % _MEDIAN_N
-        if self._count < _MEDIAN_N:
-            self._count += 1
-        n = self._count
-        tmp = self._tmp
-        for i in range(n):
-            v = ring[i]
-            j = i - 1
-            while j >= 0 and tmp[j] > v:
-                tmp[j + 1] = tmp[j]
-                j -= 1
-            tmp[j + 1] = v
-        return tmp[n >> 1]
-
-
-class _EMA:
-    """Integer EMA, alpha in 1/256ths; state in 1/256 m degC; converges exactly."""
-
-    def __init__(self, alpha):
-        if not 1 <= alpha <= 256:
-            raise ValueError("ema_alpha must be 1..256 (1/256ths)")
-        self._alpha = alpha
-        self._acc = 0
-        self._primed = False
-
-    def reset(self):
-        self._primed = False
-
-    def update(self, value):
-        if not self._primed:
-            self._acc = value << 8
-            self._primed = True
-            return value
-        # |value - out| <= 255000 m degC, times alpha <= 256: below 2**26.
-        self._acc += self._alpha * (value - (self._acc >> 8))
-        return self._acc >> 8
