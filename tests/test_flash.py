@@ -42,7 +42,8 @@ def test_stage_py_and_mpy(tmp_path):
     staged = flash.stage("pico", tmp_path / "py", files=files, compile=False)
     assert staged == ["protocol/crc.py", "boards/__init__.py", "main.py"]
     assert (tmp_path / "py/protocol/crc.py").read_bytes() == (REPO_ROOT / files[0]).read_bytes()
-    assert "import device.main" in (tmp_path / "py/main.py").read_text()
+    main = (tmp_path / "py/main.py").read_text()
+    assert "from device.main import run" in main and "run('pico')" in main, main
     staged = flash.stage("pico", tmp_path / "mpy", files=files)
     assert staged[:2] == ["protocol/crc.mpy", "boards/__init__.mpy"]
     head = (tmp_path / "mpy/protocol/crc.mpy").read_bytes()[:4]
@@ -152,8 +153,9 @@ def _deploy_to_unix_port(tmp_path, compile):
 def _import_deployed(board_dir, tmp_path):
     code = (
         "import protocol.frame, protocol.crc, device, boards, boards.pico\n"
+        "import device.app, device.main\n"  # the whole firmware: drivers, control, config
         "print(protocol.frame.MAX_FRAME, protocol.crc.crc16(b'123456789'), device.FW_VERSION,"
-        " boards.BOARDS['pico'][1], boards.pico.NAME)\n"
+        " boards.BOARDS['pico'][1], boards.pico.NAME, device.app.BANNER.replace(' ', '_'))\n"
     )
     proc = subprocess.run(
         [micropython_path(), "-c", code],
@@ -170,7 +172,7 @@ def _expected_import_output():
     from protocol import crc, frame
 
     return [str(frame.MAX_FRAME), str(crc.crc16(b"123456789")), device.FW_VERSION,
-            "armv6m", "pico"]
+            "armv6m", "pico", "MODULER_READY_v" + device.FW_VERSION]
 
 
 def test_deploy_py_files_to_the_unix_port(tmp_path):
@@ -182,7 +184,7 @@ def test_deploy_py_files_to_the_unix_port(tmp_path):
     # ... and, for files that do not change under us, the repo itself.
     for rel in ("boards/__init__.py", "boards/_common.py", "boards/pico.py", "protocol/crc.py"):
         assert (board_dir / rel).read_bytes() == (REPO_ROOT / rel).read_bytes(), rel
-    assert (board_dir / "main.py").read_text() == flash.MAIN_PY
+    assert (board_dir / "main.py").read_text() == flash.main_py(plan.board)
     assert not (board_dir / "protocol" / "specgen.py").exists()
     if plan.notes[0].startswith("default config"):
         assert (board_dir / "config.json").is_file()

@@ -39,9 +39,17 @@ EXCLUDE = (
 BOARD_SUPPORT = ("boards/__init__.py", "boards/_common.py")
 #: Entry point on the board: ``main.py`` runs after boot.py on every hard reset.
 MAIN_PY = (
-    "# Written by `modbridge flash`. Starts the module firmware; see device/README.md.\n"
-    "import device.main  # noqa: F401\n"
+    "# Written by `modbridge flash` for the {board} board. Starts the module firmware\n"
+    "# (device/README.md); a `repl` command from the host hands the port back.\n"
+    "from device.main import run\n"
+    "\n"
+    "run({board!r})\n"
 )
+
+
+def main_py(board: str) -> str:
+    """The board's ``main.py``: run the firmware on that board's HAL."""
+    return MAIN_PY.format(board=board)
 PREPARE_NAME = "prepare.py"
 _BOARD_ARCH = object()  # sentinel: use the board's arch from boards.BOARDS
 
@@ -210,7 +218,7 @@ def stage(
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
             staged.append(rel)
-    (staging / "main.py").write_text(MAIN_PY)
+    (staging / "main.py").write_text(main_py(board))
     staged.append("main.py")
     return staged
 
