@@ -110,7 +110,8 @@ class App:
         self.host_timeout_ms = ctl["host_timeout_ms"]
         self.standalone_curve = ctl.get("standalone", "curve") == "curve"
         chans = cfg["channels"]
-        self.ntcs = [NTC.from_config(hal.adc[i], chans[i]) for i in range(_N_CH)]
+        luts = {}  # channels with the same curve and divider share one table
+        self.ntcs = [NTC.from_config(hal.adc[i], chans[i], luts=luts) for i in range(_N_CH)]
         ctl_mask = 0
         for i in range(_N_CH):
             self.setpoints[i] = chans[i]["setpoint_mc"]
@@ -400,13 +401,20 @@ class App:
             pass
 
     def run(self):
+        """Loop until a ``repl`` command: sleep until the next tick, at most ``poll_ms``.
+
+        ``hal.poll_ms`` (default 1) bounds how long the port goes unread: an MCU board
+        polls its UART every millisecond; the sim board, whose every sleep is one
+        exchange with the simulated world, sets the control period.
+        """
         hal = self.hal
+        poll = getattr(hal, "poll_ms", 1)
         self.boot()
         self.wdt = hal.wdt_start(self.cfg["watchdog_ms"])
         while self.running:
             wait = self.step()
             if wait is not None and wait > 0:
-                hal.sleep_ms(1 if wait > 1 else wait)
+                hal.sleep_ms(poll if wait > poll else wait)
         hal.repl()
 
     # -- commands ----------------------------------------------------------------

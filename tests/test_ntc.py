@@ -227,6 +227,28 @@ def test_from_config_sh_correction_and_options():
         NTC.from_config(adc, _cfg(correction=[0.0, -2.0]))
 
 
+def test_from_config_shares_tables_only_between_equal_curves():
+    luts = {}
+    a = NTC.from_config(FakeADC(_code(40.0)), _cfg(), luts=luts)
+    b = NTC.from_config(FakeADC(_code(40.0)), _cfg(filter="ema"), luts=luts)
+    assert a._lut is b._lut and len(luts) == 1  # filters are not part of the table
+    others = [
+        _cfg(beta=3435),
+        _cfg(r0=4700),
+        _cfg(t0_mc=30000),
+        _cfg(r_fixed=4700),
+        _cfg(ntc_low=False),
+        _cfg(correction=[0.5]),
+        _cfg(model="sh", sh=[1.1e-3, 2.4e-4, 7.5e-8]),
+    ]
+    for cfg in others:
+        c = NTC.from_config(FakeADC(_code(40.0)), cfg, luts=luts)
+        assert c._lut is not a._lut, cfg
+    assert len(luts) == 1 + len(others)
+    c = NTC.from_config(FakeADC(_code(40.0)), _cfg(correction=[0.5]), luts=luts)
+    assert len(luts) == 1 + len(others) and abs(c.read_mc() - 40500) < 40, c.last_mc
+
+
 def test_sample_raw_for_calibration():
     adc = FakeADC([32000, 32010, 31990, 32005])
     ntc = _ntc(adc)

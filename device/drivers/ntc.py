@@ -92,7 +92,7 @@ class NTC:
         self.ntc_low = True
 
     @classmethod
-    def from_config(cls, adc, cfg, points=257, **kwargs):
+    def from_config(cls, adc, cfg, points=257, luts=None, **kwargs):
         """Build the table from a channel config dict and return the driver.
 
         ``cfg``: ``{"model": "beta"|"sh", "beta": 3950, "r0": 10000, "t0_mc": 25000,
@@ -101,6 +101,10 @@ class NTC:
         Optional keys ``oversample``, ``filter``, ``ema_alpha`` are passed to the
         constructor; keyword arguments override them. Raises
         ``device.calib.CalibrationError`` (a ValueError) on bad coefficients.
+
+        ``luts``: a dict shared by the channels built together; a channel whose curve
+        and divider equal an earlier one's reuses its table (read-only, 1 KB each),
+        so four identical NTCs hold one table and build it once.
         """
         model = cfg.get("model", "beta")
         if model == "sh":
@@ -113,7 +117,14 @@ class NTC:
             )
         r_fixed = float(cfg["r_fixed"])
         low = bool(cfg.get("ntc_low", True))
-        lut, step = build_lut(model, params, r_fixed, low, cfg.get("correction") or None, points)
+        correction = cfg.get("correction") or None
+        table = (model, params, r_fixed, low, tuple(correction or ()), points)  # all inputs
+        if luts is not None and table in luts:
+            lut, step = luts[table]
+        else:
+            lut, step = build_lut(model, params, r_fixed, low, correction, points)
+            if luts is not None:
+                luts[table] = (lut, step)
         for key in ("oversample", "filter", "ema_alpha"):
             if key in cfg and key not in kwargs:
                 kwargs[key] = cfg[key]

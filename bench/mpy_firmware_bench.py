@@ -1,0 +1,274 @@
+"""MicroPython side of bench/bench_firmware.py: the firmware App on the fake board.
+
+Run by bench_firmware.py (not by pytest, not on CPython) as
+
+    micropython [-X heapsize=N] -m mpy_firmware_bench MODE [ARG] [--romfs IMAGE]
+
+(compiled to .mpy beside the fake board) with MICROPYPATH naming a directory with the
+firmware (compiled .mpy files, or the sources) and one with the fake board
+(tests/fakehal.py, tests/fakes.py, tests/mpcompat.py). ``--romfs IMAGE`` first reads
+a ROMFS image into a bytearray and mounts it (``vfs.VfsRom``) ahead of sys.path, so
+.mpy bytecode runs in place as from an MCU's ROMFS partition; heap numbers then
+leave the image out ("image" in the output gives its size). Prints one JSON object
+as its last line. Modes:
+
+    heap            heap in use after import / fake board / App(hal) + boot(), and per
+                    firmware module (gc.collect(); gc.mem_alloc() after each import)
+    fit             boot, warm up, 1,000 ticks; {"ok": 1} (a MemoryError exits non-zero):
+                    bench_firmware.py binary-searches -X heapsize with it
+    alloc           bytes allocated per steady-state tick (gc disabled, mem_alloc
+                    delta) and whether 1,000 ticks run under micropython.heap_lock()
+    speed MS        steady-state ticks per wall second, telemetry every MS ms
+
+A tick is ``app.step()`` + ``hal.advance(100)``: with the default config (period 100
+ms) every step runs one control tick (4 NTCs oversampled, INA226, 2 fans, supervisor,
+PID, PWM, telemetry when due). The warm-up is what tests/test_app.py does before its
+heap-locked run: boot, 1 s of fake time, a heartbeat, 2 s more, then the host is
+frozen (``hb_ms`` now, huge timeout) so no heartbeat has to arrive during the run.
+
+The fake board's transmit buffer is shrunk from 64 KB to 1 KB (``fakehal._TX_SIZE``,
+read at construction and on every write; bytes beyond it are counted and dropped),
+and it is emptied after every tick, so the heap numbers are the firmware's plus a
+small board. The unix port is 64-bit: pointers, object headers and small-int-sized
+array items ('l') are 8 bytes, so heap numbers are roughly 1.5-2x what the same code
+needs on a 32-bit MCU.
+"""
+
+import gc
+import sys
+from time import ticks_diff, ticks_us  # MicroPython's; it has f-strings too
+
+import micropython
+
+TX_SIZE = 1024
+STEADY_TICKS = 1000
+TICK_MS = 100
+
+# Firmware modules in dependency order (leaves first), for the per-module breakdown.
+FIRMWARE_MODULES = (
+    "device",
+    "device.ticks",
+    "protocol",
+    "protocol.errors",
+    "protocol.crc",
+    "protocol.cobs",
+    "protocol.catalog",
+    "protocol.message",
+    "protocol.cbor",
+    "protocol.jsonl",
+    "protocol.frame",
+    "protocol.telemetry",
+    "device.calib",
+    "device.control",
+    "device.control.filters",
+    "device.control.pid",
+    "device.control.curve",
+    "device.control.select",
+    "device.drivers",
+    "device.drivers.ntc",
+    "device.drivers.ina226",
+    "device.drivers.fan",
+    "device.config",
+    "device.failsafe",
+    "device.selftest",
+    "device.app",
+)
+
+
+IMAGE = []  # the ROMFS image, kept referenced while mounted
+
+
+def mount_romfs(path):
+    import vfs
+
+    with open(path, "rb") as f:
+        n = f.seek(0, 2)
+        f.seek(0)
+        img = bytearray(n)
+        f.readinto(img)
+    IMAGE.append(img)
+    vfs.mount(vfs.VfsRom(img), "/rom")
+    sys.path.insert(0, "/rom")
+
+
+def image_size():
+    return len(IMAGE[0]) if IMAGE else 0
+
+
+def used():
+    gc.collect()
+    return gc.mem_alloc()
+
+
+def import_firmware(per_module=None):
+    """Import the firmware (everything device.app needs) leaves first."""
+    for name in FIRMWARE_MODULES:
+        before = used() if per_module is not None else 0
+        __import__(name)
+        if per_module is not None:
+            per_module[name] = used() - before
+
+
+def make_board():
+    import fakehal
+
+    fakehal._TX_SIZE = TX_SIZE
+    return fakehal, fakehal.FakeHal()
+
+
+def boot(fakehal, hal):
+    from device.app import App
+
+    app = App(hal)
+    app.boot()
+    app.wdt = hal.wdt_start(app.cfg["watchdog_ms"])
+    return app
+
+
+def warm_up(fakehal, hal, app):
+    from protocol import frame
+
+    fakehal.run(app, hal, 1000)
+    hal.tx_len = 0
+    hal.send(
+        frame.encode_frame(
+            "heartbeat", {"gpu_temp": 60000, "gpu_power": 300000, "power_limit": 700000}, 1
+        )
+    )
+    fakehal.run(app, hal, 2000)
+    hal.tx_len = 0
+    app.hb_ms = hal.ticks_ms()  # no heartbeat arrives during the run: freeze the host
+    app.host_timeout_ms = 10**8
+    if app.failures or not app.hb_seen:
+        raise RuntimeError(f"warm-up failed: failures={app.failures} hb_seen={app.hb_seen}")
+
+
+def ticks(app, hal, n):
+    k = 0
+    while k < n:
+        app.step()
+        hal.advance(TICK_MS)
+        hal.tx_len = 0
+        k += 1
+
+
+def check(app, n_before, n):
+    if app.failures or app.missed:
+        raise RuntimeError(f"ticks failed: failures={app.failures} missed={app.missed}")
+    if app.ticks - n_before != n:
+        raise RuntimeError(f"{n} steps ran {app.ticks - n_before} control ticks")
+
+
+def ready():
+    fakehal, hal = make_board()
+    app = boot(fakehal, hal)
+    warm_up(fakehal, hal, app)
+    return hal, app
+
+
+def mode_heap():
+    out = {}
+    start = used()
+    per_module = {}
+    import_firmware(per_module)
+    after_import = used()
+    fakehal, hal = make_board()
+    after_board = used()
+    app = boot(fakehal, hal)
+    after_boot = used()
+    out["start"] = start
+    out["firmware_imports"] = after_import - start
+    out["fake_board"] = after_board - after_import
+    out["app_objects"] = after_boot - after_board
+    out["after_boot"] = after_boot - image_size()
+    out["image"] = image_size()
+    out["modules"] = per_module
+    out["app_ticks"] = app.ticks  # keep app alive until here
+    return out
+
+
+def mode_fit():
+    hal, app = ready()
+    n0 = app.ticks
+    ticks(app, hal, STEADY_TICKS)
+    check(app, n0, STEADY_TICKS)
+    return {"ok": 1, "after_run": used() - image_size()}
+
+
+def mode_alloc():
+    hal, app = ready()
+    ticks(app, hal, 10)
+    n0 = app.ticks
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.mem_alloc()
+        ticks(app, hal, STEADY_TICKS)
+        after = gc.mem_alloc()
+    finally:
+        gc.enable()
+    check(app, n0, STEADY_TICKS)
+    locked = 1
+    n0 = app.ticks
+    try:
+        micropython.heap_lock()
+        try:
+            ticks(app, hal, STEADY_TICKS)
+        finally:
+            micropython.heap_unlock()
+    except MemoryError:
+        locked = 0
+    if locked:
+        check(app, n0, STEADY_TICKS)
+    return {"alloc_per_tick": (after - before) / STEADY_TICKS, "heap_locked": locked}
+
+
+def mode_speed(telemetry_ms):
+    hal, app = ready()
+    if telemetry_ms != app.telemetry_ms:
+        app.apply_changes({"control.telemetry_ms": telemetry_ms})
+        app.hb_ms = hal.ticks_ms()
+        app.host_timeout_ms = 10**8
+    ticks(app, hal, 20)
+    best = 0.0
+    for _ in range(5):  # best of 5 runs of 0.5 s
+        n = 0
+        gc.collect()
+        t0 = ticks_us()
+        while True:
+            ticks(app, hal, 100)
+            n += 100
+            dt = ticks_diff(ticks_us(), t0)
+            if dt >= 500000:
+                break
+        rate = n * 1000000 / dt
+        if rate > best:
+            best = rate
+    check(app, app.ticks, 0)  # no failure, nothing missed
+    return {"ticks_per_s": best, "telemetry_ms": app.telemetry_ms}
+
+
+def main(argv):
+    import json
+
+    argv = list(argv)
+    if "--romfs" in argv:
+        i = argv.index("--romfs")
+        mount_romfs(argv[i + 1])
+        del argv[i : i + 2]
+    mode = argv[1] if len(argv) > 1 else ""
+    if mode == "heap":
+        out = mode_heap()
+    elif mode == "fit":
+        out = mode_fit()
+    elif mode == "alloc":
+        out = mode_alloc()
+    elif mode == "speed":
+        out = mode_speed(int(argv[2]))
+    else:
+        raise SystemExit("usage: mpy_firmware_bench.py heap|fit|alloc|speed MS")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
