@@ -1,0 +1,126 @@
+"""What the bridge knows about a module, in base units (degC, V, A, W, ratios).
+
+One :class:`ModuleStatus` per module, updated by its link from hello, telemetry and
+event frames; read (never written) by the policy, the exporter and the CLI. Telemetry
+fields keep the wire's fixed-point integers in ``telemetry``; the properties convert.
+A field the module did not send (a faulted sensor) is ``None``, never 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from protocol import catalog as C
+
+
+def _milli(v):
+    return None if v is None else v / 1000.0
+
+
+@dataclass
+class ModuleStatus:
+    port: str
+    module_id: str | None = None  # MCU unique id (hex) from hello
+    link_up: bool = False
+    last_frame_at: float | None = None  # time.monotonic()
+    connected_at: float | None = None
+    fw_version: str | None = None
+    proto_version: str | None = None  # "1.0"
+    board: str | None = None
+    channels: tuple[str, ...] = ()
+    fans: int = 0
+    telemetry: dict = field(default_factory=dict)  # wire values of the last telemetry
+    telemetry_at: float | None = None
+    events_total: Counter = field(default_factory=Counter)  # by reason name
+    frame_errors: Counter = field(default_factory=Counter)  # by decoder error kind
+    frames_total: int = 0
+    reconnects: int = 0
+    last_error: str | None = None
+    recent_events: list = field(default_factory=list)  # last few event dicts
+
+    # -- derived, base units ---------------------------------------------------
+    def last_frame_age_s(self, now: float | None = None) -> float | None:
+        if self.last_frame_at is None:
+            return None
+        return (time.monotonic() if now is None else now) - self.last_frame_at
+
+    @property
+    def state(self) -> str | None:
+        s = self.telemetry.get("state")
+        if s is None:
+            return None
+        return C.STATES[s] if 0 <= s < len(C.STATES) else str(s)
+
+    @property
+    def reason(self) -> str | None:
+        r = self.telemetry.get("reason")
+        if r is None:
+            return None
+        return C.REASONS[r] if 0 <= r < len(C.REASONS) else str(r)
+
+    @property
+    def faults(self) -> int:
+        return self.telemetry.get("faults", 0)
+
+    def fault_names(self) -> list[str]:
+        f = self.faults
+        return [name for i, name in enumerate(C.FAULT_BITS) if f & (1 << i)]
+
+    def temperature_c(self, channel: str) -> float | None:
+        return _milli(self.telemetry.get("temp_" + channel))
+
+    @property
+    def temperatures_c(self) -> dict[str, float | None]:
+        return {ch: self.temperature_c(ch) for ch in C.CHANNELS}
+
+    def fan_rpm(self, fan: int) -> int | None:
+        return self.telemetry.get(f"fan{fan}_rpm")
+
+    def fan_duty_ratio(self, fan: int) -> float | None:
+        d = self.telemetry.get(f"fan{fan}_duty")
+        return None if d is None else d / C.DUTY_MAX
+
+    @property
+    def v_in_v(self) -> float | None:
+        return _milli(self.telemetry.get("v_in"))
+
+    @property
+    def i_in_a(self) -> float | None:
+        return _milli(self.telemetry.get("i_in"))
+
+    @property
+    def p_in_w(self) -> float | None:
+        return _milli(self.telemetry.get("p_in"))
+
+    def stalled_fans(self) -> int:
+        f = self.faults
+        return bool(f & C.FAULT_FAN1_STALL) + bool(f & C.FAULT_FAN2_STALL)
+
+    def as_dict(self, now: float | None = None) -> dict:
+        """JSON-ready view (CLI ``status --json``)."""
+        return {
+            "port": self.port,
+            "module_id": self.module_id,
+            "link_up": self.link_up,
+            "last_frame_age_s": self.last_frame_age_s(now),
+            "fw_version": self.fw_version,
+            "protocol": self.proto_version,
+            "board": self.board,
+            "state": self.state,
+            "reason": self.reason,
+            "faults": self.fault_names(),
+            "temperatures_c": self.temperatures_c,
+            "fans": [
+                {"rpm": self.fan_rpm(i), "duty": self.fan_duty_ratio(i)}
+                for i in range(1, (self.fans or 2) + 1)
+            ],
+            "v_in_v": self.v_in_v,
+            "i_in_a": self.i_in_a,
+            "p_in_w": self.p_in_w,
+            "frame_errors": dict(self.frame_errors),
+            "events_total": dict(self.events_total),
+            "reconnects": self.reconnects,
+            "last_error": self.last_error,
+        }
