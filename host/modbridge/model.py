@@ -124,3 +124,29 @@ class ModuleStatus:
             "reconnects": self.reconnects,
             "last_error": self.last_error,
         }
+
+
+@dataclass
+class PairState:
+    """A module and the GPU it cools, as the policy and the actuator see them."""
+
+    module_id: str | None
+    gpu_uuid: str | None
+    level: int = 0  # policy level: 0 NORMAL, 1 WARN, 2 CRITICAL
+    reasons: tuple[str, ...] = ()
+    eta_s: float | None = None  # early warning: time to the warn threshold
+    target_limit_w: float | None = None  # None: the original limit
+    original_limit_w: float | None = None
+    actions_total: Counter = field(default_factory=Counter)  # lower/restore/refused/dry_run
+    limit_writes_refused: int = 0
+
+
+@dataclass
+class BridgeSnapshot:
+    """Everything a scrape or ``status`` shows; built by the bridge, read-only after."""
+
+    taken_at: float  # time.monotonic()
+    modules: list[ModuleStatus] = field(default_factory=list)
+    gpus: list = field(default_factory=list)  # GpuSample
+    pairs: list[PairState] = field(default_factory=list)
+    backend: str = ""
