@@ -44,6 +44,8 @@ _N_CH = const(4)
 _N_FAN = const(2)
 _BOOT_TICKS = const(5)  # filter warm-up before sensor verdicts are trusted
 _RX_SIZE = const(128)
+_INA_RETRY_MS = const(5000)
+REPL_FLAG = "repl.flag"  # in fs_dir: the next boot stays in the REPL
 MODE_AUTO = const(0)
 MODE_MANUAL = const(1)
 MODE_CURVE = const(2)
@@ -128,23 +130,10 @@ class App:
         else:
             for i in range(_N_FAN):
                 old[i].configure(fans[i])
-        ina = cfg["ina226"]
-        try:
-            self.ina = INA226(
-                hal.i2c,
-                ina["addr"],
-                ina["shunt_uohm"],
-                ina["max_current_ma"],
-                ina["avg"],
-                ina["ct_us"],
-                ina["ct_us"],
-            )
-            self.ina.set_under_voltage_alert(ina["uv_mv"])
-            self.pm_fault = False
-        except OSError:
-            self.ina = None
-            self.pm_fault = True
-        self.uv_mv = ina["uv_mv"]
+        self.ina_cfg = cfg["ina226"]
+        self.uv_mv = self.ina_cfg["uv_mv"]
+        self.ina = None
+        self.open_ina()
         p = cfg["pid"]
         self.pid = PID(
             p["kp"],
@@ -165,6 +154,30 @@ class App:
         self.sup = Supervisor(cfg, self.events) if not hasattr(self, "sup") else self._resup(cfg)
         self.min_manual = cfg["safety"]["min_manual_duty"]
         self.fmt = FMT_JSON if ctl["telemetry_format"] == "json" else self.fmt
+
+    def open_ina(self):
+        """(Re)connect the INA226; a missing or wrong chip is a power-monitor fault,
+        retried every ``_INA_RETRY_MS`` from the tick (a loose cable at boot heals)."""
+        ina = self.ina_cfg
+        self.ina_tried_ms = self.hal.ticks_ms()
+        try:
+            dev = INA226(
+                self.hal.i2c,
+                ina["addr"],
+                ina["shunt_uohm"],
+                ina["max_current_ma"],
+                ina["avg"],
+                ina["ct_us"],
+                ina["ct_us"],
+            )
+            dev.set_under_voltage_alert(ina["uv_mv"])
+        except OSError:
+            self.ina = None
+            self.pm_fault = True
+            return False
+        self.ina = dev
+        self.pm_fault = False
+        return True
 
     def _resup(self, cfg):
         old = self.sup
@@ -290,6 +303,8 @@ class App:
                 self.pm_fault = False
             except OSError:
                 self.pm_fault = True
+        elif ticks_diff(now, self.ina_tried_ms) >= _INA_RETRY_MS:
+            self.open_ina()  # allocates, but only while the monitor is missing
         self.uv = (not self.pm_fault) and self.pm[0] < self.uv_mv
         stall = 0
         i = 0
@@ -400,6 +415,25 @@ class App:
         except Exception:  # noqa: BLE001
             pass
 
+    def to_repl(self):
+        """Hand the port back to the REPL so ``mpremote`` can reflash.
+
+        A started watchdog cannot be stopped on STM32 or RP2040, and nothing would feed
+        it at the REPL: so with a watchdog running, leave a flag file and reset; the
+        next boot sees the flag, removes it and stays at the REPL without starting the
+        app or the watchdog (fans with a floating PWM input run at full speed). Without
+        a watchdog (sim, tests) just stop the loop.
+        """
+        self.running = False
+        if self.wdt is not None:
+            try:
+                f = open(self.hal.fs_dir.rstrip("/") + "/" + REPL_FLAG, "w")
+                f.write("1")
+                f.close()
+            except OSError:
+                return  # cannot leave the flag: keep running the app, stay safe
+            self.hal.reset()
+
     def run(self):
         """Loop until a ``repl`` command: sleep until the next tick, at most ``poll_ms``.
 
@@ -496,7 +530,7 @@ class App:
             self.hal.reset()
         elif t == C.T_REPL:
             self.ack(msg)
-            self.running = False
+            self.to_repl()
         else:
             raise CommandError("not supported by this firmware", C.ERR_UNSUPPORTED)
 

@@ -12,8 +12,26 @@ def load_board(name):
     return getattr(pkg, name)
 
 
+def repl_requested(fs_dir):
+    """True once after a ``repl`` command reset the board (the flag is removed)."""
+    import os
+
+    from device.app import REPL_FLAG
+
+    path = fs_dir.rstrip("/") + "/" + REPL_FLAG
+    try:
+        os.remove(path)
+    except OSError:
+        return False
+    return True
+
+
 def run(board_name):
+    hal = load_board(board_name).make_hal()
+    if repl_requested(hal.fs_dir):
+        hal.repl()
+        print("module firmware: staying at the REPL after a repl command; reset to resume")
+        return
     from device.app import App
 
-    hal = load_board(board_name).make_hal()
     App(hal).run()

@@ -9,6 +9,7 @@ from mpcompat import IS_MICROPYTHON, heap_locked
 
 from device import config
 from device.app import BANNER, App
+from device.main import repl_requested
 from protocol import catalog as C
 from protocol import frame, jsonl
 
@@ -448,7 +449,33 @@ def test_reboot_and_repl():
     assert hal.resets == 1
     seq = cmd(hal, "repl")
     assert answer(hal, app, seq)[0].name == "ack"
-    assert not app.running
+    # a running watchdog cannot be stopped: flag the next boot to stay at the REPL, reset
+    assert not app.running and hal.resets == 2
+    assert repl_requested(hal.fs_dir)
+    assert not repl_requested(hal.fs_dir)  # once
+
+
+def test_repl_without_watchdog_just_stops():
+    hal = FakeHal()
+    app = App(hal)
+    app.boot()
+    run(app, hal, 200)
+    seq = cmd(hal, "repl")
+    assert answer(hal, app, seq)[0].name == "ack"
+    assert not app.running and hal.resets == 0 and not repl_requested(hal.fs_dir)
+
+
+def test_power_monitor_found_after_boot_is_used():
+    hal = FakeHal()
+    hal.ina.stop_answering()
+    app = App(hal)
+    app.boot()
+    run(app, hal, 2000)
+    assert app.ina is None and app.sup.faults & C.FAULT_POWER_MONITOR
+    hal.ina.resume()
+    run(app, hal, 6000)
+    assert app.ina is not None and not app.sup.faults & C.FAULT_POWER_MONITOR
+    assert app.pm[0] == 12000
 
 
 def test_hello_request_answered_with_ref():
