@@ -2,7 +2,8 @@
 
 This module is the single source of truth; protocol/SPEC.md documents it and a test
 checks that the two agree. Everything is plain tuples so it imports (and costs little
-RAM) on MicroPython.
+RAM) on MicroPython. The descriptions of messages and fields live in
+protocol/catalog_doc.py, which is host-only (SPEC.md, humans) and never flashed.
 
 Field keys are small integers, append-only: a field keeps its key for the life of the
 major version, new fields take new keys, and a receiver ignores keys it does not know.
@@ -173,14 +174,16 @@ I32_MAX = 0x7FFFFFFF
 D2H = "d2h"  # module -> host
 H2D = "h2d"  # host -> module
 
-# A field: (key, name, kind, required, lo, hi, json_scale, unit, doc)
+# A field: (key, name, kind, required, lo, hi, json_scale, unit)
 # ``lo``/``hi`` bound integers (and list/str/bytes/map lengths); None = unbounded.
 # ``json_scale`` is one of the scales above, or for K_ENUM the tuple of names.
-# A message: (type id, name, direction, fields, doc)
+# A message: (type id, name, direction, fields)
+# The prose (what a message or field means) is in protocol/catalog_doc.py, keyed by
+# these names: it is for SPEC.md and humans, so it stays on the host (not flashed).
 
 
-def _f(key, name, kind, required=False, lo=None, hi=None, scale=None, unit="", doc=""):
-    return (key, name, kind, required, lo, hi, scale, unit, doc)
+def _f(key, name, kind, required=False, lo=None, hi=None, scale=None, unit=""):
+    return (key, name, kind, required, lo, hi, scale, unit)
 
 
 F_KEY = 0
@@ -191,7 +194,6 @@ F_LO = 4
 F_HI = 5
 F_SCALE = 6
 F_UNIT = 7
-F_DOC = 8
 
 T_HELLO = const(0x01)
 T_HELLO_REQUEST = const(0x02)
@@ -224,246 +226,123 @@ MESSAGES = (
         "hello",
         D2H,
         (
-            _f(0, "fw_version", K_STR, True, 1, 32, doc="firmware version, e.g. 1.0.0"),
-            _f(1, "proto_minor", K_UINT, True, 0, 255, doc="protocol minor version spoken"),
-            _f(2, "board", K_STR, True, 1, 32, doc="board module name, e.g. pyboard_v11"),
-            _f(3, "uid", K_STR, True, 1, 64, doc="MCU unique id, lowercase hex"),
-            _f(4, "channels", K_LIST, True, 0, 8, doc="NTC channel names in index order"),
-            _f(5, "fans", K_UINT, True, 0, 8, doc="number of fans"),
-            _f(6, "max_frame", K_UINT, True, 64, 4096, unit="B", doc="largest frame accepted"),
-            _f(7, "telemetry_ms", K_UINT, False, 0, 60000, unit="ms", doc="telemetry period"),
-            _f(8, "state", K_ENUM, False, 0, 255, STATES, doc="current state"),
-            _f(
-                9,
-                "ref",
-                K_UINT,
-                False,
-                0,
-                U16,
-                doc="seq of the hello_request it answers; absent in the boot hello",
-            ),
+            _f(0, "fw_version", K_STR, True, 1, 32),
+            _f(1, "proto_minor", K_UINT, True, 0, 255),
+            _f(2, "board", K_STR, True, 1, 32),
+            _f(3, "uid", K_STR, True, 1, 64),
+            _f(4, "channels", K_LIST, True, 0, 8),
+            _f(5, "fans", K_UINT, True, 0, 8),
+            _f(6, "max_frame", K_UINT, True, 64, 4096, unit="B"),
+            _f(7, "telemetry_ms", K_UINT, False, 0, 60000, unit="ms"),
+            _f(8, "state", K_ENUM, False, 0, 255, STATES),
+            _f(9, "ref", K_UINT, False, 0, U16),
         ),
-        "Capabilities; sent after the boot banner and in answer to hello_request.",
     ),
-    (
-        T_HELLO_REQUEST,
-        "hello_request",
-        H2D,
-        (),
-        "Ask the module for its hello.",
-    ),
+    (T_HELLO_REQUEST, "hello_request", H2D, ()),
     (
         T_TELEMETRY,
         "telemetry",
         D2H,
         (
-            _f(0, "uptime_s", K_UINT, False, 0, U32, unit="s", doc="seconds since boot"),
-            _f(1, "state", K_ENUM, True, 0, 255, STATES, doc="control state"),
-            _f(2, "reason", K_ENUM, False, 0, 255, REASONS, doc="why the state was entered"),
-            _f(3, "faults", K_UINT, False, 0, U32, doc="active faults, bitmask FAULT_*"),
-            _f(
-                4,
-                "temp_gpu",
-                K_INT,
-                False,
-                TEMP_MIN_MC,
-                TEMP_MAX_MC,
-                MILLI,
-                "m degC",
-                "GPU core NTC",
-            ),
-            _f(5, "temp_vram", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC", "VRAM NTC"),
-            _f(
-                6,
-                "temp_mos",
-                K_INT,
-                False,
-                TEMP_MIN_MC,
-                TEMP_MAX_MC,
-                MILLI,
-                "m degC",
-                "power MOSFET NTC",
-            ),
-            _f(
-                7,
-                "temp_amb",
-                K_INT,
-                False,
-                TEMP_MIN_MC,
-                TEMP_MAX_MC,
-                MILLI,
-                "m degC",
-                "ambient NTC",
-            ),
-            _f(8, "fan1_rpm", K_UINT, False, 0, 100000, unit="RPM", doc="fan 1 speed"),
-            _f(9, "fan2_rpm", K_UINT, False, 0, 100000, unit="RPM", doc="fan 2 speed"),
-            _f(10, "fan1_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535", "fan 1 PWM"),
-            _f(11, "fan2_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535", "fan 2 PWM"),
-            _f(12, "v_in", K_UINT, False, 0, 40000, MILLI, "mV", "12 V input bus voltage"),
-            _f(13, "i_in", K_INT, False, -100000, 100000, MILLI, "mA", "12 V input current"),
-            _f(14, "p_in", K_INT, False, 0, 4000000, MILLI, "mW", "12 V input power"),
-            _f(
-                15,
-                "target",
-                K_INT,
-                False,
-                TEMP_MIN_MC,
-                TEMP_MAX_MC,
-                MILLI,
-                "m degC",
-                "controlled error: worst channel temperature minus its setpoint",
-            ),
+            _f(0, "uptime_s", K_UINT, False, 0, U32, unit="s"),
+            _f(1, "state", K_ENUM, True, 0, 255, STATES),
+            _f(2, "reason", K_ENUM, False, 0, 255, REASONS),
+            _f(3, "faults", K_UINT, False, 0, U32),
+            _f(4, "temp_gpu", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            _f(5, "temp_vram", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            _f(6, "temp_mos", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            _f(7, "temp_amb", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            _f(8, "fan1_rpm", K_UINT, False, 0, 100000, unit="RPM"),
+            _f(9, "fan2_rpm", K_UINT, False, 0, 100000, unit="RPM"),
+            _f(10, "fan1_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            _f(11, "fan2_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            _f(12, "v_in", K_UINT, False, 0, 40000, MILLI, "mV"),
+            _f(13, "i_in", K_INT, False, -100000, 100000, MILLI, "mA"),
+            _f(14, "p_in", K_INT, False, 0, 4000000, MILLI, "mW"),
+            _f(15, "target", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
         ),
-        "Periodic readings. A faulted sensor's field is absent, never a made-up value.",
     ),
     (
         T_EVENT,
         "event",
         D2H,
         (
-            _f(0, "code", K_ENUM, True, 0, 255, REASONS, doc="what happened"),
+            _f(0, "code", K_ENUM, True, 0, 255, REASONS),
             _f(1, "severity", K_ENUM, True, 0, 3, SEVERITIES),
-            _f(2, "active", K_BOOL, False, doc="true: condition raised, false: cleared"),
-            _f(3, "state", K_ENUM, False, 0, 255, STATES, doc="state after the event"),
-            _f(4, "prev_state", K_ENUM, False, 0, 255, STATES, doc="state before the event"),
-            _f(5, "index", K_INT, False, -1, 255, doc="channel or fan index, -1 = none"),
-            _f(6, "value", K_INT, False, I32_MIN, I32_MAX, doc="the value that caused it"),
-            _f(7, "text", K_STR, False, 0, 96, doc="short human-readable detail"),
+            _f(2, "active", K_BOOL, False),
+            _f(3, "state", K_ENUM, False, 0, 255, STATES),
+            _f(4, "prev_state", K_ENUM, False, 0, 255, STATES),
+            _f(5, "index", K_INT, False, -1, 255),
+            _f(6, "value", K_INT, False, I32_MIN, I32_MAX),
+            _f(7, "text", K_STR, False, 0, 96),
             _f(8, "uptime_s", K_UINT, False, 0, U32, unit="s"),
         ),
-        "An alarm or state transition; sent once per transition, never repeated per tick.",
     ),
     (
         T_CAL_RAW,
         "cal_raw",
         D2H,
         (
-            _f(0, "ref", K_UINT, True, 0, U16, doc="seq of the cal_read it answers"),
+            _f(0, "ref", K_UINT, True, 0, U16),
             _f(1, "channel", K_UINT, True, 0, 7),
             _f(2, "samples", K_UINT, True, 1, 65535),
-            _f(
-                3,
-                "raw_mean_x16",
-                K_UINT,
-                True,
-                0,
-                65535 * 16,
-                unit="ADC/16",
-                doc="mean ADC code in 1/16 LSB",
-            ),
+            _f(3, "raw_mean_x16", K_UINT, True, 0, 65535 * 16, unit="ADC/16"),
             _f(4, "raw_min", K_UINT, True, 0, 65535, unit="ADC"),
             _f(5, "raw_max", K_UINT, True, 0, 65535, unit="ADC"),
-            _f(6, "ohms", K_UINT, False, 0, U32, unit="ohm", doc="NTC resistance at the mean"),
-            _f(
-                7,
-                "temp",
-                K_INT,
-                False,
-                TEMP_MIN_MC,
-                TEMP_MAX_MC,
-                MILLI,
-                "m degC",
-                "temperature, current coeffs",
-            ),
+            _f(6, "ohms", K_UINT, False, 0, U32, unit="ohm"),
+            _f(7, "temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
         ),
-        "Averaged raw ADC reading of one channel, for calibration.",
     ),
     (
         T_CONFIG,
         "config",
         D2H,
         (
-            _f(0, "ref", K_UINT, True, 0, U16, doc="seq of the config_get it answers"),
-            _f(1, "values", K_MAP, True, 0, 64, doc="config keys and values"),
-            _f(2, "version", K_UINT, False, 0, U16, doc="config schema version"),
+            _f(0, "ref", K_UINT, True, 0, U16),
+            _f(1, "values", K_MAP, True, 0, 64),
+            _f(2, "version", K_UINT, False, 0, U16),
         ),
-        "Config values (all, or the requested section).",
     ),
     (
         T_ACK,
         "ack",
         D2H,
-        (
-            _f(0, "ref", K_UINT, True, 0, U16, doc="seq of the command"),
-            _f(1, "ref_type", K_UINT, True, 0, 255, doc="type of the command"),
-        ),
-        "Command accepted and applied.",
+        (_f(0, "ref", K_UINT, True, 0, U16), _f(1, "ref_type", K_UINT, True, 0, 255)),
     ),
     (
         T_NACK,
         "nack",
         D2H,
         (
-            _f(0, "ref", K_UINT, True, 0, U16, doc="seq of the command (0 if unknown)"),
-            _f(1, "ref_type", K_UINT, True, 0, 255, doc="type of the command (0 if unknown)"),
-            _f(2, "code", K_ENUM, True, 0, 255, ERRORS, doc="error code"),
-            _f(3, "field", K_STR, False, 0, 32, doc="offending field"),
-            _f(4, "text", K_STR, False, 0, 96, doc="what is wrong, for a human"),
+            _f(0, "ref", K_UINT, True, 0, U16),
+            _f(1, "ref_type", K_UINT, True, 0, 255),
+            _f(2, "code", K_ENUM, True, 0, 255, ERRORS),
+            _f(3, "field", K_STR, False, 0, 32),
+            _f(4, "text", K_STR, False, 0, 96),
         ),
-        "Command refused; nothing changed on the module.",
     ),
     (
         T_HEARTBEAT,
         "heartbeat",
         H2D,
         (
-            _f(
-                0,
-                "gpu_temp",
-                K_INT,
-                False,
-                TEMP_MIN_MC,
-                TEMP_MAX_MC,
-                MILLI,
-                "m degC",
-                "GPU core (NVML)",
-            ),
-            _f(1, "gpu_power", K_UINT, False, 0, 4000000, MILLI, "mW", "GPU board power"),
-            _f(2, "power_limit", K_UINT, False, 0, 4000000, MILLI, "mW", "enforced limit"),
-            _f(3, "host_time", K_UINT, False, 0, U32, unit="s", doc="host Unix time"),
-            _f(
-                4,
-                "gpu_mem_temp",
-                K_INT,
-                False,
-                TEMP_MIN_MC,
-                TEMP_MAX_MC,
-                MILLI,
-                "m degC",
-                "GPU memory",
-            ),
-            _f(
-                5,
-                "period_ms",
-                K_UINT,
-                False,
-                0,
-                600000,
-                unit="ms",
-                doc="host heartbeat period (informs the module's timeout)",
-            ),
+            _f(0, "gpu_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            _f(1, "gpu_power", K_UINT, False, 0, 4000000, MILLI, "mW"),
+            _f(2, "power_limit", K_UINT, False, 0, 4000000, MILLI, "mW"),
+            _f(3, "host_time", K_UINT, False, 0, U32, unit="s"),
+            _f(4, "gpu_mem_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            _f(5, "period_ms", K_UINT, False, 0, 600000, unit="ms"),
         ),
-        "Host is alive; GPU readings for feed-forward and cross-checks. Absent = unknown.",
     ),
     (
         T_FAN_MODE,
         "fan_mode",
         H2D,
         (
-            _f(
-                0,
-                "mode",
-                K_ENUM,
-                True,
-                0,
-                len(FAN_MODES) - 1,
-                FAN_MODES,
-                doc="auto: PID; manual: duty1/duty2; curve: the fan curve",
-            ),
-            _f(1, "duty1", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535", "manual duty fan 1"),
-            _f(2, "duty2", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535", "manual duty fan 2"),
+            _f(0, "mode", K_ENUM, True, 0, len(FAN_MODES) - 1, FAN_MODES),
+            _f(1, "duty1", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            _f(2, "duty2", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
         ),
-        "Select the control mode; manual duty is still floored by the safety floor.",
     ),
     (
         T_SETPOINTS,
@@ -475,63 +354,36 @@ MESSAGES = (
             _f(2, "sp_mos", K_INT, False, 20000, 125000, MILLI, "m degC"),
             _f(3, "sp_amb", K_INT, False, 10000, 60000, MILLI, "m degC"),
         ),
-        "Per-channel control setpoints; absent fields are unchanged.",
     ),
     (
         T_PID_GAINS,
         "pid_gains",
         H2D,
         (
-            _f(0, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC", "proportional"),
-            _f(1, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)", "integral"),
-            _f(2, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC", "derivative"),
-            _f(3, "kff", K_INT, False, 0, 1000000, GAIN, "m %/W", "GPU-power feed-forward"),
+            _f(0, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC"),
+            _f(1, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)"),
+            _f(2, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC"),
+            _f(3, "kff", K_INT, False, 0, 1000000, GAIN, "m %/W"),
         ),
-        "PID gains in milli-units; absent fields are unchanged.",
     ),
     (
         T_FAN_CURVE,
         "fan_curve",
         H2D,
         (
-            _f(
-                0,
-                "points",
-                K_LIST,
-                True,
-                2,
-                16,
-                doc="[[temp m degC, duty 1/65535], ...] ascending in temperature",
-            ),
+            _f(0, "points", K_LIST, True, 2, 16),
             _f(1, "hysteresis", K_UINT, False, 0, 20000, MILLI, "m degC"),
         ),
-        "Piecewise-linear fan curve used in curve mode and STANDALONE.",
     ),
-    (
-        T_CONFIG_GET,
-        "config_get",
-        H2D,
-        (_f(0, "section", K_STR, False, 0, 32, doc="config section; absent = all"),),
-        "Read config; answered with a config message.",
-    ),
-    (
-        T_CONFIG_SET,
-        "config_set",
-        H2D,
-        (_f(0, "values", K_MAP, True, 1, 64, doc="keys and new values"),),
-        "Change config in RAM (validated as a whole); config_save persists it.",
-    ),
-    (T_CONFIG_SAVE, "config_save", H2D, (), "Write the running config to flash atomically."),
-    (T_CONFIG_RESET, "config_reset", H2D, (), "Factory defaults, in RAM and in flash."),
+    (T_CONFIG_GET, "config_get", H2D, (_f(0, "section", K_STR, False, 0, 32),)),
+    (T_CONFIG_SET, "config_set", H2D, (_f(0, "values", K_MAP, True, 1, 64),)),
+    (T_CONFIG_SAVE, "config_save", H2D, ()),
+    (T_CONFIG_RESET, "config_reset", H2D, ()),
     (
         T_CAL_READ,
         "cal_read",
         H2D,
-        (
-            _f(0, "channel", K_UINT, True, 0, 7),
-            _f(1, "samples", K_UINT, False, 1, 4096, doc="ADC samples to average (default 64)"),
-        ),
-        "Sample one channel; answered with cal_raw.",
+        (_f(0, "channel", K_UINT, True, 0, 7), _f(1, "samples", K_UINT, False, 1, 4096)),
     ),
     (
         T_CAL_WRITE,
@@ -539,71 +391,36 @@ MESSAGES = (
         H2D,
         (
             _f(0, "channel", K_UINT, True, 0, 7),
-            _f(
-                1,
-                "model",
-                K_ENUM,
-                True,
-                0,
-                len(CAL_MODELS) - 1,
-                CAL_MODELS,
-                doc="sh: Steinhart-Hart; beta; poly: correction only",
-            ),
-            _f(
-                2,
-                "coeffs",
-                K_LIST,
-                True,
-                1,
-                8,
-                doc="sh: [A, B, C]; beta: [beta, r0_ohm, t0_mc]; poly: [c0, c1, ...]",
-            ),
-            _f(
-                3,
-                "correction",
-                K_LIST,
-                False,
-                0,
-                8,
-                doc="polynomial correction in degC, lowest order first",
-            ),
+            _f(1, "model", K_ENUM, True, 0, len(CAL_MODELS) - 1, CAL_MODELS),
+            _f(2, "coeffs", K_LIST, True, 1, 8),
+            _f(3, "correction", K_LIST, False, 0, 8),
         ),
-        "Write calibration coefficients of one channel (floats allowed here).",
     ),
     (
         T_SELFTEST_REPORT,
         "selftest_report",
         D2H,
         (
-            _f(0, "ref", K_UINT, True, 0, U16, doc="seq of the selftest it answers"),
-            _f(1, "passed", K_BOOL, True, doc="every part passed"),
-            _f(2, "fan1_rpm", K_LIST, False, 0, 8, doc="fan 1 RPM at each duty step"),
-            _f(3, "fan2_rpm", K_LIST, False, 0, 8, doc="fan 2 RPM at each duty step"),
-            _f(4, "fans_ok", K_LIST, False, 0, 8, doc="per fan: tach followed duty"),
-            _f(5, "channels_ok", K_LIST, False, 0, 8, doc="per NTC channel: valid and in range"),
-            _f(6, "power_monitor_ok", K_BOOL, False, doc="INA226 answered, 12 V in range"),
-            _f(7, "v_in", K_UINT, False, 0, 40000, MILLI, "mV", "12 V input during the test"),
-            _f(8, "text", K_STR, False, 0, 96, doc="summary for a human"),
+            _f(0, "ref", K_UINT, True, 0, U16),
+            _f(1, "passed", K_BOOL, True),
+            _f(2, "fan1_rpm", K_LIST, False, 0, 8),
+            _f(3, "fan2_rpm", K_LIST, False, 0, 8),
+            _f(4, "fans_ok", K_LIST, False, 0, 8),
+            _f(5, "channels_ok", K_LIST, False, 0, 8),
+            _f(6, "power_monitor_ok", K_BOOL, False),
+            _f(7, "v_in", K_UINT, False, 0, 40000, MILLI, "mV"),
+            _f(8, "text", K_STR, False, 0, 96),
         ),
-        "Result of a self-test, sent when it finishes (about 9 s after the ack).",
     ),
-    (T_REBOOT, "reboot", H2D, (), "Acknowledge, then reset the MCU."),
-    (T_REPL, "repl", H2D, (), "Acknowledge, then hand the port back to the MicroPython REPL."),
-    (
-        T_SELFTEST,
-        "selftest",
-        H2D,
-        (),
-        "Burn-in style self-test: fans 100/75/50/25 % with the tach checked, every "
-        "channel range-checked, the INA226 read. Acked at once; selftest_report follows.",
-    ),
+    (T_REBOOT, "reboot", H2D, ()),
+    (T_REPL, "repl", H2D, ()),
+    (T_SELFTEST, "selftest", H2D, ()),
 )
 
 M_TYPE = 0
 M_NAME = 1
 M_DIR = 2
 M_FIELDS = 3
-M_DOC = 4
 
 _BY_TYPE = {}
 _BY_NAME = {}

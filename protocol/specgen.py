@@ -7,7 +7,8 @@
 Two regions are generated, each between its own marker comments:
 
 - CATALOG: constants, message index, one field table per message, enumerations,
-  fault bits and display scales, all from :mod:`protocol.catalog`;
+  fault bits and display scales, all from :mod:`protocol.catalog` (descriptions from
+  :mod:`protocol.catalog_doc`);
 - EXAMPLE: the worked telemetry frame, byte by byte, produced by
   :func:`protocol.frame.encode_frame` (so the hex in the spec is never hand-typed).
 
@@ -20,6 +21,7 @@ import sys
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, cbor, cobs, frame, jsonl
 from protocol import catalog as C
+from protocol.catalog_doc import field_doc, message_doc
 from protocol.crc import crc16
 
 SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "SPEC.md")
@@ -219,7 +221,7 @@ def _message_index():
                 "[`%s`](#msg-%s)" % (m[C.M_NAME], m[C.M_NAME]),
                 "module → host" if m[C.M_DIR] == C.D2H else "host → module",
                 len(m[C.M_FIELDS]),
-                m[C.M_DOC],
+                message_doc(m[C.M_NAME]),
             )
         )
     return _table(("type", "name", "direction", "fields", "summary"), rows)
@@ -238,7 +240,7 @@ def _message_section(m):
             "module → host" if m[C.M_DIR] == C.D2H else "host → module",
         ),
         "",
-        m[C.M_DOC],
+        message_doc(name),
         "",
     ]
     fields = m[C.M_FIELDS]
@@ -257,7 +259,7 @@ def _message_section(m):
                 _range(f),
                 f[C.F_UNIT] or "—",
                 _json_repr(f),
-                f[C.F_DOC],
+                field_doc(name, f[C.F_NAME]),
             )
         )
     out += _table(("key", "name", "type", "req", "range", "wire unit", "JSON", "description"), rows)

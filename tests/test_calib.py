@@ -1,4 +1,5 @@
-"""device.calib: NTC models, exact and least-squares fits, rejections, divider, LUT.
+"""device.calib (NTC models, divider, LUT) and device.calib_fit (exact and least-squares
+fits, rejections).
 
 Reference thermistor: the seed's Semitec 103JT (10 kohm at 25 degC, "B 3950 K"), and
 the 103JT resistance table from Semitec's JT datasheet (B25/85 = 3435 K there).
@@ -9,7 +10,7 @@ import struct
 
 from mpcompat import IS_MICROPYTHON, raises
 
-from device import calib
+from device import calib, calib_fit
 from device.calib import CalibrationError
 
 DUAL = True
@@ -86,22 +87,22 @@ def test_model_temp_c_applies_correction():
 
 
 def test_sh_exact_fit_recovers_known_coefficients():
-    a, b, c = calib.fit_steinhart_hart(_sh_points((25.0, 50.0, 75.0)))
+    a, b, c = calib_fit.fit_steinhart_hart(_sh_points((25.0, 50.0, 75.0)))
     assert _close(a, SH[0], rel=1e-9) and _close(b, SH[1], rel=1e-9), (a, b)
     assert _close(c, SH[2], rel=1e-7), c
     # Order of the points does not matter.
     pts = _sh_points((75.0, 25.0, 50.0))
-    assert _close(calib.fit_steinhart_hart(pts)[2], SH[2], rel=1e-7)
+    assert _close(calib_fit.fit_steinhart_hart(pts)[2], SH[2], rel=1e-7)
 
 
 def test_sh_fit_of_beta_data_is_the_beta_curve():
     # Seed NTC (10 k, B 3950) measured at the seed's 25/50/75 degC water-bath points.
     pts = _beta_points((25.0, 50.0, 75.0))
-    a, b, c = calib.fit_steinhart_hart(pts)
+    a, b, c = calib_fit.fit_steinhart_hart(pts)
     assert _close(b, 1.0 / 3950.0, rel=1e-9), b
     assert abs(c) < 1e-15, c
     assert _close(a, 1.0 / 298.15 - math.log(1e4) / 3950.0, rel=1e-9), a
-    for res in calib.residuals(pts, "sh", (a, b, c)):
+    for res in calib_fit.residuals(pts, "sh", (a, b, c)):
         assert abs(res) < 1e-9, res
 
 
@@ -109,8 +110,8 @@ def test_sh_fit_of_semitec_103jt_datasheet_table():
     # Three datasheet points; SH then reproduces the others within 0.15 degC (the table
     # has 4 digits), where the beta model through 0/25 degC is off by 1.4 degC at -40.
     pts = [(r, t) for t, r in JT_TABLE if t in (-40, 0, 25)]
-    sh = calib.fit_steinhart_hart(pts, check_range_c=(-40.0, 25.0))
-    beta = calib.fit_beta([(r, t) for t, r in JT_TABLE if t in (0, 25)])
+    sh = calib_fit.fit_steinhart_hart(pts, check_range_c=(-40.0, 25.0))
+    beta = calib_fit.fit_beta([(r, t) for t, r in JT_TABLE if t in (0, 25)])
     worst = 0.0
     for t, r in JT_TABLE:
         if t >= -40:
@@ -122,14 +123,14 @@ def test_sh_fit_of_semitec_103jt_datasheet_table():
 def test_beta_from_two_points():
     # B25/85 = 3435 K, the Semitec 103JT datasheet value.
     truth = (3435.0, 10000.0, 298.15)
-    beta, r0, t0 = calib.fit_beta(_beta_points((25.0, 85.0), truth))
+    beta, r0, t0 = calib_fit.fit_beta(_beta_points((25.0, 85.0), truth))
     assert _close(beta, 3435.0) and _close(r0, 10000.0) and t0 == 298.15, (beta, r0, t0)
     # Hand check, datasheet 0 degC 27.70 k and 25 degC 10.0 k:
     # ln(2.770) / (1/273.15 - 1/298.15) = 1.018847 / 3.06970e-4 = 3319.0 K
-    beta, r0, _ = calib.fit_beta([(10000.0, 25.0), (27700.0, 0.0)])
+    beta, r0, _ = calib_fit.fit_beta([(10000.0, 25.0), (27700.0, 0.0)])
     assert abs(beta - 3319.0) < 0.1 and _close(r0, 10000.0), (beta, r0)
     # R0 is referred to 25 degC even when no point is at 25 degC.
-    beta, r0, t0 = calib.fit_beta(_beta_points((40.0, 90.0)))
+    beta, r0, t0 = calib_fit.fit_beta(_beta_points((40.0, 90.0)))
     assert _close(beta, 3950.0) and _close(r0, 10000.0) and t0 == 298.15
 
 
@@ -137,16 +138,16 @@ def test_beta_least_squares_from_more_points():
     pts = _beta_points((20.0, 45.0, 70.0, 95.0))
     factors = (1.004, 0.996, 1.004, 0.996)
     noisy = [(pts[i][0] * factors[i], pts[i][1]) for i in range(4)]
-    beta, r0, _ = calib.fit_beta(noisy)
+    beta, r0, _ = calib_fit.fit_beta(noisy)
     assert abs(beta - 3950.0) < 30.0 and abs(r0 - 10000.0) < 60.0, (beta, r0)
     # Exact data: exact answer.
-    beta, r0, _ = calib.fit_beta(pts)
+    beta, r0, _ = calib_fit.fit_beta(pts)
     assert _close(beta, 3950.0, rel=1e-9) and _close(r0, 1e4, rel=1e-9)
 
 
 def test_sh_least_squares_from_more_points():
     pts = _sh_points((10.0, 30.0, 50.0, 70.0, 90.0))
-    a, b, c = calib.fit_steinhart_hart(pts)
+    a, b, c = calib_fit.fit_steinhart_hart(pts)
     for r, t in pts:
         assert abs(calib.sh_temp_k(r, a, b, c) - K - t) < 1e-6
     assert _close(c, SH[2], rel=1e-5), c
@@ -156,27 +157,27 @@ def test_poly_exact_for_degree_n_minus_1():
     truth = [102.3, -1.85, 0.0032, -2.1e-6]  # the seed's cubic, lowest order first
     xs = [0.0, 300.0, 700.0, 1000.0]
     ys = [calib.poly_eval(truth, x) for x in xs]
-    got = calib.fit_poly(xs, ys, 3)
+    got = calib_fit.fit_poly(xs, ys, 3)
     for i in range(4):
         assert _close(got[i], truth[i], rel=1e-7), (got, truth)
-    assert calib.fit_poly([5.0], [2.5], 0) == [2.5]
+    assert calib_fit.fit_poly([5.0], [2.5], 0) == [2.5]
 
 
 def test_poly_true_least_squares_hand_verified():
     # Line through (0,1), (1,3), (2,2), (3,5): slope = Sxy/Sxx = 5.5/5 = 1.1,
     # intercept = 2.75 - 1.1 * 1.5 = 1.1.
-    c0, c1 = calib.fit_poly([0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 2.0, 5.0], 1)
+    c0, c1 = calib_fit.fit_poly([0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 2.0, 5.0], 1)
     assert _close(c0, 1.1, abs_=1e-12) and _close(c1, 1.1, abs_=1e-12), (c0, c1)
     # Parabola on x = -2..2, y = 4.1 0.9 0.2 1.1 3.9. Normal equations with
     # Sx2 = 10, Sx4 = 34, Sy = 10.2, Sxy = -0.2, Sx2y = 34.0:
     # c1 = -0.2/10 = -0.02; [5 10; 10 34][c0 c2] = [10.2 34] -> c0 = 6.8/70, c2 = 68/70.
     ys = [4.1, 0.9, 0.2, 1.1, 3.9]
-    c0, c1, c2 = calib.fit_poly([-2.0, -1.0, 0.0, 1.0, 2.0], ys, 2)
+    c0, c1, c2 = calib_fit.fit_poly([-2.0, -1.0, 0.0, 1.0, 2.0], ys, 2)
     assert _close(c0, 6.8 / 70, abs_=1e-12) and _close(c1, -0.02, abs_=1e-12), (c0, c1)
     assert _close(c2, 68.0 / 70, abs_=1e-12), c2
     # Same data shifted to x = 998..1002: returned in the ORIGINAL x, still right
     # (solved on centred/scaled x; normal equations in raw x would lose ~12 digits).
-    coeffs = calib.fit_poly([998.0, 999.0, 1000.0, 1001.0, 1002.0], ys, 2)
+    coeffs = calib_fit.fit_poly([998.0, 999.0, 1000.0, 1001.0, 1002.0], ys, 2)
     assert _close(coeffs[2], 68.0 / 70, rel=1e-9), coeffs
     assert _close(coeffs[1], -0.02 - 2000.0 * 68.0 / 70, rel=1e-9), coeffs
     assert _close(calib.poly_eval(coeffs, 1000.0), 6.8 / 70, abs_=1e-6)
@@ -186,9 +187,9 @@ def test_fit_correction_cubic_from_four_points():
     # The NTC reads 0.2 degC low plus a curvature: the cubic correction absorbs it.
     pts = [(calib.beta_resistance(t + K, *BETA), t + 0.2 + 1e-4 * t * t)
            for t in (25.0, 50.0, 75.0, 100.0)]
-    corr = calib.fit_correction(pts, "beta", BETA, 3)
+    corr = calib_fit.fit_correction(pts, "beta", BETA, 3)
     assert len(corr) == 4
-    for res in calib.residuals(pts, "beta", BETA, corr):
+    for res in calib_fit.residuals(pts, "beta", BETA, corr):
         assert abs(res) < 1e-9, res
     assert _close(corr[0], 0.2, abs_=1e-9) and _close(corr[2], 1e-4, abs_=1e-12), corr
 
@@ -198,86 +199,86 @@ def test_fit_correction_cubic_from_four_points():
 
 def test_rejects_too_few_points():
     with raises(CalibrationError, match="Steinhart-Hart needs at least 3 reference points, got 2"):
-        calib.fit_steinhart_hart(_beta_points((25.0, 50.0)))
+        calib_fit.fit_steinhart_hart(_beta_points((25.0, 50.0)))
     with raises(CalibrationError, match="beta needs at least 2 reference points, got 1"):
-        calib.fit_beta(_beta_points((25.0,)))
+        calib_fit.fit_beta(_beta_points((25.0,)))
     with raises(CalibrationError, match="degree-3 correction needs at least 4"):
-        calib.fit_correction(_beta_points((25.0, 50.0, 75.0)), "beta", BETA, 3)
+        calib_fit.fit_correction(_beta_points((25.0, 50.0, 75.0)), "beta", BETA, 3)
 
 
 def test_rejects_duplicate_temperatures():
     pts = [(10000.0, 25.0), (9500.0, 25.5), (3588.0, 50.0)]
     with raises(CalibrationError, match="near-duplicate temperatures 25.0 and 25.5"):
-        calib.fit_steinhart_hart(pts)
+        calib_fit.fit_steinhart_hart(pts)
 
 
 def test_rejects_duplicate_resistances():
     pts = [(10000.0, 25.0), (9950.0, 50.0), (1491.0, 75.0)]
     with raises(CalibrationError, match="near-duplicate resistances 10 kohm at 25.0"):
-        calib.fit_steinhart_hart(pts)
+        calib_fit.fit_steinhart_hart(pts)
 
 
 def test_rejects_resistance_rising_with_temperature():
     pts = [(10000.0, 25.0), (3588.0, 75.0), (1491.0, 50.0)]
     with raises(CalibrationError, match="resistance not decreasing with temperature") as e:
-        calib.fit_steinhart_hart(pts)
+        calib_fit.fit_steinhart_hart(pts)
     assert "1.491 kohm at 50.0 degC but 3.588 kohm at 75.0 degC" in str(e.value)
 
 
 def test_rejects_non_positive_resistance():
     for bad in (0.0, -5.0):
         with raises(CalibrationError, match="non-positive or infinite resistance"):
-            calib.fit_beta([(bad, 25.0), (3588.0, 50.0)])
+            calib_fit.fit_beta([(bad, 25.0), (3588.0, 50.0)])
     with raises(CalibrationError, match="open circuit"):
-        calib.fit_beta([(float("inf"), 25.0), (3588.0, 50.0)])
+        calib_fit.fit_beta([(float("inf"), 25.0), (3588.0, 50.0)])
 
 
 def test_rejects_temperature_out_of_range():
     with raises(CalibrationError, match="temperature 298.15 degC outside -55.0..200.0") as e:
-        calib.fit_beta([(10000.0, 298.15), (3588.0, 50.0)])
+        calib_fit.fit_beta([(10000.0, 298.15), (3588.0, 50.0)])
     assert "kelvin" in str(e.value)
     with raises(CalibrationError, match="outside"):
-        calib.fit_beta([(10000.0, -60.0), (3588.0, 50.0)])
+        calib_fit.fit_beta([(10000.0, -60.0), (3588.0, 50.0)])
 
 
 def test_rejects_ill_conditioned_spread():
     # 25/35/45 degC must cover 0..125 degC: a 0.1 degC bath error would move the
     # curve by ~7 degC at 125 degC.
     with raises(CalibrationError, match="ill-conditioned: an error of 0.1 degC") as e:
-        calib.fit_steinhart_hart(_beta_points((25.0, 35.0, 45.0)))
+        calib_fit.fit_steinhart_hart(_beta_points((25.0, 35.0, 45.0)))
     assert "at 125 degC" in str(e.value) and "spread them out" in str(e.value)
     # The same points are fine for a range they actually cover.
-    calib.fit_steinhart_hart(_beta_points((25.0, 35.0, 45.0)), check_range_c=(20.0, 50.0))
+    calib_fit.fit_steinhart_hart(_beta_points((25.0, 35.0, 45.0)), check_range_c=(20.0, 50.0))
 
 
 def test_rejects_implausible_curve():
     # Monotonic readings, but 3.6 k -> 3.3 k from 50 to 75 degC is no NTC (beta ~400 K).
     with raises(CalibrationError, match="implausible curve: local beta"):
-        calib.fit_steinhart_hart([(10000.0, 25.0), (3600.0, 50.0), (3300.0, 75.0)])
+        calib_fit.fit_steinhart_hart([(10000.0, 25.0), (3600.0, 50.0), (3300.0, 75.0)])
 
 
 def test_rejects_non_monotonic_fit():
     # Fitted SH whose curve folds back: no resistance range covers the check range.
     with raises(CalibrationError, match="non-monotonic curve: the model has no resistance"):
-        calib.fit_steinhart_hart([(10000.0, 25.0), (9000.0, 50.0), (1500.0, 75.0)])
+        calib_fit.fit_steinhart_hart([(10000.0, 25.0), (9000.0, 50.0), (1500.0, 75.0)])
     # A cubic correction through monotonic points that overshoots between them.
     pts = [(calib.beta_resistance(t + K, *BETA), y)
            for t, y in ((25.0, 25.0), (50.0, 60.0), (75.0, 62.0), (100.0, 100.0))]
     with raises(CalibrationError, match="non-monotonic curve: temperature rises from 60.7"):
-        calib.fit_correction(pts, "beta", BETA, 3)
+        calib_fit.fit_correction(pts, "beta", BETA, 3)
 
 
 def test_poly_rejections():
     with raises(CalibrationError, match="degree 3 needs at least 4 points, got 3: use degree <= 2"):
-        calib.fit_poly([0.0, 1.0, 2.0], [0.0, 1.0, 4.0], 3)
+        calib_fit.fit_poly([0.0, 1.0, 2.0], [0.0, 1.0, 4.0], 3)
     with raises(CalibrationError, match="only 2 are distinct"):
-        calib.fit_poly([1.0, 1.0, 2.0, 2.0], [0.0, 0.1, 1.0, 1.1], 2)
+        calib_fit.fit_poly([1.0, 1.0, 2.0, 2.0], [0.0, 0.1, 1.0, 1.1], 2)
     with raises(CalibrationError, match="ill-conditioned: condition number"):
-        calib.fit_poly([0.0, 0.001, 0.002, 10.0], [0.0, 1.0, 2.0, 3.0], 3)
+        calib_fit.fit_poly([0.0, 0.001, 0.002, 10.0], [0.0, 1.0, 2.0, 3.0], 3)
     with raises(CalibrationError, match="3 x values but 2 y values"):
-        calib.fit_poly([0.0, 1.0, 2.0], [0.0, 1.0], 1)
+        calib_fit.fit_poly([0.0, 1.0, 2.0], [0.0, 1.0], 1)
     with raises(CalibrationError, match="degree must be >= 0"):
-        calib.fit_poly([0.0], [0.0], -1)
+        calib_fit.fit_poly([0.0], [0.0], -1)
 
 
 def test_build_lut_rejects_bad_curve_and_size():
@@ -367,7 +368,7 @@ def test_float32_inputs_barely_move_the_sh_fit():
     # Every input (R and T in K) perturbed by +-1 float32 ulp in all 64 sign
     # combinations: the curve over 0..125 degC moves by < 1 m degC (measured 0.34).
     pts = _sh_points((25.0, 50.0, 75.0))
-    base = calib.fit_steinhart_hart(pts)
+    base = calib_fit.fit_steinhart_hart(pts)
     grid = [calib.sh_resistance(t + K, *SH) for t in range(0, 126, 5)]
     worst = 0.0
     for bits in range(64):
@@ -377,12 +378,12 @@ def test_float32_inputs_barely_move_the_sh_fit():
             st = 1.0 if bits >> (2 * i + 1) & 1 else -1.0
             r, t = pts[i]
             moved.append((r * (1.0 + sr * F32_EPS), (t + K) * (1.0 + st * F32_EPS) - K))
-        p = calib.fit_steinhart_hart(moved)
+        p = calib_fit.fit_steinhart_hart(moved)
         for r in grid:
             worst = max(worst, abs(calib.sh_temp_k(r, *p) - calib.sh_temp_k(r, *base)))
     assert worst < 1e-3, worst
     # And with the inputs really rounded to float32.
-    p = calib.fit_steinhart_hart([(_f32(r), _f32(t)) for r, t in pts])
+    p = calib_fit.fit_steinhart_hart([(_f32(r), _f32(t)) for r, t in pts])
     for r in grid:
         assert abs(calib.sh_temp_k(r, *p) - calib.sh_temp_k(r, *base)) < 1e-3
 
@@ -390,7 +391,7 @@ def test_float32_inputs_barely_move_the_sh_fit():
 def test_float32_coefficients_and_evaluation():
     # Coefficients stored as float32 and the SH evaluated with every intermediate
     # rounded to float32 (what an STM32F4/RP2040 build does): < 0.2 m degC off.
-    a, b, c = (_f32(x) for x in calib.fit_steinhart_hart(_sh_points((25.0, 50.0, 75.0))))
+    a, b, c = (_f32(x) for x in calib_fit.fit_steinhart_hart(_sh_points((25.0, 50.0, 75.0))))
     worst = 0.0
     for i in range(121):
         t = float(i)

@@ -31,7 +31,9 @@ def test_sources_exclude_host_only_files():
     assert {"boards/__init__.py", "boards/_common.py"} <= set(srcs)
     assert not any(s.startswith("boards/") and s.endswith("pyboard_v11.py") for s in srcs)
     assert "protocol/frame.py" in srcs and "device/__init__.py" in srcs
-    for excluded in ("protocol/specgen.py", "protocol/fuzz.py"):
+    host_only = ("protocol/specgen.py", "protocol/fuzz.py", "protocol/catalog_doc.py",
+                 "device/calib_fit.py")
+    for excluded in host_only:
         assert excluded not in srcs
     assert not any(s.startswith("protocol/vectors/") for s in srcs)
     assert all(s.endswith(".py") and "__pycache__" not in s for s in srcs)

@@ -3,7 +3,7 @@
 from fakes import FakeADC
 from mpcompat import IS_MICROPYTHON, raises
 
-from device import calib
+from device import calib, calib_fit
 from device.drivers.ntc import FAULT_NONE, FAULT_OPEN, FAULT_SHORT, INVALID_MC, NTC
 
 DUAL = True
@@ -208,7 +208,7 @@ def test_fault_does_not_poison_the_filter():
 
 
 def test_from_config_sh_correction_and_options():
-    sh = calib.fit_steinhart_hart([(calib.beta_resistance(t + K, *BETA), t)
+    sh = calib_fit.fit_steinhart_hart([(calib.beta_resistance(t + K, *BETA), t)
                                    for t in (25.0, 50.0, 75.0)])
     adc = FakeADC(_code(60.0))
     ntc = NTC.from_config(adc, _cfg(model="sh", sh=list(sh), correction=[0.5],

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 FIRMWARE_TREES = ("device", "protocol")
 #: CPython-only files inside those trees, never deployed (explicit on purpose).
 EXCLUDE = (
+    # Calibration fitting runs on the host (docs/calibration.md); the module only
+    # evaluates coefficients (device/calib.py), so fitting code would only take RAM.
+    "device/calib_fit.py",
+    "protocol/catalog_doc.py",  # message/field descriptions, for SPEC.md and humans
     "protocol/specgen.py",  # writes SPEC.md on the host
     "protocol/fuzz.py",  # host fuzzing harness
     "protocol/vectors",  # golden vectors (JSON) for the test suite
