@@ -1,0 +1,141 @@
+"""Exporter benchmark: one /metrics scrape over HTTP with 8 modules and 8 GPUs.
+
+    python -m bench.run exporter
+    python -c "import bench.bench_exporter as b; print(b.run())"
+
+Starts the real endpoint (``exporter.serve``) on 127.0.0.1 with an ephemeral port,
+then times SCRAPES sequential GETs from a plain urllib client: connect, request,
+the collector's walk over the snapshot, text encoding, response, close. Every
+optional value in the snapshot is set, so the body is the largest a healthy bridge
+produces. Process metrics are included, as in ``modbridge run``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import urllib.request
+from collections import Counter
+
+from modbridge import exporter
+from modbridge.gpu.base import CLOCKS_EVENT_REASONS, GpuSample
+from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
+from protocol import catalog as C
+
+N = 8  # modules and GPUs
+SCRAPES = 1_000
+WARMUP = 20
+
+
+def fleet_snapshot(n: int = N) -> BridgeSnapshot:
+    now = time.monotonic()
+    modules, gpus, pairs = [], [], []
+    for i in range(n):
+        mid = f"e6614103e7{i:06x}"
+        uuid = f"GPU-9c8a4f1e-3b2d-4e5f-8a7b-1c2d3e4f5a{i:02x}"
+        modules.append(
+            ModuleStatus(
+                port=f"/dev/serial/by-id/usb-1a86_USB_Serial-if00-port{i}",
+                module_id=mid,
+                link_up=True,
+                last_frame_at=now - 0.3,
+                fw_version="0.3.1",
+                proto_version="1.0",
+                board="blackpill_f411",
+                channels=C.CHANNELS,
+                fans=2,
+                telemetry={
+                    "uptime_s": 273_512,
+                    "state": C.STATE_HOSTED,
+                    "reason": C.REASON_HOST_OK,
+                    "faults": 0,
+                    "temp_gpu": 72_312 + i,
+                    "temp_vram": 68_150,
+                    "temp_mos": 55_020,
+                    "temp_amb": 24_480,
+                    "fan1_rpm": 2850,
+                    "fan2_rpm": 2790,
+                    "fan1_duty": 32_768,
+                    "fan2_duty": 31_000,
+                    "v_in": 11_920,
+                    "i_in": 20_500,
+                    "p_in": 244_360,
+                },
+                events_total=Counter(boot=1, host_ok=3, over_temp=2, cleared=2),
+                frame_errors=Counter(crc=3, noise=12),
+                frames_total=1_234_567,
+                reconnects=1,
+            )
+        )
+        gpus.append(
+            GpuSample(
+                uuid=uuid,
+                name="NVIDIA H200",
+                pci_bus_id=f"00000000:{i + 0x18:02x}:00.0",
+                timestamp=now - 0.1,
+                temperature_c=71.0,
+                memory_temperature_c=80.0,
+                power_w=612.5,
+                enforced_limit_w=700.0,
+                default_limit_w=700.0,
+                min_limit_w=200.0,
+                max_limit_w=700.0,
+                clocks_event_reasons=CLOCKS_EVENT_REASONS["sw_power_cap"],
+                utilization=0.97,
+                fan_speed_ratio=0.45,
+                slowdown_temp_c=90.0,
+                shutdown_temp_c=95.0,
+                max_operating_temp_c=87.0,
+            )
+        )
+        pairs.append(
+            PairState(
+                module_id=mid,
+                gpu_uuid=uuid,
+                level=1,
+                eta_s=95.0,
+                target_limit_w=650.0,
+                original_limit_w=700.0,
+                actions_total=Counter(lower=3, restore=2),
+            )
+        )
+    return BridgeSnapshot(taken_at=now, modules=modules, gpus=gpus, pairs=pairs, backend="nvml")
+
+
+def _percentile(sorted_ms: list[float], q: float) -> float:
+    k = (len(sorted_ms) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_ms) - 1)
+    return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (k - lo)
+
+
+def run() -> dict:
+    snap = fleet_snapshot()
+    server = exporter.serve(lambda: snap, port=0)
+    try:
+        url = server.url
+        for _ in range(WARMUP):
+            with urllib.request.urlopen(url, timeout=5) as r:
+                r.read()
+        times_ms = []
+        size = 0
+        for _ in range(SCRAPES):
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body = r.read()
+            times_ms.append((time.perf_counter() - t0) * 1000.0)
+            size = len(body)
+        samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+    finally:
+        server.stop()
+    times_ms.sort()
+    return {
+        "scrape_ms_p50": round(statistics.median(times_ms), 3),
+        "scrape_ms_p99": round(_percentile(times_ms, 0.99), 3),
+        "scrape_bytes_8_modules": size,
+        "scrape_samples_8_modules": samples,
+    }
+
+
+if __name__ == "__main__":
+    print(run())

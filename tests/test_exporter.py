@@ -1,0 +1,601 @@
+"""The Prometheus exporter: values, units, absences, naming, HTTP endpoint lifecycle.
+
+Snapshots are built by hand from wire values (what a link would store), scraped with
+``generate_latest`` and over real HTTP on 127.0.0.1, and parsed back with
+prometheus_client's own parsers.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from modbridge import __version__
+from modbridge import exporter as X
+from modbridge.gpu.base import CLOCKS_EVENT_REASONS, GpuSample
+from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
+from protocol import catalog as C
+from protocol.frame import ERROR_KINDS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOW = 1000.0  # the collector's clock in these tests (time.monotonic() stand-in)
+MOD = "e6614103e7"
+UUID = "GPU-9c8a4f1e-3b2d-4e5f-8a7b-1c2d3e4f5a6b"
+
+
+# -- snapshot builders (wire values, as the link stores them) -------------------------
+def module(**kw) -> ModuleStatus:
+    telemetry = {
+        "uptime_s": 273_512,
+        "state": C.STATE_HOSTED,
+        "reason": C.REASON_HOST_OK,
+        "faults": 0,
+        "temp_gpu": 72_300,
+        "temp_vram": 68_150,
+        "temp_mos": 55_020,
+        "temp_amb": 24_480,
+        "fan1_rpm": 2850,
+        "fan2_rpm": 2790,
+        "fan1_duty": 32_768,
+        "fan2_duty": 65_535,
+        "v_in": 11_920,
+        "i_in": 20_500,
+        "p_in": 244_360,
+    }
+    telemetry.update(kw.pop("telemetry", {}))
+    fields = dict(
+        port="/dev/ttyUSB0",
+        module_id=MOD,
+        link_up=True,
+        last_frame_at=NOW - 0.25,
+        connected_at=NOW - 600,
+        fw_version="0.3.1",
+        proto_version="1.0",
+        board="pico",
+        channels=C.CHANNELS,
+        fans=2,
+        telemetry=telemetry,
+        telemetry_at=NOW - 0.25,
+        events_total=Counter({"host_ok": 3, "boot": 1}),
+        frame_errors=Counter({"crc": 2, "noise": 5}),
+        frames_total=12_345,
+        reconnects=1,
+        module_resets=2,
+    )
+    fields.update(kw)
+    return ModuleStatus(**fields)
+
+
+def gpu(**kw) -> GpuSample:
+    fields = dict(
+        uuid=UUID,
+        name="NVIDIA H200",
+        pci_bus_id="00000000:00:06.0",
+        timestamp=NOW - 0.1,
+        temperature_c=71.0,
+        memory_temperature_c=None,  # NotSupported
+        power_w=512.25,
+        enforced_limit_w=600.0,
+        default_limit_w=700.0,
+        min_limit_w=200.0,
+        max_limit_w=700.0,
+        clocks_event_reasons=CLOCKS_EVENT_REASONS["sw_power_cap"]
+        | CLOCKS_EVENT_REASONS["sw_thermal_slowdown"],
+        utilization=0.97,
+        fan_speed_ratio=None,  # data-centre GPU: no fan
+        slowdown_temp_c=90.0,
+        shutdown_temp_c=95.0,
+        max_operating_temp_c=87.0,
+    )
+    fields.update(kw)
+    return GpuSample(**fields)
+
+
+def pair(**kw) -> PairState:
+    fields = dict(
+        module_id=MOD,
+        gpu_uuid=UUID,
+        level=1,
+        reasons=("module_over_temp",),
+        eta_s=42.5,
+        target_limit_w=600.0,
+        original_limit_w=700.0,
+        actions_total=Counter({"lower": 2, "restore": 1}),
+        limit_writes_refused=0,
+    )
+    fields.update(kw)
+    return PairState(**fields)
+
+
+def snapshot(modules=None, gpus=None, pairs=None, taken_at=NOW - 0.5) -> BridgeSnapshot:
+    return BridgeSnapshot(
+        taken_at=taken_at,
+        modules=[module()] if modules is None else modules,
+        gpus=[gpu()] if gpus is None else gpus,
+        pairs=[pair()] if pairs is None else pairs,
+        backend="virtual",
+    )
+
+
+def collector(snap):
+    return X.BridgeCollector(lambda: snap, clock=lambda: NOW)
+
+
+def scrape(snap) -> dict:
+    """Families by name, parsed from the Prometheus text format."""
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    reg.register(collector(snap))
+    text = generate_latest(reg).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def values(families: dict, name: str) -> dict:
+    """{frozenset(labels.items()): value} of one family's samples."""
+    fam = families.get(name)
+    if fam is None:
+        return {}
+    return {frozenset(s.labels.items()): s.value for s in fam.samples}
+
+
+def value(families, name, **labels):
+    return values(families, name)[frozenset(labels.items())]
+
+
+# -- values and units ------------------------------------------------------------------
+def test_module_readings_in_base_units():
+    f = scrape(snapshot())
+    assert value(f, "modbridge_module_temperature_celsius", module=MOD, channel="gpu") == 72.3
+    assert value(f, "modbridge_module_temperature_celsius", module=MOD, channel="amb") == 24.48
+    assert value(f, "modbridge_module_fan_duty_ratio", module=MOD, fan="1") == pytest.approx(
+        32768 / 65535
+    )
+    assert value(f, "modbridge_module_fan_duty_ratio", module=MOD, fan="1") == pytest.approx(
+        0.5000076295, abs=1e-10
+    )
+    assert value(f, "modbridge_module_fan_duty_ratio", module=MOD, fan="2") == 1.0
+    assert value(f, "modbridge_module_fan_speed_rpm", module=MOD, fan="1") == 2850
+    assert value(f, "modbridge_module_input_volts", module=MOD) == 11.92
+    assert value(f, "modbridge_module_input_amperes", module=MOD) == 20.5
+    assert value(f, "modbridge_module_input_watts", module=MOD) == 244.36
+    assert value(f, "modbridge_module_last_frame_age_seconds", module=MOD) == pytest.approx(0.25)
+    assert value(f, "modbridge_module_up", module=MOD, port="/dev/ttyUSB0") == 1
+
+
+def test_every_ratio_is_within_0_and_1():
+    f = scrape(snapshot())
+    ratios = [n for n in f if n.endswith("_ratio")]
+    assert ratios
+    for name in ratios:
+        for v in values(f, name).values():
+            assert 0.0 <= v <= 1.0, (name, v)
+
+
+def test_module_state_and_faults_are_one_hot():
+    faults = C.FAULT_FAN1_STALL | C.FAULT_OVER_TEMP
+    f = scrape(snapshot([module(telemetry={"state": C.STATE_FAILSAFE, "faults": faults})]))
+    state = {dict(k)["state"]: v for k, v in values(f, "modbridge_module_state").items()}
+    assert state == {s: (1.0 if s == "FAILSAFE" else 0.0) for s in C.STATES}
+    fault = {dict(k)["fault"]: v for k, v in values(f, "modbridge_module_fault").items()}
+    assert set(fault) == set(C.FAULT_BITS)
+    assert {k for k, v in fault.items() if v == 1} == {"fan1_stall", "over_temp"}
+
+
+def test_unknown_state_from_a_newer_firmware_is_still_shown():
+    f = scrape(snapshot([module(telemetry={"state": 9})]))
+    state = {dict(k)["state"]: v for k, v in values(f, "modbridge_module_state").items()}
+    assert state["9"] == 1 and sum(state.values()) == 1
+
+
+def test_counters_and_every_frame_error_kind_present_at_zero():
+    f = scrape(snapshot())
+    errors = {dict(k)["kind"]: v for k, v in values(f, "modbridge_module_frame_errors").items()}
+    assert set(errors) == set(ERROR_KINDS)
+    assert errors["crc"] == 2 and errors["noise"] == 5 and errors["oversize"] == 0
+    events = {dict(k)["reason"]: v for k, v in values(f, "modbridge_module_events").items()}
+    assert set(events) == set(C.REASONS) and events["host_ok"] == 3 and events["boot"] == 1
+    # text format: family "modbridge_module_frames" of type counter, samples "..._total"
+    for fam in (
+        "modbridge_module_frames",
+        "modbridge_module_reconnects",
+        "modbridge_module_resets",
+        "modbridge_module_events",
+        "modbridge_module_frame_errors",
+        "modbridge_policy_actions",
+        "modbridge_policy_limit_writes_refused",
+    ):
+        assert f[fam].type == "counter", fam
+        assert {s.name for s in f[fam].samples} == {fam + "_total"}, fam
+    assert value(f, "modbridge_module_frames", module=MOD) == 12_345
+    assert value(f, "modbridge_module_reconnects", module=MOD) == 1
+    assert value(f, "modbridge_module_resets", module=MOD) == 2
+
+
+def test_info_metrics_carry_ids():
+    f = scrape(snapshot())
+    (labels,) = values(f, "modbridge_module_info")
+    assert dict(labels) == {
+        "module": MOD,
+        "port": "/dev/ttyUSB0",
+        "firmware": "0.3.1",
+        "protocol": "1.0",
+        "board": "pico",
+        "gpu": UUID,
+        "gpu_name": "NVIDIA H200",
+    }
+    assert f["modbridge_module_info"].samples[0].value == 1
+    (labels,) = values(f, "modbridge_gpu_info")
+    assert dict(labels) == {"gpu": UUID, "name": "NVIDIA H200", "pci_bus_id": "00000000:00:06.0"}
+    (labels,) = values(f, "modbridge_build_info")
+    assert dict(labels) == {"version": __version__, "backend": "virtual"}
+
+
+def test_gpu_metrics():
+    f = scrape(snapshot())
+    assert value(f, "modbridge_gpu_temperature_celsius", gpu=UUID) == 71.0
+    assert value(f, "modbridge_gpu_power_watts", gpu=UUID) == 512.25
+    assert value(f, "modbridge_gpu_power_limit_watts", gpu=UUID) == 600.0
+    assert value(f, "modbridge_gpu_power_limit_default_watts", gpu=UUID) == 700.0
+    assert value(f, "modbridge_gpu_power_limit_min_watts", gpu=UUID) == 200.0
+    assert value(f, "modbridge_gpu_power_limit_max_watts", gpu=UUID) == 700.0
+    assert value(f, "modbridge_gpu_power_limit_original_watts", gpu=UUID) == 700.0
+    assert value(f, "modbridge_gpu_slowdown_temperature_celsius", gpu=UUID) == 90.0
+    assert value(f, "modbridge_gpu_utilization_ratio", gpu=UUID) == 0.97
+    assert value(f, "modbridge_gpu_up", gpu=UUID) == 1
+    reasons = {
+        dict(k)["reason"]: v for k, v in values(f, "modbridge_gpu_clocks_event_reason").items()
+    }
+    assert set(reasons) == set(CLOCKS_EVENT_REASONS)
+    assert {k for k, v in reasons.items() if v} == {"sw_power_cap", "sw_thermal_slowdown"}
+    states = {dict(k)["state"]: v for k, v in values(f, "modbridge_gpu_state").items()}
+    assert states["ok"] == 1 and sum(states.values()) == 1 and "lost" in states
+
+
+def test_lost_gpu_is_down_with_its_state_and_no_readings():
+    lost = GpuSample(uuid=UUID, name="NVIDIA H200", state="lost", error="GPU is lost")
+    f = scrape(snapshot(gpus=[lost]))
+    assert value(f, "modbridge_gpu_up", gpu=UUID) == 0
+    states = {dict(k)["state"]: v for k, v in values(f, "modbridge_gpu_state").items()}
+    assert states["lost"] == 1 and states["ok"] == 0
+    for name in (
+        "modbridge_gpu_temperature_celsius",
+        "modbridge_gpu_power_watts",
+        "modbridge_gpu_clocks_event_reason",
+        "modbridge_gpu_utilization_ratio",
+    ):
+        assert name not in f, name
+
+
+def test_policy_metrics():
+    f = scrape(snapshot())
+    assert value(f, "modbridge_policy_level", module=MOD, gpu=UUID) == 1
+    levels = {dict(k)["level"]: v for k, v in values(f, "modbridge_policy_state").items()}
+    assert levels == {"NORMAL": 0, "WARN": 1, "CRITICAL": 0}
+    actions = {dict(k)["action"]: v for k, v in values(f, "modbridge_policy_actions").items()}
+    assert actions == {"lower": 2, "restore": 1, "refused": 0, "failed": 0, "dry_run": 0}
+    assert value(f, "modbridge_policy_time_to_threshold_seconds", module=MOD, gpu=UUID) == 42.5
+    assert value(f, "modbridge_policy_target_limit_watts", module=MOD, gpu=UUID) == 600.0
+    assert value(f, "modbridge_policy_limit_writes_refused", module=MOD, gpu=UUID) == 0
+
+
+def test_policy_target_is_the_original_limit_when_not_lowering():
+    f = scrape(snapshot(pairs=[pair(level=0, target_limit_w=None, eta_s=None)]))
+    assert value(f, "modbridge_policy_target_limit_watts", module=MOD, gpu=UUID) == 700.0
+    assert "modbridge_policy_time_to_threshold_seconds" not in f
+
+
+def test_bridge_metrics():
+    f = scrape(snapshot(taken_at=NOW - 2.0))
+    assert f["modbridge_scrape_snapshot_age_seconds"].samples[0].value == 2.0
+
+
+# -- absent, never 0 -------------------------------------------------------------------
+def test_sensor_not_sent_is_absent_never_zero():
+    m = module()
+    del m.telemetry["temp_vram"]
+    f = scrape(snapshot([m]))
+    temps = {dict(k)["channel"] for k in values(f, "modbridge_module_temperature_celsius")}
+    assert temps == {"gpu", "mos", "amb"}
+
+
+def test_sensor_flagged_faulty_is_absent_even_if_a_value_was_sent():
+    f = scrape(snapshot([module(telemetry={"faults": C.FAULT_NTC_MOS, "temp_mos": 0})]))
+    temps = {dict(k)["channel"] for k in values(f, "modbridge_module_temperature_celsius")}
+    assert temps == {"gpu", "vram", "amb"}
+
+
+def test_gpu_not_supported_values_are_absent():
+    f = scrape(snapshot(gpus=[gpu(clocks_event_reasons=None, utilization=None)]))
+    for name in (
+        "modbridge_gpu_memory_temperature_celsius",
+        "modbridge_gpu_fan_speed_ratio",
+        "modbridge_gpu_clocks_event_reason",
+        "modbridge_gpu_utilization_ratio",
+    ):
+        assert name not in f, name
+    assert value(f, "modbridge_gpu_temperature_celsius", gpu=UUID) == 71.0
+
+
+def test_module_before_hello_is_labelled_by_port_and_has_no_readings():
+    m = ModuleStatus(port="/dev/ttyUSB3", link_up=False)
+    f = scrape(snapshot([m], gpus=[], pairs=[]))
+    assert value(f, "modbridge_module_up", module="/dev/ttyUSB3", port="/dev/ttyUSB3") == 0
+    for name in (
+        "modbridge_module_temperature_celsius",
+        "modbridge_module_state",
+        "modbridge_module_fault",
+        "modbridge_module_input_volts",
+        "modbridge_module_last_frame_age_seconds",
+    ):
+        assert name not in f, name
+    errors = values(f, "modbridge_module_frame_errors")
+    assert len(errors) == len(ERROR_KINDS) and not any(errors.values())
+
+
+def test_no_snapshot_yet_exports_build_info_only():
+    reg_families = list(X.BridgeCollector(lambda: None).collect())
+    assert [m.name for m in reg_families] == ["modbridge_build"]
+
+
+def test_duplicate_module_ids_are_exported_once_preferring_the_live_link():
+    old = module(port="/dev/ttyUSB0", link_up=False, last_frame_at=NOW - 60)
+    new = module(port="/dev/ttyUSB1", link_up=True)
+    f = scrape(snapshot([old, new]))
+    assert list(values(f, "modbridge_module_up")) == [
+        frozenset({"module": MOD, "port": "/dev/ttyUSB1"}.items())
+    ]
+
+
+# -- the scrape only reads the snapshot ------------------------------------------------
+@pytest.fixture
+def no_hardware(monkeypatch):
+    """Any serial port open or NVML call fails the test."""
+    import pynvml
+    import serial
+
+    touched = []
+
+    def forbid(name):
+        def boom(*a, **k):
+            touched.append(name)
+            raise AssertionError(f"scrape touched {name}")
+
+        return boom
+
+    monkeypatch.setattr(serial.Serial, "open", forbid("serial.Serial.open"))
+    monkeypatch.setattr(serial.Serial, "read", forbid("serial.Serial.read"))
+    for attr in dir(pynvml):
+        if attr.startswith("nvml") and callable(getattr(pynvml, attr)):
+            monkeypatch.setattr(pynvml, attr, forbid("pynvml." + attr))
+    return touched
+
+
+def test_scrape_calls_the_source_once_and_never_touches_hardware(no_hardware):
+    calls = []
+    snap = snapshot()
+
+    def source():
+        calls.append(threading.current_thread().name)
+        return snap
+
+    with X.serve(source, port=0) as server:
+        assert calls == []  # registering describes without calling the source
+        for _ in range(3):
+            with urllib.request.urlopen(server.url, timeout=5) as r:
+                assert r.status == 200
+    assert len(calls) == 3
+    assert no_hardware == []
+
+
+def test_scrape_is_fast_while_the_bridge_loop_is_stuck():
+    """The bridge thread blocks in a (fake) serial read; scrapes keep answering."""
+    stuck = threading.Event()
+    release = threading.Event()
+    latest = {"snap": snapshot(taken_at=time.monotonic())}
+
+    def bridge_loop():  # one good cycle, then a read that hangs until released
+        latest["snap"] = snapshot(taken_at=time.monotonic())
+        stuck.set()
+        release.wait(10)
+
+    t = threading.Thread(target=bridge_loop, daemon=True)
+    t.start()
+    assert stuck.wait(5)
+    try:
+        with X.serve(lambda: latest["snap"], port=0, process_metrics=False) as server:
+            ages = []
+            for _ in range(2):
+                t0 = time.monotonic()
+                with urllib.request.urlopen(server.url, timeout=5) as r:
+                    body = r.read().decode()
+                assert time.monotonic() - t0 < 1.0
+                f = {m.name: m for m in text_string_to_metric_families(body)}
+                ages.append(f["modbridge_scrape_snapshot_age_seconds"].samples[0].value)
+                time.sleep(0.05)
+            assert ages[1] > ages[0]  # staleness is visible to alerts
+    finally:
+        release.set()
+        t.join(5)
+
+
+# -- HTTP endpoint ---------------------------------------------------------------------
+def _port_is_free(port: int) -> bool:
+    """True if a listener could bind it (SO_REUSEADDR, as http.server does: the
+    scrape's closed connection may linger in TIME_WAIT, which is not a leak)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def test_http_scrape_parses_and_stop_releases_port_and_thread():
+    before = {t.ident for t in threading.enumerate()}
+    server = X.serve(lambda: snapshot(), port=0)
+    assert server.addr == "127.0.0.1" and server.port > 0
+    with urllib.request.urlopen(server.url, timeout=5) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        body = r.read().decode()
+    f = {m.name: m for m in text_string_to_metric_families(body)}
+    assert value(f, "modbridge_module_temperature_celsius", module=MOD, channel="gpu") == 72.3
+    assert "process_resident_memory_bytes" in f and "python_info" in f
+    assert not _port_is_free(server.port)
+
+    server.stop()
+    server.stop()  # idempotent
+    assert _port_is_free(server.port)
+    deadline = time.monotonic() + 5
+    while {t.ident for t in threading.enumerate()} - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert {t.ident for t in threading.enumerate()} - before == set()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+    # a restarted bridge gets the same port back
+    with X.serve(lambda: None, port=server.port, process_metrics=False) as again:
+        assert again.port == server.port
+
+
+def test_openmetrics_scrape_carries_units():
+    with X.serve(lambda: snapshot(), port=0, process_metrics=False) as server:
+        req = urllib.request.Request(
+            server.url, headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert "openmetrics" in r.headers["Content-Type"]
+            body = r.read().decode()
+    f = {m.name: m for m in parse_openmetrics(body)}
+    assert f["modbridge_module_temperature_celsius"].unit == "celsius"
+    assert f["modbridge_module_fan_duty_ratio"].unit == "ratio"
+    assert f["modbridge_module_input_volts"].unit == "volts"
+    assert f["modbridge_policy_time_to_threshold_seconds"].unit == "seconds"
+    assert f["modbridge_module_frames"].type == "counter"
+    assert f["modbridge_module"].type == "info"
+
+
+def test_process_metrics_can_be_left_out():
+    reg = X.make_registry(lambda: snapshot(), process_metrics=False)
+    names = {m.name for m in reg.collect()}
+    assert names and all(n.startswith("modbridge_") for n in names)
+
+
+def test_port_in_use_is_a_clear_error():
+    with X.serve(lambda: None, port=0, process_metrics=False) as server:
+        with pytest.raises(X.ExporterError, match="metrics-port"):
+            X.serve(lambda: None, port=server.port, process_metrics=False)
+
+
+def test_default_endpoint_is_loopback_on_an_unallocated_exporter_port():
+    import inspect
+
+    params = inspect.signature(X.serve).parameters
+    assert params["addr"].default == "127.0.0.1"
+    assert params["port"].default == X.DEFAULT_PORT
+    assert X.DEFAULT_PORT != 9101  # HAProxy exporter's (the seed's choice)
+    assert X.DEFAULT_PORT not in (9100, 9400, 9445, 9454, 9835)  # node, GPU exporters
+    assert 9100 <= X.DEFAULT_PORT <= 9999  # the exporters' range
+
+
+# -- naming lint (promtool/promlint rules, by hand) ------------------------------------
+UNIT_WORDS = set(X.UNITS) | {"bytes"}
+ABBREVIATIONS = set(
+    "s ms us ns sec secs msec usec mins hr hrs b kb mb gb v mv a ma w mw kw c degc mc"
+    " pct percent temp rpms".split()
+)
+PREFIXED = re.compile(r"^(milli|micro|nano|kilo|mega|giga|centi|deci)")
+NON_BASE = {"fahrenheit", "minutes", "hours", "days", "percent", "kelvin", "watthours"}
+TYPE_WORDS = {"counter", "gauge", "histogram", "summary", "untyped"}
+
+
+def full_families():
+    """Every family, each with samples: a snapshot where every optional value is set."""
+    g = gpu(memory_temperature_c=80.0, fan_speed_ratio=0.4)
+    return list(collector(snapshot(gpus=[g])).collect())
+
+
+def lint(family) -> list[str]:
+    problems = []
+    name, typ = family.name, family.type
+    exposed = name + {"counter": "_total", "info": "_info"}.get(typ, "")
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", exposed):
+        problems.append("not snake_case / reserved characters (colons are for recording rules)")
+    if not exposed.startswith("modbridge_"):
+        problems.append("missing the modbridge_ prefix")
+    if not family.documentation.strip():
+        problems.append("no HELP text")
+    if typ == "counter" and exposed.endswith("_total_total"):
+        problems.append("double _total")
+    if typ != "counter" and exposed.endswith("_total"):
+        problems.append("non-counter ends with _total")
+    if typ == "info" and family.samples and any(s.value != 1 for s in family.samples):
+        problems.append("info value must be 1")
+    for reserved in ("_bucket", "_count", "_sum", "_created"):
+        if exposed.endswith(reserved):
+            problems.append(f"reserved suffix {reserved}")
+    words = name.split("_")[1:]
+    for w in words:
+        if w in ABBREVIATIONS:
+            problems.append(f"abbreviated unit or word {w!r}")
+        if w in NON_BASE or PREFIXED.match(w):
+            problems.append(f"non-base unit {w!r}")
+        if w in TYPE_WORDS:
+            problems.append(f"metric type {w!r} in name")
+    units = [w for w in words if w in UNIT_WORDS]
+    if units and words[-1] != units[-1]:
+        problems.append("unit must be the last word")
+    if len(units) > 1:
+        problems.append(f"several units {units}")
+    if typ == "gauge" and units and family.unit != units[-1]:
+        problems.append(f"unit metadata {family.unit!r} != name's {units[-1]!r}")
+    for s in family.samples:
+        for label in s.labels:
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", label) or label in ("le", "quantile"):
+                problems.append(f"bad label {label!r}")
+    return problems
+
+
+def test_lint_catches_bad_names():
+    from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
+    assert lint(GaugeMetricFamily("modbridge_temp_millicelsius", "x"))
+    assert lint(GaugeMetricFamily("modbridge_requests_total", "x"))
+    assert lint(GaugeMetricFamily("modbridge_fan_duty_percent", "x"))
+    assert lint(GaugeMetricFamily("modbridge_uptime_ms", "x"))
+    assert lint(GaugeMetricFamily("modbridge_watts_input", "x"))
+    assert lint(GaugeMetricFamily("other_thing_volts", "x", unit="volts"))
+    assert lint(CounterMetricFamily("modbridge_frames_gauge", "x"))
+    assert not lint(CounterMetricFamily("modbridge_frames", "x"))
+
+
+def test_every_metric_name_follows_prometheus_naming_rules():
+    families = full_families()
+    assert len(families) == len(X.BridgeCollector(lambda: None).describe())
+    problems = {f.name: lint(f) for f in families}
+    assert {k: v for k, v in problems.items() if v} == {}
+
+
+def test_docs_list_exactly_the_exported_metrics():
+    exposed = set()
+    for f in full_families():
+        exposed |= {s.name for s in f.samples}
+    doc = (REPO_ROOT / "docs" / "metrics.md").read_text()
+    table = set(re.findall(r"^\| `(modbridge_[a-z0-9_]+)`", doc, re.M))
+    assert exposed - table == set(), "metrics missing from docs/metrics.md"
+    assert table - exposed == set(), "docs/metrics.md lists metrics that are not exported"
+    assert f"{X.DEFAULT_PORT}" in doc
