@@ -9,7 +9,8 @@ BOARDS = {
     "blackpill_f411": ("boards.blackpill_f411", "armv7emsp"),  # STM32F411, Cortex-M4F
     "nucleo_f411re": ("boards.nucleo_f411re", "armv7emsp"),  # STM32F411, Cortex-M4F
     "pico": ("boards.pico", "armv6m"),  # RP2040, Cortex-M0+
-    # The virtual board for the MicroPython unix port (boards/sim.py, built later).
+    # The virtual board: the MicroPython unix port lockstepped with a simulated world
+    # (boards/sim.py; run by host/modbridge/sim/runner.py, never flashed).
     "sim": ("boards.sim", None),
 }
 

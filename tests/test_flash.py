@@ -99,11 +99,15 @@ def test_unknown_board_lists_valid_ones():
     assert res.exit_code == 1 and "unknown board 'nope'" in res.output
 
 
-def test_board_without_module_yet():
-    if (REPO_ROOT / "boards" / "sim.py").exists():
-        pytest.skip("boards/sim.py exists now")
-    with pytest.raises(flash.FlashError, match="no module yet"):
+def test_sim_board_is_not_flashable():
+    with pytest.raises(flash.FlashError, match="virtual board.*modbridge sim"):
         flash.deploy("sim", "/dev/pts/9", dry_run=True)
+
+
+def test_board_without_module_yet(tmp_path):
+    (tmp_path / "boards").mkdir()
+    with pytest.raises(flash.FlashError, match="no module yet"):
+        flash.firmware_sources("pico", root=tmp_path)
 
 
 def test_missing_port(tmp_path):

@@ -288,6 +288,11 @@ def deploy(
     module's ``FS_DIR`` ("" = the board's current directory).
     """
     modname, _ = board_entry(board)
+    if board == "sim":
+        raise FlashError(
+            "'sim' is the virtual board: it runs in the MicroPython unix port under "
+            "`modbridge sim`; there is nothing to flash"
+        )
     if files is None:
         files = firmware_sources(board)  # fails first, and clearly, on a missing module
     if resume is None:

@@ -36,7 +36,8 @@ class ModuleStatus:
     events_total: Counter = field(default_factory=Counter)  # by reason name
     frame_errors: Counter = field(default_factory=Counter)  # by decoder error kind
     frames_total: int = 0
-    reconnects: int = 0
+    reconnects: int = 0  # times the port was reopened after being lost
+    module_resets: int = 0  # boot banners / unsolicited hellos while connected
     last_error: str | None = None
     recent_events: list = field(default_factory=list)  # last few event dicts
 
@@ -122,6 +123,7 @@ class ModuleStatus:
             "frame_errors": dict(self.frame_errors),
             "events_total": dict(self.events_total),
             "reconnects": self.reconnects,
+            "module_resets": self.module_resets,
             "last_error": self.last_error,
         }
 

@@ -11,6 +11,7 @@ fan, and "0 % fan" would be a lie that alerts fire on.
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
 
 from ..errors import ModbridgeError
@@ -52,9 +53,18 @@ class GpuDriverNotLoaded(GpuError):
 
 
 class PowerLimitRefused(GpuError):
-    """The driver refused a power-limit write (or read back something else)."""
+    """The driver refused a power-limit write (or read back something else).
+
+    ``requested_w`` is what was asked; ``enforced_w`` the limit read back afterwards
+    (None when it could not be read).
+    """
 
     state = "limit_refused"
+
+    def __init__(self, message, requested_w=None, enforced_w=None):
+        super().__init__(message)
+        self.requested_w = requested_w
+        self.enforced_w = enforced_w
 
 
 @dataclass(frozen=True)
@@ -113,5 +123,29 @@ class GpuBackend(abc.ABC):
         root. Callers clamp to the constraints first.
         """
 
+    def sample_all(self) -> list[GpuSample]:
+        """Read every GPU. A GPU that cannot be read comes back as a sample with
+        ``state``/``error`` set instead of raising, so one lost GPU never hides the rest.
+        Backends with a cheaper batch read (nvidia-smi) override this."""
+        samples = []
+        for info in self.devices():
+            try:
+                samples.append(self.sample(info.uuid))
+            except GpuError as e:
+                samples.append(error_sample(info, e))
+        return samples
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the library / processes."""
+
+
+def error_sample(info: GpuInfo, err: GpuError) -> GpuSample:
+    """The sample of a GPU that could not be read: ids, ``state`` and ``error`` only."""
+    return GpuSample(
+        uuid=info.uuid,
+        name=info.name,
+        pci_bus_id=info.pci_bus_id,
+        timestamp=time.monotonic(),
+        state=err.state,
+        error=str(err),
+    )

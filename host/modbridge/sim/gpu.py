@@ -1,0 +1,246 @@
+"""A virtual GPU with the interface the bridge's NVML backend has, backed by the world.
+
+``VirtualGPU`` answers the way an NVIDIA H200 answers NVML (see
+``tests/fixtures/nvidia-h200``): temperatures in whole degC, power in W with mW
+resolution averaged over ~1 s, a power limit the GPU really enforces, clocks-event
+reasons as NVML's bitmask, and ``None`` (NotSupported) for the fan speed. The world
+(``world.World``) owns the thermal state and calls ``_advance`` every physics sub-step;
+the GPU decides how much power it draws:
+
+    demand  = the load profile's demanded board power (W)
+    cap     = enforced power limit, minus slowdown_w_per_k * (die - slowdown_c) above
+              slowdown_c (software thermal slowdown), times hw_slowdown_power_fraction
+              above hw_slowdown_c (hardware slowdown, 2 degC hysteresis)
+    power   = max(idle_w, min(demand, cap))   (0 W after a thermal shutdown)
+
+A lost GPU (``World.gpu_lost()`` or the die reaching ``shutdown_c``) raises
+``GpuLost`` from every query until the fault is cleared.
+"""
+
+from __future__ import annotations
+
+# NVML clocks-event reason bits (nvml_h200.json "clocks_event_reason_constants").
+CLOCKS_EVENT_NONE = 0x0
+CLOCKS_EVENT_GPU_IDLE = 0x1
+CLOCKS_EVENT_APPLICATIONS_CLOCKS_SETTING = 0x2
+CLOCKS_EVENT_SW_POWER_CAP = 0x4
+CLOCKS_EVENT_HW_SLOWDOWN = 0x8
+CLOCKS_EVENT_SYNC_BOOST = 0x10
+CLOCKS_EVENT_SW_THERMAL_SLOWDOWN = 0x20
+CLOCKS_EVENT_HW_THERMAL_SLOWDOWN = 0x40
+CLOCKS_EVENT_HW_POWER_BRAKE_SLOWDOWN = 0x80
+CLOCKS_EVENT_DISPLAY_CLOCK_SETTING = 0x100
+
+_HW_HYSTERESIS_C = 2.0
+
+
+class VirtualGpuError(Exception):
+    """Base of the virtual GPU's errors (the bridge maps them like NVML's)."""
+
+
+class GpuLost(VirtualGpuError):
+    """NVML's GpuIsLost: the GPU fell off the bus or shut down."""
+
+    def __init__(self, why="the GPU is lost (fell off the bus)"):
+        super().__init__(
+            f"GPU lost: {why}; NVML returns GPU_IS_LOST until the GPU is reset "
+            "(a real one needs a node reboot or a PCIe reset)"
+        )
+
+
+class GpuInvalidArgument(VirtualGpuError, ValueError):
+    """NVML's InvalidArgument: e.g. a power limit outside the constraints."""
+
+
+class VirtualGPU:
+    """One GPU of the simulated world. ``gp`` is the world file's ``[gpu]`` section."""
+
+    def __init__(self, gp, profile):
+        self._gp = gp
+        self.profile = profile
+        self.name = gp["name"]
+        self.uuid = gp["uuid"]
+        self.pci_bus_id = gp["pci_bus_id"]
+        self._idle_w = gp["idle_w"]
+        self._limit_w = gp["default_limit_w"]
+        self._lost = False
+        self._lost_why = ""
+        self._shutdown = False
+        self._hw_active = False
+        self._die_c = 0.0
+        self._vram_c = 0.0
+        self.demand_w = 0.0
+        self.draw_w = self._idle_w  # instantaneous board power (the heat source)
+        self._reasons = CLOCKS_EVENT_GPU_IDLE
+        self._energy_uj = 0
+        self._ring = []  # per-substep board power in mW, for the ~1 s NVML average
+        self._ring_i = 0
+        self._ring_sum = 0
+
+    # ------------------------------------------------------------------ world side
+
+    def _setup(self, substep_ms):
+        n = max(1, round(self._gp["power_average_s"] * 1000 / substep_ms))
+        self._substep_ms = substep_ms
+        self._ring = [0] * n
+        self._fill(self.draw_w)
+
+    def _fill(self, watts):
+        mw = round(watts * 1000)
+        self._ring = [mw] * len(self._ring)
+        self._ring_sum = mw * len(self._ring)
+
+    def _advance(self, t_ms, die_c, vram_c):
+        """Board power in W for the sub-step starting at ``t_ms``; updates the readings."""
+        gp = self._gp
+        self._die_c = die_c
+        self._vram_c = vram_c
+        if die_c >= gp["shutdown_c"] and not self._shutdown:
+            self._shutdown = True
+            self._lost = True
+            self._lost_why = f"thermal shutdown at {die_c:.1f} degC (>= {gp['shutdown_c']:g})"
+        demand = self.profile.demand_w(t_ms)
+        self.demand_w = demand
+        reasons = 0
+        if self._shutdown:
+            power = 0.0
+        elif self._lost:
+            power = self._idle_w  # the workload died with the driver; the board idles
+        else:
+            cap = self._limit_w
+            if demand > cap:
+                reasons |= CLOCKS_EVENT_SW_POWER_CAP
+            if die_c > gp["slowdown_c"]:
+                cap -= gp["slowdown_w_per_k"] * (die_c - gp["slowdown_c"])
+                if demand > cap:
+                    reasons |= CLOCKS_EVENT_SW_THERMAL_SLOWDOWN
+            if die_c >= gp["hw_slowdown_c"]:
+                self._hw_active = True
+            elif die_c < gp["hw_slowdown_c"] - _HW_HYSTERESIS_C:
+                self._hw_active = False
+            if self._hw_active:
+                cap *= gp["hw_slowdown_power_fraction"]
+                reasons |= CLOCKS_EVENT_HW_SLOWDOWN | CLOCKS_EVENT_HW_THERMAL_SLOWDOWN
+            power = demand if demand < cap else cap
+            if power <= self._idle_w:
+                power = self._idle_w
+                if demand <= self._idle_w:
+                    reasons |= CLOCKS_EVENT_GPU_IDLE
+        self._reasons = reasons
+        self.draw_w = power
+        mw = round(power * 1000)
+        i = self._ring_i
+        self._ring_sum += mw - self._ring[i]
+        self._ring[i] = mw
+        self._ring_i = i + 1 if i + 1 < len(self._ring) else 0
+        self._energy_uj += mw * self._substep_ms
+        return power
+
+    def _draw_w(self, demand, die_c):
+        """Power drawn for ``demand`` at ``die_c`` without the hardware slowdown's
+        hysteresis (for steady states)."""
+        gp = self._gp
+        cap = self._limit_w
+        if die_c > gp["slowdown_c"]:
+            cap -= gp["slowdown_w_per_k"] * (die_c - gp["slowdown_c"])
+        if die_c >= gp["hw_slowdown_c"]:
+            cap *= gp["hw_slowdown_power_fraction"]
+        return max(self._idle_w, min(demand, cap))
+
+    def _set_lost(self, on, why="the GPU fell off the bus (injected fault)"):
+        self._lost = bool(on)
+        self._lost_why = why if on else ""
+        if not on:
+            self._shutdown = False
+
+    def _check(self):
+        if self._lost:
+            raise GpuLost(self._lost_why)
+
+    # ------------------------------------------------------------------ NVML-like API
+
+    def temperature_c(self):
+        """GPU (die) temperature in whole degC, like nvmlDeviceGetTemperature."""
+        self._check()
+        return int(round(self._die_c))
+
+    def memory_temperature_c(self):
+        """Memory (HBM/GDDR) temperature in whole degC; None where NotSupported."""
+        self._check()
+        if not self._gp["memory_temperature_supported"]:
+            return None
+        return int(round(self._vram_c))
+
+    def power_w(self):
+        """Board power in W (mW resolution), averaged over ``power_average_s``."""
+        self._check()
+        return round(self._ring_sum / len(self._ring)) / 1000.0
+
+    def total_energy_j(self):
+        """Energy since the world started, in J (nvmlDeviceGetTotalEnergyConsumption)."""
+        self._check()
+        return self._energy_uj / 1e6
+
+    def power_limit_w(self):
+        """The enforced power limit in W."""
+        self._check()
+        return self._limit_w
+
+    def default_power_limit_w(self):
+        self._check()
+        return self._gp["default_limit_w"]
+
+    def power_limit_constraints_w(self):
+        """``(min_w, max_w)`` a limit may take, like GetPowerManagementLimitConstraints."""
+        self._check()
+        return (self._gp["min_limit_w"], self._gp["max_limit_w"])
+
+    def set_power_limit_w(self, watts):
+        """Set the power limit (rounded to mW). Outside the constraints: GpuInvalidArgument.
+
+        Like nvmlDeviceSetPowerManagementLimit, nothing is clamped here; the bridge
+        clamps to ``power_limit_constraints_w()`` before it writes.
+        """
+        self._check()
+        if isinstance(watts, bool) or not isinstance(watts, (int, float)):
+            raise GpuInvalidArgument(f"power limit must be a number of W, got {watts!r}")
+        lo, hi = self._gp["min_limit_w"], self._gp["max_limit_w"]
+        mw = round(watts * 1000)
+        if not round(lo * 1000) <= mw <= round(hi * 1000):
+            raise GpuInvalidArgument(
+                f"power limit {watts:g} W is outside the constraints {lo:g}..{hi:g} W "
+                "(NVML: Invalid Argument)"
+            )
+        self._limit_w = mw / 1000.0
+
+    def clocks_event_reasons(self):
+        """NVML clocks-event reasons bitmask (CLOCKS_EVENT_* constants)."""
+        self._check()
+        return self._reasons
+
+    def utilization(self):
+        """GPU utilization 0..1: 1.0 while a workload runs (demand above idle), else 0."""
+        self._check()
+        return 1.0 if self.demand_w > self._idle_w else 0.0
+
+    def fan_speed_pct(self):
+        """None: NotSupported, like the fanless H200."""
+        self._check()
+        return None
+
+    @property
+    def lost(self):
+        return self._lost
+
+    def state(self):
+        """Plain dict of the GPU's state for snapshots (never raises)."""
+        return {
+            "gpu_demand_w": self.demand_w,
+            "gpu_draw_w": self.draw_w,
+            "gpu_power_reading_w": round(self._ring_sum / len(self._ring)) / 1000.0,
+            "gpu_limit_w": self._limit_w,
+            "gpu_reasons": self._reasons,
+            "gpu_lost": self._lost,
+            "gpu_shutdown": self._shutdown,
+            "gpu_energy_j": self._energy_uj / 1e6,
+        }

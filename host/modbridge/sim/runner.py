@@ -1,0 +1,706 @@
+"""The virtual module: the real firmware in ``micropython``, lockstepped with a world.
+
+``VirtualModule(world, state_dir)`` spawns the MicroPython unix port running
+``from device.main import run; run("sim")`` (the firmware's own sources, unmodified,
+with ``boards/sim.py`` as the board) and drives it over the private link of
+``link.py``: every ``sleep_ms`` of the firmware is one exchange, in which the runner
+steps the world by exactly that long. The world is the clock, so a run depends only
+on the world's seed and on the host bytes delivered at each exchange.
+
+The protocol port is a pty: the slave path (``port``, and the stable symlink
+``port_symlink`` that follows replugs, like udev's for a CH340) is what a host opens
+with pyserial; the runner holds the master. Faults it owns::
+
+    host_silence(on)    bytes the host writes are dropped while on
+    mcu_reset(cause)    kill + restart micropython ("power" by default); config persists
+    unplug() / replug() close the pty master (the host's pyserial raises
+                        SerialException; the path disappears) / a new pty, symlink moved
+    starve_watchdog()   the board drops watchdog feeds (a hung control loop): the
+                        runner resets the MCU with cause "watchdog" after the timeout
+    world_fault(name, *args)   any fault of the world (``fan_stall``, ``ntc_open``, ...),
+                        applied between two exchanges
+
+Two ways to drive it: ``run_for(sim_ms)`` in the caller's thread (deterministic: host
+bytes are delivered at the exchange boundaries the caller chooses, e.g. with
+``host_write``), or ``start()`` / ``stop()`` with a thread paced at ``speed`` x real
+time (``speed=0`` or ``"max"``: as fast as it goes). ``stop()`` (also at exit) kills
+the process and closes the pty.
+
+What the MCU does that the runner mirrors: at power-up and at every reset the PWM
+pins float, so the fans run at 100 % for ``boot_ms`` of world time before the new
+process answers; a firmware that stops exchanging (crash, ``repl``) leaves the last
+duties on the fans while the world goes on, and a started watchdog that is no longer
+fed resets it. A process that does not answer within ``hang_timeout_s`` of wall time
+(an endless loop that never sleeps) is killed and treated the same way.
+
+An internal tap decodes everything the firmware sends (``last_telemetry``,
+``telemetry_count``, ``events``, ``hellos``, ``banners``, ``messages``), so tests and
+the CLI can follow the firmware's state without a host on the pty.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import pty
+import select
+import subprocess
+import threading
+import time
+import tty
+from pathlib import Path
+
+from protocol import catalog as C
+from protocol.frame import StreamDecoder
+
+from .. import mpy
+from . import link as L
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP = "from device.main import run; run('sim')"
+BANNER_PREFIX = b"MODULER READY v"
+TICKS_MASK = (1 << 30) - 1
+UID_LEN = 12  # bytes, like an STM32's 96-bit unique id
+
+
+def unique_id(seed: int, instance: int) -> bytes:
+    """The virtual MCU's unique id: stable for (seed, instance), different across them."""
+    return hashlib.sha256(f"modbridge-sim/{seed}/{instance}".encode()).digest()[:UID_LEN]
+
+
+def _ina_absent(world) -> bool:
+    """The world's INA226-absent fault: ``ina_present`` (property) or ``ina_absent`` (bool)."""
+    present = getattr(world, "ina_present", None)
+    if isinstance(present, bool):
+        return not present
+    absent = getattr(world, "ina_absent", False)
+    return absent if isinstance(absent, bool) else False
+
+
+class SimError(RuntimeError):
+    """The virtual module could not do what was asked (the message says why)."""
+
+
+class VirtualModule:
+    """One virtual GPU module: firmware process + world + pty. See the module docstring."""
+
+    def __init__(
+        self,
+        world,
+        state_dir,
+        speed=1.0,
+        seed=0,
+        link_path=None,
+        port_symlink=None,
+        *,
+        instance=0,
+        poll_ms=100,
+        adc_samples=8,
+        boot_ms=200,
+        ticks_start=0,
+        heapsize="1M",
+        code_root=None,
+        hang_timeout_s=10.0,
+        record_tx=False,
+    ):
+        self.world = world
+        self.state_dir = Path(state_dir)
+        self.fs_dir = self.state_dir / "flash"
+        self.fs_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.state_dir / "mcu.log"
+        self.speed = 0.0 if speed in (0, "max", None) else float(speed)
+        self.seed = seed
+        self.instance = instance
+        self.uid = unique_id(seed, instance)
+        self.link_path = Path(link_path) if link_path else None
+        self.port_symlink = Path(port_symlink) if port_symlink else None
+        self.poll_ms = int(poll_ms)
+        if not 1 <= adc_samples <= L.MAX_ADC:
+            raise ValueError(f"adc_samples must be 1..{L.MAX_ADC}")
+        self.adc_samples = adc_samples
+        self.boot_ms = int(boot_ms)
+        self.ticks_start = int(ticks_start) & TICKS_MASK
+        self.heapsize = heapsize
+        self.code_root = Path(code_root) if code_root else mpy.CODE_ROOT
+        self.hang_timeout_s = hang_timeout_s
+
+        self.lock = threading.RLock()
+        self._proc: subprocess.Popen | None = None
+        self._out_fd = -1
+        self._in_fd = -1
+        self._log_file = None
+        self._link_file = open(self.link_path, "ab") if self.link_path else None  # noqa: SIM115
+        self._master = -1
+        self._slave = -1
+        self.port: str | None = None
+        self.mcu_state = "off"  # off | running | halted
+        self.halt_reason = ""
+        self._boot_world_ms = 0
+        self._reset_at = 0
+        self._duty = (65535, 65535)
+        self._wdt_ms = 0
+        self._last_feed_ms = 0
+        self._silence = False
+        self._starve = False
+        self._inject: collections.deque[bytes] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._stop_evt = threading.Event()
+        self._closed = False
+        self._pace_wall = 0.0
+        self._pace_sim = 0
+
+        # observability
+        self.exchanges = 0
+        self.bytes_to_host = 0
+        self.bytes_from_host = 0
+        self.host_bytes_dropped = 0
+        self.tx_dropped = 0
+        self.boots = 0
+        self.resets: list[str] = []  # reset causes after the first power-up
+        self.reset_times: list[int] = []  # world ms of each of those resets
+        self.last_crash = ""
+        self.decoder = StreamDecoder(accept=C.D2H)
+        self.last_telemetry: dict | None = None
+        self.telemetry_count = 0
+        self.events: list[dict] = []
+        self.hellos: list[dict] = []
+        self.banners = 0
+        self.messages: collections.deque = collections.deque(maxlen=512)
+        self.tx_log = bytearray() if record_tx else None
+        self._banner_tail = b""
+
+        self._open_pty()
+        atexit.register(self.stop)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def sim_time_ms(self) -> int:
+        return self.world.now_ms
+
+    @property
+    def plugged(self) -> bool:
+        return self._master >= 0
+
+    def stats(self) -> dict:
+        return {
+            "sim_time_ms": self.world.now_ms,
+            "mcu_state": self.mcu_state,
+            "exchanges": self.exchanges,
+            "bytes_to_host": self.bytes_to_host,
+            "bytes_from_host": self.bytes_from_host,
+            "host_bytes_dropped": self.host_bytes_dropped,
+            "tx_dropped": self.tx_dropped,
+            "boots": self.boots,
+            "resets": list(self.resets),
+            "telemetry": self.telemetry_count,
+            "port": self.port,
+        }
+
+    def power_on(self) -> None:
+        """Start the firmware if it is not running (first power-up: cause "power")."""
+        with self.lock:
+            self._check_open()
+            if self.mcu_state == "off":
+                self._boot("power")
+
+    def run_for(self, sim_ms: int) -> None:
+        """Run ``sim_ms`` of world time in this thread (powers on first if needed)."""
+        if self._thread is not None:
+            raise SimError("run_for() while the runner thread is running: stop() it first")
+        self.power_on()
+        end = self.world.now_ms + int(sim_ms)
+        self._pace_reset()
+        while self.world.now_ms < end:
+            with self.lock:
+                self._exchange(end)
+            self._pace()
+
+    def start(self) -> None:
+        """Power on and run in a background thread until ``stop()``."""
+        if self._thread is not None:
+            return
+        self.power_on()
+        self._stop_evt.clear()
+        self._pace_reset()
+        self._thread = threading.Thread(target=self._loop, name="virtual-module", daemon=True)
+        self._thread.start()
+
+    def pause(self) -> None:
+        """Stop the runner thread, keeping the process and the pty (``run_for`` works)."""
+        t = self._thread
+        if t is None:
+            return
+        self._stop_evt.set()
+        t.join(timeout=self.hang_timeout_s + 5)
+        self._thread = None
+
+    def stop(self) -> None:
+        """Stop everything: thread, process (killed), pty, symlink. Idempotent."""
+        if self._closed:
+            return
+        self.pause()
+        with self.lock:
+            self._closed = True
+            self._kill()
+            self.mcu_state = "off"
+            self._close_pty()
+            if self._link_file is not None:
+                self._link_file.close()
+                self._link_file = None
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.stop)
+
+    close = stop
+
+    def __enter__(self) -> VirtualModule:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- faults ------------------------------------------------------------------
+
+    def host_silence(self, on: bool = True) -> None:
+        """While on, bytes from the host never reach the firmware (they are dropped)."""
+        with self.lock:
+            self._silence = bool(on)
+
+    def starve_watchdog(self, on: bool = True) -> None:
+        """The board stops counting watchdog feeds (until the next MCU reset)."""
+        with self.lock:
+            self._starve = bool(on)
+
+    def mcu_reset(self, cause: str = "power") -> None:
+        """Kill and restart the firmware process; ``cause`` is what reset_cause() says."""
+        if cause not in L.RESET_CAUSES:
+            raise ValueError(f"cause must be one of {', '.join(L.RESET_CAUSES)}")
+        with self.lock:
+            self._check_open()
+            self._boot(cause)
+
+    def unplug(self) -> None:
+        """Close the pty master: the host sees a disconnect; the slave path disappears."""
+        with self.lock:
+            self._close_pty()
+
+    def replug(self) -> None:
+        """A new pty (a new path); the symlink now points at it."""
+        with self.lock:
+            self._check_open()
+            if self.plugged:
+                self._close_pty()
+            self._open_pty()
+
+    def world_fault(self, name: str, *args, **kwargs):
+        """Call ``world.<name>(*args, **kwargs)`` between two exchanges; its result."""
+        with self.lock:
+            return getattr(self.world, name)(*args, **kwargs)
+
+    def host_write(self, data: bytes) -> None:
+        """Bytes from the host, delivered at the next exchange (ahead of pty input).
+
+        The deterministic way in: a write to the pty reaches the master after a
+        kernel-dependent delay, this does not. Host silence drops them too.
+        """
+        with self.lock:
+            if data:
+                self._inject.append(bytes(data))
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop_evt.is_set():
+                with self.lock:
+                    self._exchange(None)
+                self._pace()
+        except Exception:  # noqa: BLE001 - the thread must not die silently
+            log.exception("virtual module runner stopped")
+            raise
+
+    def _pace_reset(self) -> None:
+        self._pace_wall = time.monotonic()
+        self._pace_sim = self.world.now_ms
+
+    def _pace(self) -> None:
+        if self.speed <= 0:
+            return
+        due = self._pace_wall + (self.world.now_ms - self._pace_sim) / 1000.0 / self.speed
+        delay = due - time.monotonic()
+        if delay < -1.0:  # far behind (slow host): do not race to catch up
+            self._pace_reset()
+        elif delay > 0:
+            self._stop_evt.wait(min(delay, 0.5))
+
+    def _exchange(self, end_ms: int | None) -> None:
+        """One request/reply with the firmware, or one idle step when it is not running.
+
+        ``end_ms`` (run_for's end) bounds an idle step; a firmware sleep is never cut.
+        """
+        if self._closed:
+            raise SimError("the virtual module is stopped")
+        if self.mcu_state != "running":
+            self._idle_step(end_ms)
+            return
+        req = self._read_request()
+        if req is None:
+            return  # halted: the next call idles
+        self.exchanges += 1
+        if req.tx:
+            self._relay_tx(req.tx)
+        self._duty = req.duty
+        kind = req.kind
+        if kind == L.REQ_TX:
+            return
+        if kind == L.REQ_RESET:
+            self._boot("soft")
+            return
+        if kind == L.REQ_REPL:
+            self._halt("repl")
+            return
+        if kind != L.REQ_SLEEP:
+            self._crash(f"unexpected {L.REQ_KINDS[kind]} request")
+            return
+        now = self.world.now_ms
+        if req.wdt_timeout_ms and not self._wdt_ms:
+            self._last_feed_ms = now  # machine.WDT counts from its creation
+        self._wdt_ms = req.wdt_timeout_ms
+        if req.wdt_feeds:
+            self._last_feed_ms = now
+        dt = req.sleep_ms
+        if self._wdt_ms:
+            deadline = self._last_feed_ms + self._wdt_ms
+            if now + dt >= deadline:
+                self._step_world(max(0, deadline - now))
+                self._boot("watchdog")
+                return
+        self._step_world(dt)
+        self._reply(self._make_step())
+
+    def _idle_step(self, end_ms: int | None) -> None:
+        """World time passes with the MCU not exchanging (off, at the REPL, crashed)."""
+        now = self.world.now_ms
+        dt = self.poll_ms
+        if end_ms is not None:
+            dt = max(1, min(dt, end_ms - now))
+        if self.mcu_state == "halted" and self._wdt_ms:
+            deadline = self._last_feed_ms + self._wdt_ms
+            if now + dt >= deadline:
+                self._step_world(max(0, deadline - now))
+                self._boot("watchdog")
+                return
+        if self.mcu_state == "off":
+            self._duty = (0, 0)  # unpowered module
+        self._step_world(dt)
+        self.world.tach_pulses()  # nobody counts them
+        self._drain_host()
+
+    def _step_world(self, dt: int) -> None:
+        w = self.world
+        w.set_duties(int(self._duty[0]), int(self._duty[1]))
+        if dt:
+            w.step(int(dt))
+
+    def _ticks(self) -> int:
+        return (self.world.now_ms - self._boot_world_ms + self.ticks_start) & TICKS_MASK
+
+    def _make_step(self, pulses=None) -> L.Step:
+        w = self.world
+        flags = 0
+        if self._starve:
+            flags |= L.FLAG_STARVE_WDT
+        bus_mv = current_ma = 0
+        if _ina_absent(w):
+            flags |= L.FLAG_INA_ABSENT
+        else:
+            bus_mv, current_ma = w.ina226_inputs()
+        if pulses is None:
+            pulses = w.tach_pulses()
+        adc = [[min(65535, max(0, int(c))) for c in ch] for ch in w.adc_codes(self.adc_samples)]
+        return L.Step(
+            self._ticks(),
+            flags,
+            int(bus_mv),
+            int(current_ma),
+            (min(0xFFFF, int(pulses[0])), min(0xFFFF, int(pulses[1]))),
+            adc,
+            self._gather_host(),
+        )
+
+    # ------------------------------------------------------------------ process
+
+    def _boot(self, cause: str) -> None:
+        """(Re)start the firmware: fans at 100 % for boot_ms, a new process, boot reply."""
+        first = self.mcu_state == "off" and self.boots == 0
+        self._reset_at = self.world.now_ms
+        self._kill()
+        self._wdt_ms = 0
+        self._starve = False
+        self._duty = (65535, 65535)  # PWM pins float during reset: fans flat out
+        self._step_world(self.boot_ms)
+        self.world.tach_pulses()
+        self._drain_host()
+        self.decoder.reset()
+        self._spawn()
+        req = self._read_request(timeout_s=max(self.hang_timeout_s, 30.0))
+        if req is None:
+            return
+        if req.kind != L.REQ_BOOT:
+            self._crash(f"first request is {L.REQ_KINDS[req.kind]}, not boot")
+            return
+        self._boot_world_ms = self.world.now_ms
+        self.boots += 1
+        if not first:
+            self.resets.append(cause)
+            self.reset_times.append(self._reset_at)
+        boot = L.Boot(cause, self.poll_ms, self.uid, str(self.fs_dir))
+        self._reply(self._make_step(pulses=(0, 0)), boot)
+        log.info("virtual MCU up (%s) at t=%d ms", cause, self.world.now_ms)
+
+    def _spawn(self) -> None:
+        if self._log_file is None:
+            self._log_file = open(self.log_path, "ab")  # noqa: SIM115
+        env = dict(os.environ)
+        env["MICROPYPATH"] = os.pathsep.join([str(self.code_root), ".frozen"])
+        argv = [mpy.micropython_path(), "-X", f"heapsize={self.heapsize}", "-c", BOOTSTRAP]
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log_file,
+            cwd=self.state_dir,
+            env=env,
+            bufsize=0,
+            start_new_session=True,
+        )
+        self._out_fd = self._proc.stdout.fileno()
+        self._in_fd = self._proc.stdin.fileno()
+        self.mcu_state = "running"
+        self.halt_reason = ""
+
+    def _kill(self) -> None:
+        p = self._proc
+        if p is None:
+            return
+        self._proc = None
+        self._out_fd = self._in_fd = -1
+        if p.poll() is None:
+            p.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
+        for f in (p.stdin, p.stdout):
+            with contextlib.suppress(OSError):
+                f.close()
+
+    def _halt(self, reason: str) -> None:
+        """The firmware stopped exchanging; the MCU keeps its last outputs."""
+        p = self._proc
+        if reason == "repl" and p is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=2)
+        self._kill()
+        self.mcu_state = "halted"
+        self.halt_reason = reason
+        log.info("virtual MCU halted (%s) at t=%d ms", reason, self.world.now_ms)
+
+    def _crash(self, why: str, garbage: bytes = b"") -> None:
+        rest = garbage + self._read_rest()
+        text = rest.decode("utf-8", "replace")
+        self.last_crash = f"{why}\n{text}".strip()
+        if self._log_file is not None:
+            self._log_file.write(f"--- t={self.world.now_ms} ms: {why}\n".encode() + rest)
+            self._log_file.flush()
+        log.warning("virtual MCU: %s %s", why, text.strip()[-500:])
+        self._halt("crash")
+
+    def _read_rest(self, timeout_s: float = 1.0) -> bytes:
+        out = b""
+        fd = self._out_fd
+        end = time.monotonic() + timeout_s
+        while fd >= 0 and len(out) < 65536:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+    def _read_exact(self, n: int, timeout_s: float) -> bytes | None:
+        buf = b""
+        end = time.monotonic() + timeout_s
+        while len(buf) < n:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            r, _, _ = select.select([self._out_fd], [], [], left)
+            if not r:
+                continue
+            chunk = os.read(self._out_fd, n - len(buf))
+            if not chunk:
+                return None if not buf else buf
+            buf += chunk
+        return buf
+
+    def _read_request(self, timeout_s: float | None = None) -> L.Request | None:
+        """The next request, or None after handling a crash, a hang or an exit."""
+        t = self.hang_timeout_s if timeout_s is None else timeout_s
+        try:
+            hdr = self._read_exact(L.HEADER_SIZE, t)
+            if hdr is None or len(hdr) < L.HEADER_SIZE:
+                self._crash("the firmware process exited", hdr or b"")
+                return None
+            try:
+                kind, n = L.decode_header(hdr, L.MAGIC_REQ)
+            except L.LinkError as e:
+                self._crash(f"not a link message ({e}): the firmware printed", hdr)
+                return None
+            body = self._read_exact(n, t)
+            if body is None or len(body) < n:
+                self._crash("the firmware process exited mid-message", hdr + (body or b""))
+                return None
+        except TimeoutError:
+            self._crash(f"no request for {t:g} s of wall time: the firmware hangs")
+            return None
+        if self._link_file is not None:
+            self._link_file.write(hdr + body)
+        try:
+            return L.decode_request_body(kind, body)
+        except L.LinkError as e:
+            self._crash(f"bad request: {e}", hdr + body)
+            return None
+
+    def _reply(self, step: L.Step, boot: L.Boot | None = None) -> None:
+        data = L.encode_reply(step, boot)
+        if self._link_file is not None:
+            self._link_file.write(data)
+        try:
+            os.write(self._in_fd, data)  # < 64 KB: one pipe write, never partial
+        except (BrokenPipeError, OSError):
+            self._crash("the firmware process closed its stdin")
+
+    # ------------------------------------------------------------------ the pty
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SimError("the virtual module is stopped")
+
+    def _open_pty(self) -> None:
+        master, slave = pty.openpty()
+        tty.setraw(slave)  # no echo, no line discipline until (and unless) a host changes it
+        os.set_blocking(master, False)
+        self._master, self._slave = master, slave
+        self.port = os.ttyname(slave)
+        if self.port_symlink is not None:
+            tmp = self.port_symlink.with_name(self.port_symlink.name + ".new")
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            os.symlink(self.port, tmp)
+            os.replace(tmp, self.port_symlink)
+
+    def _close_pty(self) -> None:
+        for fd in (self._master, self._slave):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._master = self._slave = -1
+        self.port = None
+        if self.port_symlink is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.port_symlink.unlink()
+
+    def _read_master(self, n: int) -> bytes:
+        if self._master < 0 or n <= 0:
+            return b""
+        try:
+            return os.read(self._master, n)
+        except (BlockingIOError, InterruptedError):
+            return b""
+        except OSError as e:
+            if e.errno in (errno.EIO, errno.EAGAIN):
+                return b""
+            raise
+
+    def _gather_host(self) -> bytes:
+        """Host bytes for this reply (injected first, then the pty), at most MAX_RX."""
+        if self._silence:
+            self._drain_host()
+            return b""
+        out = b""
+        while self._inject and len(out) < L.MAX_RX:
+            chunk = self._inject.popleft()
+            room = L.MAX_RX - len(out)
+            if len(chunk) > room:
+                self._inject.appendleft(chunk[room:])
+                chunk = chunk[:room]
+            out += chunk
+        out += self._read_master(L.MAX_RX - len(out))
+        self.bytes_from_host += len(out)
+        return out
+
+    def _drain_host(self) -> None:
+        """Drop what the host sent (silence, or nobody listening on the MCU side)."""
+        n = sum(len(c) for c in self._inject)
+        self._inject.clear()
+        while True:
+            chunk = self._read_master(4096)
+            if not chunk:
+                break
+            n += len(chunk)
+        self.host_bytes_dropped += n
+
+    def _relay_tx(self, data: bytes) -> None:
+        self._tap(data)
+        if self._master < 0:
+            self.tx_dropped += len(data)
+            return
+        try:
+            n = os.write(self._master, data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            n = 0
+        self.bytes_to_host += n
+        self.tx_dropped += len(data) - n  # nobody reads the port: a full buffer drops
+
+    # ------------------------------------------------------------------ the tap
+
+    def _tap(self, data: bytes) -> None:
+        if self.tx_log is not None:
+            self.tx_log += data
+        scan = self._banner_tail + data
+        self.banners += scan.count(BANNER_PREFIX)
+        self._banner_tail = scan[-(len(BANNER_PREFIX) - 1) :]
+        for item in self.decoder.feed(data):
+            if not item.ok:
+                continue
+            self.messages.append((item.name, item.fields))
+            if item.name == "telemetry":
+                self.last_telemetry = item.fields
+                self.telemetry_count += 1
+            elif item.name == "event":
+                self.events.append(item.fields)
+            elif item.name == "hello":
+                self.hellos.append(item.fields)
+
+
+def stage_mpy(dest) -> Path:
+    """Compile the firmware as the sim runs it into ``dest`` (``.mpy`` bytecode, the
+    way ``modbridge flash`` stages a board) and return it, for ``code_root=``."""
+    from .. import flash
+
+    dest = Path(dest)
+    files = sorted(set(flash.firmware_sources("sim")) | {"boards/sim_ina226.py"})
+    flash.stage("sim", dest, files=files, march=None)
+    return dest

@@ -1,0 +1,294 @@
+"""A fake module on a real pty, speaking the protocol with ``protocol.frame``.
+
+For host-side tests that need a module peer but not the firmware: answers
+``hello_request`` with ``hello``, records heartbeats (decoded, with arrival times),
+acks commands (or nacks them per ``nack_rules``), optionally sends telemetry every
+``telemetry_period_s``, and can unplug / replug like a USB adapter (the pty master
+is closed, the slave path disappears, a new pty takes its place and the stable
+symlink is moved to it, as udev does for a CH340).
+
+    with PtyPeer(symlink=tmp_path / "module0", telemetry_period_s=0.1) as peer:
+        link = ModuleLink(str(peer.symlink)).start()
+        ...
+        peer.unplug(); peer.replug()
+
+Everything is bounded: the peer's thread polls with a 20 ms timeout and ``close()``
+joins it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import select
+import threading
+import time
+import tty
+from pathlib import Path
+
+from protocol import catalog as C
+from protocol.frame import StreamDecoder, encode_frame
+
+DEFAULT_TELEMETRY = {
+    "uptime_s": 1,
+    "state": C.STATE_HOSTED,
+    "reason": C.REASON_HOST_OK,
+    "faults": 0,
+    "temp_gpu": 65250,
+    "temp_vram": 58000,
+    "temp_mos": 51500,
+    "temp_amb": 27000,
+    "fan1_rpm": 2850,
+    "fan2_rpm": 2900,
+    "fan1_duty": 32768,
+    "fan2_duty": 65535,
+    "v_in": 11920,
+    "i_in": 20500,
+    "p_in": 244360,
+    "target": -1500,
+}
+
+
+DEFAULT_UID = "0123456789abcdef01234567"
+
+
+def hello_fields(
+    uid=DEFAULT_UID,
+    fw_version="1.0.0",
+    board="fake",
+    channels=C.CHANNELS,
+    fans=2,
+    minor=0,
+    telemetry_ms=None,
+    ref=None,
+) -> dict:
+    """A valid ``hello`` field dict (``ref`` None: the boot hello)."""
+    f = {
+        "fw_version": fw_version,
+        "proto_minor": minor,
+        "board": board,
+        "uid": uid,
+        "channels": list(channels),
+        "fans": fans,
+        "max_frame": 512,
+        "state": C.STATE_HOSTED,
+    }
+    if telemetry_ms:
+        f["telemetry_ms"] = telemetry_ms
+    if ref is not None:
+        f["ref"] = ref
+    return f
+
+
+class PtyPeer:
+    """The module end of a pty. ``port`` is the slave path, ``symlink`` the stable one."""
+
+    def __init__(
+        self,
+        symlink: str | Path | None = None,
+        uid: str = DEFAULT_UID,
+        fw_version: str = "1.0.0",
+        board: str = "fake",
+        channels=C.CHANNELS,
+        fans: int = 2,
+        major: int = 1,
+        minor: int = 0,
+        telemetry_period_s: float | None = None,
+        answer_hello: bool = True,
+        nack_rules: dict | None = None,
+        replies: dict | None = None,
+        ignore=(),
+    ):
+        self.symlink = Path(symlink) if symlink else None
+        self.uid = uid
+        self.fw_version = fw_version
+        self.board = board
+        self.channels = list(channels)
+        self.fans = fans
+        self.major = major
+        self.minor = minor
+        self.telemetry_period_s = telemetry_period_s
+        self.telemetry = dict(DEFAULT_TELEMETRY)
+        self.answer_hello = answer_hello
+        # name -> (code, field, text): answer that request with a nack
+        self.nack_rules = dict(nack_rules or {})
+        # name -> (reply name, fields): answer with this message (ref added)
+        self.replies = dict(replies or {})
+        self.ignore = set(ignore)  # requests never answered (the host must time out)
+        self.received: list = []  # every decoded item from the host (Message/BadFrame)
+        self.heartbeats: list[tuple[float, dict]] = []  # (time.monotonic(), fields)
+        self.hello_requests = 0
+        self.telemetry_sent = 0
+        self.lock = threading.Lock()
+        self._seq = 0
+        self._master = -1
+        self._slave = -1
+        self.port: str | None = None
+        self._decoder = StreamDecoder(accept=C.H2D)
+        self._stop = threading.Event()
+        self._plugged = threading.Event()
+        self._open_pty()
+        self._thread = threading.Thread(target=self._run, name="ptypeer", daemon=True)
+        self._thread.start()
+
+    # -- control ---------------------------------------------------------------------
+    def __enter__(self) -> PtyPeer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        with self.lock:
+            self._close_pty()
+        if self.symlink is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.symlink.unlink()
+
+    @property
+    def path(self) -> str:
+        """What a host opens: the symlink if there is one, else the pty's slave path."""
+        return str(self.symlink) if self.symlink else self.port
+
+    def unplug(self) -> None:
+        """Close the master (the host's reads fail); the slave path and symlink vanish."""
+        with self.lock:
+            self._close_pty()
+            self._plugged.clear()
+        if self.symlink is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.symlink.unlink()
+
+    def replug(self) -> None:
+        """A new pty (a new path); the symlink is moved to it."""
+        with self.lock:
+            self._decoder.reset()
+            self._open_pty()
+
+    def boot(self) -> None:
+        """What a module does after a reset: the banner line, then a hello without ref."""
+        self.send_raw(b"MODULER READY v" + self.fw_version.encode() + b"\r\n")
+        self.send("hello", self.hello_fields())
+
+    # -- sending ---------------------------------------------------------------------
+    def hello_fields(self, ref: int | None = None) -> dict:
+        tm = int(self.telemetry_period_s * 1000) if self.telemetry_period_s else None
+        return hello_fields(
+            self.uid, self.fw_version, self.board, self.channels, self.fans, self.minor, tm, ref
+        )
+
+    def send(self, name: str, fields: dict | None = None) -> None:
+        with self.lock:
+            seq = self._seq
+            self._seq = (self._seq + 1) & 0xFFFF
+        self.send_raw(encode_frame(name, fields or {}, seq, minor=self.minor, major=self.major))
+
+    def send_raw(self, data: bytes) -> None:
+        with self.lock:
+            if self._master < 0:
+                return
+            view = memoryview(data)
+            while view:
+                try:
+                    n = os.write(self._master, view)
+                except BlockingIOError:
+                    time.sleep(0.001)
+                    continue
+                except OSError:
+                    return
+                view = view[n:]
+
+    def wait_for(self, pred, timeout: float = 5.0) -> bool:
+        """Poll ``pred()`` every 10 ms until true or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return True
+            time.sleep(0.01)
+        return bool(pred())
+
+    def commands(self, name: str | None = None) -> list:
+        with self.lock:
+            return [m for m in self.received if m.ok and (name is None or m.name == name)]
+
+    # -- the thread ------------------------------------------------------------------
+    def _open_pty(self) -> None:
+        self._master, self._slave = pty.openpty()
+        tty.setraw(self._slave)  # raw before any host opens it: no echo, no CR mapping
+        os.set_blocking(self._master, False)
+        self.port = os.ttyname(self._slave)
+        if self.symlink is not None:
+            tmp = self.symlink.with_name(self.symlink.name + ".new")
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            os.symlink(self.port, tmp)
+            os.replace(tmp, self.symlink)
+        self._plugged.set()
+
+    def _close_pty(self) -> None:
+        for fd in (self._master, self._slave):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._master = self._slave = -1
+
+    def _run(self) -> None:
+        next_tm = time.monotonic()
+        while not self._stop.is_set():
+            if not self._plugged.wait(0.02):
+                continue
+            master = self._master
+            try:
+                ready, _, _ = select.select([master], [], [], 0.02)
+                data = os.read(master, 4096) if ready else b""
+            except (OSError, ValueError):
+                data = b""
+                time.sleep(0.01)  # unplugged under our feet, or no host side yet
+            now = time.monotonic()
+            if data:
+                for item in self._decoder.feed(data):
+                    self._handle(item, now)
+            if self.telemetry_period_s and now >= next_tm:
+                next_tm = max(next_tm + self.telemetry_period_s, now)
+                self.telemetry["uptime_s"] = int(now) & 0xFFFF
+                self.send("telemetry", self.telemetry)
+                self.telemetry_sent += 1
+
+    def _handle(self, item, now: float) -> None:
+        with self.lock:
+            self.received.append(item)
+        if not item.ok:
+            return
+        name = item.name
+        if name == "heartbeat":
+            with self.lock:
+                self.heartbeats.append((now, dict(item.fields)))
+            return
+        if name == "hello_request":
+            with self.lock:
+                self.hello_requests += 1
+            if self.answer_hello:
+                self.send("hello", self.hello_fields(ref=item.seq))
+            return
+        if name in self.ignore:
+            return
+        rule = self.nack_rules.get(name)
+        if rule is not None:
+            code, field, text = rule
+            f = {"ref": item.seq, "ref_type": item.type, "code": code}
+            if field:
+                f["field"] = field
+            if text:
+                f["text"] = text
+            self.send("nack", f)
+            return
+        if name in self.replies:
+            reply, fields = self.replies[name]
+            if name == "selftest":
+                self.send("ack", {"ref": item.seq, "ref_type": item.type})
+            self.send(reply, dict(fields, ref=item.seq))
+            return
+        self.send("ack", {"ref": item.seq, "ref_type": item.type})
