@@ -30,9 +30,13 @@ What each HAL part does here (device/README.md is the contract):
 - ``unique_id``, ``reset_cause``, ``fs_dir`` and ``poll_ms`` (the longest sleep the
   app takes, see ``App.run``) come from the runner's boot reply;
 - ``reset()`` asks the runner for a restart (cause "soft"); ``repl()`` tells it the
-  firmware left the port.
+  firmware left the port;
+- a reply with ``FLAG_HEAP`` makes the next request carry ``heap_used``: the heap in
+  use after a ``gc.collect()`` (benchmarks watch it for leaks; never done unasked,
+  since measuring walks the whole heap).
 """
 
+import gc
 import sys
 from array import array
 
@@ -46,7 +50,7 @@ from boards.sim_ina226 import INA226Model
 NAME = "sim"
 MCU = "MicroPython unix port"
 INA_ADDR = 0x40  # A0 = A1 = GND, the config default
-SHUNT_OHM = 0.002  # the config default shunt (2000 uOhm)
+SHUNT_OHM = 0.001  # the config default shunt (1000 uOhm)
 WDT_MAX_MS = 32000
 IRQ_RISING = 1
 IRQ_FALLING = 2
@@ -66,9 +70,11 @@ REP_STEP = const(1)
 FLAG_STOP = const(1)
 FLAG_INA_ABSENT = const(2)
 FLAG_STARVE_WDT = const(4)
+FLAG_HEAP = const(8)
 RESET_CAUSES = ("power", "watchdog", "soft", "hard")
 HEADER_SIZE = const(5)
 REQ_FIXED_SIZE = const(24)
+HEAP_FIELD_SIZE = const(4)
 STEP_FIXED_SIZE = const(18)
 N_ADC = const(4)
 MAX_TX = const(2048)
@@ -232,7 +238,7 @@ class SimHal:
     def __init__(self, readinto, write):
         self._readinto = readinto
         self._write = write
-        self.req = bytearray(_TX_OFF + MAX_TX)
+        self.req = bytearray(_TX_OFF + MAX_TX + HEAP_FIELD_SIZE)
         self.rep = bytearray(MAX_REPLY)
         self.hdr = bytearray(HEADER_SIZE)
         self.tx_n = 0
@@ -251,6 +257,7 @@ class SimHal:
         self.wdt_feeds = 0
         self.wdt_ms = 0
         self.starve_wdt = False
+        self.heap_report = False
         self.exchanges = 0
         self._ticks = 0
         self._uid = b""
@@ -325,6 +332,10 @@ class SimHal:
     def _send(self, kind, sleep_ms):
         req = self.req
         n = REQ_FIXED_SIZE + self.tx_n
+        if self.heap_report:
+            self.heap_report = False
+            _put32(req, _TX_OFF + self.tx_n, heap_used())
+            n += HEAP_FIELD_SIZE
         req[0] = MAGIC_REQ
         req[1] = LINK_VERSION
         req[2] = kind
@@ -384,6 +395,8 @@ class SimHal:
         if flags & FLAG_STOP:
             raise SystemExit(0)
         self.starve_wdt = (flags & FLAG_STARVE_WDT) != 0
+        if flags & FLAG_HEAP:
+            self.heap_report = True
         ina = self.ina
         if flags & FLAG_INA_ABSENT:
             ina.answering = False
@@ -435,6 +448,15 @@ class SimHal:
             rx[have + i] = b[o + i]
             i += 1
         self.rx_n = have + n
+
+
+def heap_used():
+    """Bytes of heap in use after a collection (0 where ``gc.mem_alloc`` is missing)."""
+    gc.collect()
+    try:
+        return gc.mem_alloc() & 0xFFFFFFFF
+    except AttributeError:  # CPython
+        return 0
 
 
 def make_hal(readinto=None, write=None):

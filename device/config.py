@@ -162,7 +162,7 @@ def _fan():
         "kick_ms": 500,
         "ppr": 2,  # tach pulses per revolution
         "stall_ms": 3000,  # commanded >= min_duty but 0 RPM this long = stall
-        "max_rpm": 3000,  # seed's 120 mm 2500 RPM blower reads ~2850
+        "max_rpm": 20000,  # tach glitch limit: above any real fan (server fans reach 12k)
     }
 
 
@@ -206,8 +206,8 @@ DEFAULTS = {
     },
     "ina226": {
         "addr": 0x40,
-        "shunt_uohm": 2000,  # 2 mOhm
-        "max_current_ma": 20000,  # sets current_LSB = max / 2**15
+        "shunt_uohm": 1000,  # 1 mOhm: 81.9 A full scale, a 700 W GPU draws ~58 A at 12 V
+        "max_current_ma": 80000,  # sets current_LSB = max / 2**15
         "avg": 16,  # samples averaged (reset default 1 is noisy)
         "ct_us": 1100,  # bus and shunt conversion time
         "uv_mv": 11400,  # under-voltage alert (12 V - 5 %), 0 = off

@@ -48,7 +48,7 @@ class FakeHal:
         self.sleep_ms = self.clock.sleep_ms
         self.adc = [FakeADC(adc_code(t)) for t in temps_c]
         self.i2c = FakeI2C(log=False)
-        self.ina = self.i2c.add(0x40, FakeINA226())
+        self.ina = self.i2c.add(0x40, FakeINA226(shunt_ohm=0.001))  # the config default
         self.ina.set_bus_mv(bus_mv)
         self.ina.set_current_ma(current_ma)
         self.pwm = [FakePWM(), FakePWM()]

@@ -150,7 +150,7 @@ def test_defaults_content():
         assert c["setpoint_mc"] < c["warn_mc"] < c["crit_mc"], c
     assert d["safety"]["critical"] == 65535
     assert len(d["fans"]) == 2 and d["fans"][0]["ppr"] == 2
-    assert d["ina226"]["addr"] == 0x40 and d["ina226"]["shunt_uohm"] == 2000
+    assert d["ina226"]["addr"] == 0x40 and d["ina226"]["shunt_uohm"] == 1000
     assert d["watchdog_ms"] == 2000
 
 
@@ -368,8 +368,10 @@ _CROSS = (
     ((("safety.host_lost", 10000),), "safety.host_lost", "fans[0].min_duty (13107)"),
     ((("fans.1.min_duty", 30000),), "safety.host_lost", "fans[1].min_duty (30000)"),
     ((("safety.min_manual_duty", 40000),), "control.manual_duty", "safety.min_manual_duty"),
-    ((("ina226.max_current_ma", 50000),), "ina226.max_current_ma", "shunt range"),
-    ((("ina226.max_current_ma", 1000),), "ina226.max_current_ma", "calibration value"),
+    ((("ina226.shunt_uohm", 2000), ("ina226.max_current_ma", 50000)), "ina226.max_current_ma",
+     "shunt range"),
+    ((("ina226.shunt_uohm", 2000), ("ina226.max_current_ma", 1000)), "ina226.max_current_ma",
+     "calibration value"),
 )
 
 
@@ -395,8 +397,9 @@ def test_cross_field_edges_that_are_fine():
         (("channels.3.controlled", True), ("channels.0.controlled", False)),
         (("fans.0.kick_duty", 13107), ("fans.0.kick_ms", 0)),
         (("safety.host_lost", 13107),),
-        (("ina226.max_current_ma", 40960),),  # 81920 uV: exactly the shunt full scale
-        (("ina226.max_current_ma", 2561),),  # CAL 32755
+        # 2 mOhm: 40960 mA is 81920 uV, exactly the shunt full scale; 2561 mA: CAL 32755
+        (("ina226.shunt_uohm", 2000), ("ina226.max_current_ma", 40960)),
+        (("ina226.shunt_uohm", 2000), ("ina226.max_current_ma", 2561)),
         (("channels.1.model", "sh"), ("channels.1.sh", [0.001129148, 0.000234125, 0])),
     ):
         cfg = config.defaults()
@@ -404,8 +407,9 @@ def test_cross_field_edges_that_are_fine():
             set_at(cfg, key, value)
         config.validate(cfg)
     # 2560 mA * 2000 uohm = 5.12 mV: CAL 32768, one past the 15-bit register
-    rejected(changed("ina226.max_current_ma", 2560), "ina226.max_current_ma",
-             "calibration value 32768")
+    cfg = changed("ina226.shunt_uohm", 2000)
+    set_at(cfg, "ina226.max_current_ma", 2560)
+    rejected(cfg, "ina226.max_current_ma", "calibration value 32768")
 
 
 # --- merge (config_set) ---------------------------------------------------------------------

@@ -329,8 +329,10 @@ def test_stall_detect_and_clear_timing():
     assert not fan.stalled
     _run(fan, pin, clock, 100, 0)  # 3000 ms without a pulse
     assert fan.stalled
-    _run(fan, pin, clock, 100, 5)  # pulses again: cleared at once
-    assert not fan.stalled
+    _run(fan, pin, clock, 100, 5)  # a few pulses (a coasting rotor): still stalled
+    assert fan.stalled
+    _run(fan, pin, clock, 1200, 5)  # a full window really turning: cleared
+    assert not fan.stalled and fan.rpm >= 100, fan.rpm
 
 
 def test_stall_counts_at_min_duty_and_from_start():

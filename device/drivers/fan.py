@@ -25,7 +25,8 @@ Duty requests (``set_duty(duty_u16, now_ms)``):
   reading kept. The check compares counts first, so nothing overflows.
 - Stall: the fan is commanded to run (applied duty >= ``min_duty``, i.e. not stopped)
   but no tach pulse arrived for ``stall_ms``. Spin-up counts from the start command.
-  ``stalled`` clears at the first tick that sees pulses again.
+  ``stalled`` clears once a full RPM window reads at least 100 RPM again (a coasting
+  rotor's last pulses do not clear it).
   (The design card says "above minimum"; a fan at exactly ``min_duty`` that does not
   turn is stalled too -- min_duty is by definition a duty that spins it -- and the
   fail-safe then raises the floor, which is the safe outcome.)
@@ -45,6 +46,7 @@ try:
 except ImportError:
     const = lambda x: x
 
+_STALL_CLEAR_RPM = const(100)  # a stalled fan is back when a window reads >= this
 _DUTY_MAX = const(65535)
 _COUNT_MASK = const(0x1FFFFFFF)  # ISR counter wraps before leaving small-int range
 _HALF_PERIOD = const(0x20000000)  # half of the 2**30 tick period
@@ -330,11 +332,14 @@ class Fan:
             self._win_start = now_ms
             self._win_count = count
 
-        # Stall: running but no pulse for stall_ms
+        # Stall: running but no pulse for stall_ms. Once stalled, stray pulses (a
+        # coasting rotor, a glitch) do not clear it: a full RPM window must show the
+        # fan really turning again, so the fault does not flap.
         if count != self._tick_count:
             self._tick_count = count
-            self._alive_ms = now_ms
-            self.stalled = False
+            if not self.stalled or self.rpm >= _STALL_CLEAR_RPM:
+                self._alive_ms = now_ms
+                self.stalled = False
         elif self.duty == 0:
             self._alive_ms = now_ms
             self.stalled = False

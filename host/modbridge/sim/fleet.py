@@ -4,13 +4,21 @@
 modules cooling N virtual GPUs, each reachable on a stable symlink
 (``<dir>/module-<i>``) like a udev rule would give a CH340. Every module gets a
 different seed (its noise and its MCU unique id differ) and its own flash directory.
+
+Scheduled faults (``faults=["fan_stall:2@60s-90s", ...]``, see ``sim/faults.py``) need
+one clock for the whole fleet: ``run_for`` drives every module in lockstep from the
+caller's thread, in steps that end exactly where a fault is due, and paces the fleet
+as a whole at ``speed``; ``start()`` with faults runs that same loop in one thread.
 """
 
 from __future__ import annotations
 
 import tempfile
+import threading
+import time
 from pathlib import Path
 
+from .faults import FaultSchedule
 from .runner import VirtualModule
 from .world import World
 
@@ -26,10 +34,16 @@ class SimFleet:
         state_dir: str | Path | None = None,
         ambient_c: float | None = None,
         settle_duty: int | None = 19661,
+        faults=(),
         **module_kw,
     ):
         if not 1 <= n <= 64:
             raise ValueError("a fleet has 1..64 modules")
+        self.schedule = FaultSchedule(faults, n)  # raises FaultSpecError before any spawn
+        self.speed = 0.0 if speed in (0, "max", None) else float(speed)
+        self.now_ms = 0  # the fleet's clock (run_for); each world may be a sleep ahead
+        self._driver: threading.Thread | None = None
+        self._stop_evt = threading.Event()
         self._tmp = None
         if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="modbridge-sim-")
@@ -67,13 +81,77 @@ class SimFleet:
     def gpus(self) -> list:
         return [vm.world.gpu for vm in self.modules]
 
+    def run_for(self, sim_ms=None, *, step_ms: int = 100, on_step=None, stop=None) -> int:
+        """Run every module ``sim_ms`` of world time (None: until ``stop``) in lockstep.
+
+        In steps of at most ``step_ms`` ending on multiples of it and exactly at every
+        scheduled fault, which is applied before the next step; ``on_step(now_ms,
+        actions)`` after each step (``actions``: the faults applied at its start).
+        Paced at the fleet's ``speed`` (0: flat out). ``stop`` (a ``threading.Event``)
+        ends it at the next step. Returns the fleet clock.
+        """
+        speeds = [vm.speed for vm in self.modules]
+        for vm in self.modules:
+            vm.speed = 0.0  # the fleet paces, not each module in turn
+        end = None if sim_ms is None else self.now_ms + int(sim_ms)
+        wall0, sim0 = time.monotonic(), self.now_ms
+        try:
+            while end is None or self.now_ms < end:
+                if stop is not None and stop.is_set():
+                    break
+                acts = self.schedule.apply_due(self.modules, self.now_ms)
+                t = (self.now_ms // step_ms + 1) * step_ms
+                nxt = self.schedule.next_ms
+                if nxt is not None:
+                    t = min(t, nxt)
+                if end is not None:
+                    t = min(t, end)
+                for vm in self.modules:
+                    if vm.world.now_ms < t:
+                        vm.run_for(t - vm.world.now_ms)
+                self.now_ms = t
+                if on_step is not None:
+                    on_step(t, acts)
+                if self.speed > 0:
+                    due = wall0 + (t - sim0) / 1000.0 / self.speed
+                    delay = due - time.monotonic()
+                    if delay < -1.0:  # far behind (slow host): do not race to catch up
+                        wall0, sim0 = time.monotonic(), t
+                    elif delay > 0:
+                        (stop or self._stop_evt).wait(delay)
+        finally:
+            for vm, s in zip(self.modules, speeds, strict=True):
+                vm.speed = s
+        return self.now_ms
+
     def start(self) -> SimFleet:
-        """Power on every module and run them in the background, paced to ``speed``."""
+        """Power on every module and run them in the background, paced to ``speed``.
+
+        Without faults each module runs its own thread; with a fault schedule one
+        thread drives them all through ``run_for`` (one clock for the schedule).
+        """
+        if self.schedule:
+            if self._driver is None:
+                for vm in self.modules:
+                    vm.power_on()
+                self._stop_evt.clear()
+                self._driver = threading.Thread(
+                    target=self.run_for,
+                    kwargs={"stop": self._stop_evt},
+                    name="virtual-fleet",
+                    daemon=True,
+                )
+                self._driver.start()
+            return self
         for vm in self.modules:
             vm.start()
         return self
 
     def stop(self) -> None:
+        self._stop_evt.set()
+        if self._driver is not None:
+            self._driver.join(timeout=30)
+            self._driver = None
         for vm in self.modules:
             vm.stop()
         if self._tmp is not None:

@@ -27,6 +27,10 @@ Request body (board -> runner), the same for every kind::
     I  wdt_timeout_ms  0 while the watchdog is not started
     H  tx_n            protocol bytes the firmware wrote since the previous request
     tx_n bytes
+    [I heap_used]      optional, only in the request that follows a reply with
+                       FLAG_HEAP: MicroPython heap in use (``gc.mem_alloc()`` right
+                       after a ``gc.collect()``), 0 where the interpreter cannot tell
+                       (CPython). The body length says whether it is there.
 
 Request kinds: REQ_BOOT (first message of a process, expects a REP_BOOT reply),
 REQ_SLEEP (expects a REP_STEP reply), REQ_TX (the board's transmit buffer is full:
@@ -45,7 +49,7 @@ Reply body (runner -> board). REP_BOOT starts with a boot section::
 then, for REP_BOOT and REP_STEP alike, the step section::
 
     I  ticks_ms        the board's time after the sleep (0 .. 2**30-1, wrapping)
-    B  flags           FLAG_STOP | FLAG_INA_ABSENT | FLAG_STARVE_WDT
+    B  flags           FLAG_STOP | FLAG_INA_ABSENT | FLAG_STARVE_WDT | FLAG_HEAP
     i  bus_mv          INA226 inputs (ignored with FLAG_INA_ABSENT)
     i  current_ma
     H  pulses1, pulses2  tach pulses each fan made during the sleep
@@ -56,6 +60,8 @@ then, for REP_BOOT and REP_STEP alike, the step section::
     rx_n bytes
 
 FLAG_STOP ends the firmware process (a clean shutdown of the simulation).
+FLAG_HEAP asks the board for ``heap_used`` in its next request (benchmarks poll it
+now and then: measuring walks the whole heap, so it is never done unasked).
 FLAG_STARVE_WDT makes the board drop watchdog feeds (a test hook that stands for a
 hung control loop). Sizes are bounded: MAX_TX bytes per request, MAX_RX and MAX_ADC
 per reply, so both ends use fixed buffers of MAX_REQUEST / MAX_REPLY bytes.
@@ -82,11 +88,14 @@ REP_STEP = 1
 FLAG_STOP = 1
 FLAG_INA_ABSENT = 2
 FLAG_STARVE_WDT = 4
+FLAG_HEAP = 8
 
 RESET_CAUSES = ("power", "watchdog", "soft", "hard")
 
 REQ_FIXED = "<IHHIIHIH"
 REQ_FIXED_SIZE = 24
+HEAP_FIELD = "<I"  # the optional heap_used after the tx bytes
+HEAP_FIELD_SIZE = 4
 BOOT_FIXED = "<BH"  # then uid, fs_dir (each length-prefixed by one byte)
 STEP_FIXED = "<IBiiHHB"
 STEP_FIXED_SIZE = 18
@@ -97,7 +106,7 @@ MAX_RX = 512
 MAX_ADC = 16
 MAX_UID = 16
 MAX_FS = 255
-MAX_REQUEST = HEADER_SIZE + REQ_FIXED_SIZE + MAX_TX
+MAX_REQUEST = HEADER_SIZE + REQ_FIXED_SIZE + MAX_TX + HEAP_FIELD_SIZE
 MAX_REPLY = (
     HEADER_SIZE
     + 3
@@ -128,6 +137,7 @@ class Request:
         wdt_feeds=0,
         wdt_timeout_ms=0,
         tx=b"",
+        heap_used=None,
     ):
         self.kind = kind
         self.sleep_ms = sleep_ms
@@ -136,6 +146,7 @@ class Request:
         self.wdt_feeds = wdt_feeds
         self.wdt_timeout_ms = wdt_timeout_ms
         self.tx = bytes(tx)
+        self.heap_used = heap_used  # None: not reported in this request
 
     def __eq__(self, other):
         return isinstance(other, Request) and self._key() == other._key()
@@ -149,6 +160,7 @@ class Request:
             self.wdt_feeds,
             self.wdt_timeout_ms,
             self.tx,
+            self.heap_used,
         )
 
     def __repr__(self):
@@ -234,6 +246,8 @@ def encode_request(req):
         )
         + req.tx
     )
+    if req.heap_used is not None:
+        body += struct.pack(HEAP_FIELD, req.heap_used)
     return struct.pack(HEADER, MAGIC_REQ, VERSION, req.kind, len(body)) + body
 
 
@@ -255,9 +269,14 @@ def decode_request_body(kind, body):
     if len(body) < REQ_FIXED_SIZE:
         raise LinkError(f"request body of {len(body)} bytes is too short")
     sleep_ms, d1, d2, f1, f2, feeds, wdt_ms, tx_n = struct.unpack_from(REQ_FIXED, body, 0)
-    if REQ_FIXED_SIZE + tx_n != len(body):
+    end = REQ_FIXED_SIZE + tx_n
+    heap_used = None
+    if end + HEAP_FIELD_SIZE == len(body):
+        (heap_used,) = struct.unpack_from(HEAP_FIELD, body, end)
+    elif end != len(body):
         raise LinkError(f"request tx_n {tx_n} does not match the body length {len(body)}")
-    return Request(kind, sleep_ms, (d1, d2), (f1, f2), feeds, wdt_ms, body[REQ_FIXED_SIZE:])
+    tx = body[REQ_FIXED_SIZE:end]
+    return Request(kind, sleep_ms, (d1, d2), (f1, f2), feeds, wdt_ms, tx, heap_used)
 
 
 def decode_request(data):

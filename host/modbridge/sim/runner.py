@@ -35,7 +35,11 @@ fed resets it. A process that does not answer within ``hang_timeout_s`` of wall 
 
 An internal tap decodes everything the firmware sends (``last_telemetry``,
 ``telemetry_count``, ``events``, ``hellos``, ``banners``, ``messages``), so tests and
-the CLI can follow the firmware's state without a host on the pty.
+the CLI can follow the firmware's state without a host on the pty. From the link
+itself: ``wdt_feeds`` (every watchdog feed since the first power-up: the firmware
+feeds once per completed control tick) and, after ``request_heap()`` and one more
+exchange, ``heap_used`` (the MicroPython heap in use after a collection; benchmarks
+watch it for leaks).
 """
 
 from __future__ import annotations
@@ -162,6 +166,10 @@ class VirtualModule:
         self.host_bytes_dropped = 0
         self.tx_dropped = 0
         self.boots = 0
+        self.wdt_feeds = 0  # watchdog feeds reported over the link, all boots
+        self.heap_used: int | None = None  # bytes, the board's last heap report
+        self.heap_used_at_ms: int | None = None  # world time of that report
+        self._heap_req = False
         self.resets: list[str] = []  # reset causes after the first power-up
         self.reset_times: list[int] = []  # world ms of each of those resets
         self.last_crash = ""
@@ -303,6 +311,11 @@ class VirtualModule:
         with self.lock:
             return getattr(self.world, name)(*args, **kwargs)
 
+    def request_heap(self) -> None:
+        """Ask the board for its heap in use: ``heap_used`` is set one exchange later."""
+        with self.lock:
+            self._heap_req = True
+
     def host_write(self, data: bytes) -> None:
         """Bytes from the host, delivered at the next exchange (ahead of pty input).
 
@@ -353,6 +366,10 @@ class VirtualModule:
         if req is None:
             return  # halted: the next call idles
         self.exchanges += 1
+        self.wdt_feeds += req.wdt_feeds
+        if req.heap_used is not None:
+            self.heap_used = req.heap_used
+            self.heap_used_at_ms = self.world.now_ms
         if req.tx:
             self._relay_tx(req.tx)
         self._duty = req.duty
@@ -416,6 +433,9 @@ class VirtualModule:
         flags = 0
         if self._starve:
             flags |= L.FLAG_STARVE_WDT
+        if self._heap_req:
+            self._heap_req = False
+            flags |= L.FLAG_HEAP
         bus_mv = current_ma = 0
         if _ina_absent(w):
             flags |= L.FLAG_INA_ABSENT

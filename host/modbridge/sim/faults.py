@@ -1,0 +1,274 @@
+"""Scheduled faults for the virtual module: parsed from text, applied on a world clock.
+
+``modbridge sim --fault SPEC`` and the Python API (``SimFleet(faults=...)``,
+``FaultSchedule``) share this. A spec is::
+
+    [m<module>:]<fault>[:<arg>]@<start>[-<end>]
+
+    ntc_open:gpu@30s            NTC channel open from 30 s on (gpu, vram, mos, amb or 0..3)
+    ntc_short:amb@10s-20s       NTC channel shorted from 10 s to 20 s
+    fan_stall:2@60s-90s         fan 2 (as in telemetry's fan2_*; 1 or 2) stalled
+    ina_absent@10s              the INA226 stops answering (NAKs its address)
+    dip:900mV/500ms@45s         the 12 V source drops 900 mV (or 0.9V) for 500 ms
+    host_silence@20s-40s        bytes from the host are dropped
+    mcu_reset@50s               the MCU resets ("power"; mcu_reset:watchdog@50s, ...)
+    gpu_lost@100s               the virtual GPU falls off the bus (NVML GPU_IS_LOST)
+    m1:fan_stall:1@5s           only module 1 of a fleet (default: every module)
+
+Times are simulated time from the start, with ``ms``, ``s``, ``min`` or ``h``
+(a bare number is seconds). Without ``-<end>`` a fault stays on; ``dip`` has its own
+duration and ``mcu_reset`` is an instant, so neither takes an end. ``parse_fault``
+raises ``FaultSpecError`` (a ``ValueError``) naming the spec and what is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .link import RESET_CAUSES
+from .world import CHANNELS
+
+# fault name -> (argument kind, ranged?)
+KINDS = {
+    "ntc_open": ("channel", True),
+    "ntc_short": ("channel", True),
+    "fan_stall": ("fan", True),
+    "ina_absent": (None, True),
+    "dip": ("dip", False),
+    "host_silence": (None, True),
+    "mcu_reset": ("cause", False),
+    "gpu_lost": (None, True),
+}
+ALIASES = {"rail_dip": "dip", "ntc_opened": "ntc_open", "silence": "host_silence"}
+
+EXAMPLES = (
+    "ntc_open:gpu@30s, ntc_short:vram@10s-20s, fan_stall:2@60s-90s, ina_absent@10s, "
+    "dip:900mV/500ms@45s, host_silence@20s-40s, mcu_reset@50s, gpu_lost@100s"
+)
+
+_UNITS_MS = {"ms": 1, "s": 1000, "min": 60000, "h": 3600000, "": 1000}
+_TIME = re.compile(r"^([0-9]+(?:\.[0-9]*)?)(ms|s|min|h|)$")
+_DEPTH = re.compile(r"^([0-9]+(?:\.[0-9]*)?)(mV|V)$")
+_MODULE = re.compile(r"^m([0-9]+):(.*)$")
+
+
+class FaultSpecError(ValueError):
+    """A fault spec cannot be read; the message names the spec and the problem."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One scheduled fault.
+
+    ``arg`` is what the world or runner method takes: the channel index (ntc_*), the
+    fan index 0/1 (fan_stall; the spec says 1/2), the reset cause (mcu_reset), None
+    otherwise. ``until_ms`` None: stays on (dip: ``duration_ms`` is its length).
+    ``module`` None: every module of a fleet.
+    """
+
+    name: str
+    at_ms: int
+    until_ms: int | None = None
+    arg: int | str | None = None
+    depth_mv: int = 0
+    duration_ms: int = 0
+    module: int | None = None
+    spec: str = ""
+
+    def label(self) -> str:
+        """Human wording of the fault, e.g. ``fan2 stall`` or ``12 V dip 900 mV/500 ms``."""
+        n = self.name
+        if n in ("ntc_open", "ntc_short"):
+            return f"NTC {CHANNELS[self.arg]} {n[4:]}"
+        if n == "fan_stall":
+            return f"fan{self.arg + 1} stall"
+        if n == "dip":
+            return f"12 V dip {self.depth_mv} mV/{self.duration_ms} ms"
+        if n == "mcu_reset":
+            return f"MCU reset ({self.arg})"
+        return {"ina_absent": "INA226 absent", "gpu_lost": "GPU lost"}.get(n, n.replace("_", " "))
+
+    def apply(self, vm, on: bool = True) -> None:
+        """Switch the fault on (or off) on a ``VirtualModule``."""
+        n = self.name
+        if n in ("ntc_open", "ntc_short", "fan_stall"):
+            vm.world_fault(n, self.arg, on)
+        elif n in ("ina_absent", "gpu_lost"):
+            vm.world_fault(n, on)
+        elif n == "dip":
+            if on:
+                vm.world_fault("rail_dip", self.depth_mv, self.duration_ms)
+        elif n == "host_silence":
+            vm.host_silence(on)
+        elif n == "mcu_reset":
+            if on:
+                vm.mcu_reset(self.arg)
+        else:  # pragma: no cover - parse_fault admits only KINDS
+            raise FaultSpecError(f"unknown fault {n!r}")
+
+
+def parse_time_ms(text: str, what: str = "time") -> int:
+    """``30s``, ``500ms``, ``1.5min``, ``2h`` or a bare number of seconds -> whole ms."""
+    m = _TIME.match(text.strip())
+    if not m:
+        raise FaultSpecError(f"{what} like 30s, 500ms, 2min or 45 (seconds), got {text!r}")
+    ms = float(m.group(1)) * _UNITS_MS[m.group(2)]
+    if ms != int(ms):
+        raise FaultSpecError(f"{what} must be a whole number of ms, got {text!r}")
+    return int(ms)
+
+
+def parse_fault(spec: str) -> Fault:
+    """Read one spec (see the module docstring); raises ``FaultSpecError``."""
+    if not isinstance(spec, str):
+        raise FaultSpecError(f"a fault spec is text, got {spec!r}")
+    text = spec.strip()
+    try:
+        return _parse(text)
+    except FaultSpecError as e:
+        raise FaultSpecError(f"fault {text!r}: {e}") from None
+
+
+def _parse(text: str) -> Fault:
+    if not text:
+        raise FaultSpecError(f"empty; faults look like {EXAMPLES}")
+    spec = text
+    module = None
+    m = _MODULE.match(text)
+    if m:
+        module, text = int(m.group(1)), m.group(2)
+    what, at, when = text.partition("@")
+    if not at:
+        raise FaultSpecError("no start time: add @<time>, e.g. fan_stall:2@60s")
+    name, colon, arg_text = what.partition(":")
+    name = ALIASES.get(name.strip(), name.strip())
+    if name not in KINDS:
+        raise FaultSpecError(f"unknown fault {name!r}; faults are {', '.join(KINDS)}")
+    kind, ranged = KINDS[name]
+    arg_text = arg_text.strip()
+    if colon and not arg_text:
+        raise FaultSpecError(f"nothing after {name}:")
+
+    start_text, dash, end_text = when.partition("-")
+    at_ms = parse_time_ms(start_text, "start time")
+    until_ms = None
+    if dash:
+        if not ranged:
+            why = "it has its own duration" if name == "dip" else "it is an instant"
+            raise FaultSpecError(f"{name} takes a start time only ({why}), got @{when}")
+        until_ms = parse_time_ms(end_text, "end time")
+        if until_ms <= at_ms:
+            raise FaultSpecError(f"end {end_text} is not after start {start_text}")
+
+    arg: int | str | None = None
+    depth_mv = duration_ms = 0
+    if kind is None:
+        if arg_text:
+            raise FaultSpecError(f"{name} takes no argument, got {name}:{arg_text}")
+    elif kind == "channel":
+        arg = _channel(name, arg_text)
+    elif kind == "fan":
+        if arg_text not in ("1", "2"):
+            raise FaultSpecError(
+                f"{name} needs the fan, 1 or 2 (fan1/fan2 in telemetry), "
+                f"e.g. {name}:2@60s; got {arg_text or 'nothing'}"
+            )
+        arg = int(arg_text) - 1
+    elif kind == "cause":
+        arg = arg_text or "power"
+        if arg not in RESET_CAUSES:
+            raise FaultSpecError(f"reset cause is one of {', '.join(RESET_CAUSES)}, got {arg!r}")
+    else:  # dip
+        depth_text, slash, dur_text = arg_text.partition("/")
+        if not slash:
+            raise FaultSpecError(
+                f"dip needs <depth>/<duration>, e.g. dip:900mV/500ms@45s; got dip:{arg_text}"
+            )
+        dm = _DEPTH.match(depth_text.strip())
+        if not dm:
+            raise FaultSpecError(f"dip depth like 900mV or 0.9V, got {depth_text!r}")
+        depth = float(dm.group(1)) * (1000 if dm.group(2) == "V" else 1)
+        if depth != int(depth) or not 0 < depth <= 12000:
+            raise FaultSpecError(f"dip depth must be 1..12000 whole mV, got {depth_text!r}")
+        depth_mv = int(depth)
+        duration_ms = parse_time_ms(dur_text, "dip duration")
+        if duration_ms <= 0:
+            raise FaultSpecError(f"dip duration must be > 0, got {dur_text!r}")
+    return Fault(name, at_ms, until_ms, arg, depth_mv, duration_ms, module, spec)
+
+
+def _channel(name: str, arg_text: str) -> int:
+    if arg_text in CHANNELS:
+        return CHANNELS.index(arg_text)
+    if arg_text in ("0", "1", "2", "3"):
+        return int(arg_text)
+    raise FaultSpecError(
+        f"{name} needs the NTC channel, one of {', '.join(CHANNELS)} (or 0..3), "
+        f"e.g. {name}:gpu@30s; got {arg_text or 'nothing'}"
+    )
+
+
+def parse_faults(specs) -> list[Fault]:
+    """Parse each spec (``Fault`` objects pass through)."""
+    return [s if isinstance(s, Fault) else parse_fault(s) for s in specs]
+
+
+@dataclass(frozen=True)
+class Action:
+    """A fault switching on (``on``) or off at ``t_ms`` on one module (or all: None)."""
+
+    t_ms: int
+    fault: Fault
+    on: bool
+
+    def text(self) -> str:
+        f = self.fault
+        if f.name in ("dip", "mcu_reset"):
+            return f.label()
+        return f"{f.label()} {'on' if self.on else 'off'}"
+
+
+class FaultSchedule:
+    """Faults in time order, applied by whoever drives the clock.
+
+    ``apply_due(modules, now_ms)`` switches on (and off) every fault due at or before
+    ``now_ms`` on the modules it names and returns the ``Action`` s it took;
+    ``next_ms`` is the time of the next one (None: nothing left), so a driver can end
+    a step exactly there.
+    """
+
+    def __init__(self, faults=(), n_modules: int = 1):
+        self.faults = parse_faults(faults)
+        for f in self.faults:
+            if f.module is not None and not 0 <= f.module < n_modules:
+                raise FaultSpecError(
+                    f"fault {f.spec!r}: no module {f.module} (modules are 0..{n_modules - 1})"
+                )
+        acts = []
+        for f in self.faults:
+            acts.append(Action(f.at_ms, f, True))
+            if f.until_ms is not None:
+                acts.append(Action(f.until_ms, f, False))
+        # at equal times, offs before ons (a fault ending at 60 s and another starting)
+        self._pending = sorted(acts, key=lambda a: (a.t_ms, a.on))
+        self.done: list[tuple[Action, int | None]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    @property
+    def next_ms(self) -> int | None:
+        return self._pending[0].t_ms if self._pending else None
+
+    def apply_due(self, modules, now_ms: int) -> list[Action]:
+        """Apply what is due by ``now_ms`` to ``modules`` (a list of VirtualModule)."""
+        taken = []
+        while self._pending and self._pending[0].t_ms <= now_ms:
+            act = self._pending.pop(0)
+            idx = range(len(modules)) if act.fault.module is None else (act.fault.module,)
+            for i in idx:
+                act.fault.apply(modules[i], act.on)
+            self.done.append((act, act.fault.module))
+            taken.append(act)
+        return taken
