@@ -12,24 +12,54 @@ Pairing: the config's ``[[module]]`` tables map module ids (the MCU unique id fr
 hello) or ports to GPU UUIDs / PCI bus ids; with one module and one GPU and no
 mapping, they pair automatically. An unmapped module still gets heartbeats (without
 GPU values) and metrics; its policy acts on no GPU.
+
+Stopping: :meth:`Bridge.request_stop` only sets flags (safe from a signal handler);
+the loop returns and the caller runs :meth:`Bridge.stop`, which stops the links and
+puts every power limit back (``on_exit``). :meth:`Bridge.install_signal_handlers`
+wires SIGTERM/SIGINT to that; a second signal restores at once and exits 128+n.
+
+Also here, for the CLI (docs/bridge.md): :func:`probe_modules` (``modbridge list``),
+:func:`report` (the one object ``status`` prints as a table or as JSON, and the
+monitor draws), and :func:`open_sim` (``--sim``: a :class:`SimFleet` and the mapping
+module i -> GPU i).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .actuator import PowerLimiter
-from .config import BridgeConfig, match_gpu
+from .config import BridgeConfig, ModuleMapping, match_gpu
+from .errors import ModbridgeError
 from .eventlog import EventLog
 from .gpu.base import GpuBackend, GpuError, GpuSample
-from .link import ModuleLink
+from .link import LinkError, ModuleLink
 from .model import BridgeSnapshot, ModuleStatus, PairState
-from .policy import PairInput, PolicyEngine
+from .policy import LEVEL_NAMES, PairInput, PolicyEngine
 
 log = logging.getLogger(__name__)
+
+# A refused power-limit write is retried (same target) at most this often: the
+# driver's answer will not change every tick, and each refusal is an alert line.
+REFUSED_RETRY_S = 30.0
+
+
+class NoModuleFound(ModbridgeError):
+    """No module port to serve (none given, none discovered)."""
+
+    exit_code = 3
+
+
+class UnknownModule(ModbridgeError):
+    """A module id that none of the connected modules has."""
+
+    exit_code = 3
 
 
 def heartbeat_fields(sample: GpuSample | None) -> dict | None:
@@ -46,6 +76,13 @@ def heartbeat_fields(sample: GpuSample | None) -> dict | None:
     if sample.enforced_limit_w is not None:
         out["power_limit"] = max(0, int(round(sample.enforced_limit_w * 1000)))
     return out
+
+
+def _same_port(a: str | None, b: str | None) -> bool:
+    """The same device: equal paths, or paths resolving to the same node."""
+    if not a or not b:
+        return False
+    return a == b or os.path.realpath(a) == os.path.realpath(b)
 
 
 class Bridge:
@@ -71,13 +108,26 @@ class Bridge:
         self.decision_at: dict[str, float] = {}  # reaction-time bookkeeping by GPU
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._stopped = False
         self._snapshot = BridgeSnapshot(taken_at=clock(), backend=backend.name)
         self._link_factory = link_factory
+        self._link_seen: dict[str, tuple] = {}  # port -> (link_up, module_id, reconnects)
+        self._mapping_checked = False
+        self._refused: dict[str, tuple[float, float]] = {}  # uuid -> (target W, when)
         self.ticks = 0
+        self.tick_errors = 0
         self.last_event_at: float | None = None
+        self.stop_reason: str | None = None
+        self.signal_received: int | None = None
 
     # -- life cycle -----------------------------------------------------------------
     def start(self) -> Bridge:
+        """Save every GPU's power limit, read the GPUs once, open every module link.
+
+        A port that cannot be opened for good (busy, permission) raises its
+        :class:`~modbridge.link.LinkError` after the links already started are
+        stopped again; a missing port is retried by its link (plug it in later).
+        """
         for info in self.backend.devices():
             lim = PowerLimiter(
                 self.backend,
@@ -93,34 +143,125 @@ class Bridge:
             self.limiters[info.uuid] = lim
         self._refresh_gpus()
         for port in self.ports:
-            status = ModuleStatus(port=port)
             link = self._link_factory(
                 port,
-                status=status,
+                status=ModuleStatus(port=port),
                 heartbeat_period_s=self.config.heartbeat_period_s,
                 heartbeat_source=lambda p=port: self._heartbeat(p),
                 on_event=self._on_event,
             )
+            try:
+                link.start()
+            except LinkError:
+                for started in self.links.values():
+                    started.stop()
+                self.links.clear()
+                raise
             self.links[port] = link
-            link.start()
+        # A first snapshot at once: a scrape before the first tick sees the modules.
+        self._snapshot = self._build_snapshot()
+        self._write_event(
+            "bridge",
+            action="start",
+            backend=self.backend.name,
+            ports=list(self.ports),
+            gpus=list(self.limiters),
+            dry_run=self.config.dry_run,
+        )
         return self
 
-    def stop(self, reason: str = "exit") -> None:
-        """Stop the loop and the links; put the power limits back (per ``on_exit``)."""
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until every link is up and has sent telemetry (or ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        for link in self.links.values():
+            left = deadline - time.monotonic()
+            if left <= 0 or not link.wait_up(left):
+                return False
+        while time.monotonic() < deadline:
+            if all(link.status.telemetry for link in self.links.values()):
+                return True
+            time.sleep(0.02)
+        return all(link.status.telemetry for link in self.links.values())
+
+    def request_stop(self, reason: str = "stop") -> None:
+        """Make :meth:`run` return soon. Only sets flags: safe in a signal handler."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
         self._stop.set()
         self._wake.set()
+
+    def stop(self, reason: str | None = None) -> bool:
+        """Stop the loop and the links; put the power limits back (per ``on_exit``).
+
+        Idempotent. Returns False if a limit could not be restored (the event log
+        and the log say which and why)."""
+        reason = reason or self.stop_reason or "exit"
+        self.request_stop(reason)
+        if self._stopped:
+            return True
+        self._stopped = True
         for link in self.links.values():
             link.stop()
+        ok = True
+        for lim in self.limiters.values():
+            try:
+                res = lim.close(reason)
+            except Exception:  # noqa: BLE001 - restore every GPU whatever one does
+                log.exception("restoring the power limit of %s failed", lim.uuid)
+                ok = False
+                continue
+            if res is not None and res.error is not None:
+                ok = False
+        self._write_event("bridge", action="stop", reason=reason, limits_restored=ok)
+        return ok
+
+    def restore_limits(self, reason: str) -> None:
+        """Close every limiter now (a second signal: do not wait for the loop)."""
         for lim in self.limiters.values():
             try:
                 lim.close(reason)
-            except Exception:  # noqa: BLE001 - restore every GPU whatever one does
+            except Exception:  # noqa: BLE001 - restore the others whatever one does
                 log.exception("restoring the power limit of %s failed", lim.uuid)
 
-    def run(self, until: Callable[[], bool] | None = None) -> None:
-        """Tick until :meth:`stop` (or ``until()`` is true)."""
+    def install_signal_handlers(self, signals=(signal.SIGTERM, signal.SIGINT)) -> Callable:
+        """SIGTERM/SIGINT: :meth:`request_stop` (the caller's :meth:`stop` restores the
+        limits and the process exits 0). A second signal before that: restore now and
+        exit 128 + n. Main thread only; returns a function putting the old ones back."""
+
+        def handler(signum, frame):
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                self.restore_limits(f"signal {name} (second)")
+                raise SystemExit(128 + signum)
+            self.signal_received = signum
+            self.request_stop(f"signal {name}")
+
+        previous = {sig: signal.signal(sig, handler) for sig in signals}
+
+        def uninstall():
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+        return uninstall
+
+    def run(
+        self,
+        until: Callable[[], bool] | None = None,
+        on_tick: Callable[[BridgeSnapshot], None] | None = None,
+    ) -> None:
+        """Tick until :meth:`request_stop`/:meth:`stop` (or ``until()`` is true).
+
+        A tick that raises is logged and counted (``tick_errors``); the loop goes on:
+        the module keeps cooling, and the next tick may well work."""
         while not self._stop.is_set():
-            self.tick()
+            try:
+                snap = self.tick()
+            except Exception:  # noqa: BLE001 - the service loop never dies of one tick
+                self.tick_errors += 1
+                log.exception("bridge tick failed (%d so far)", self.tick_errors)
+                snap = self._snapshot
+            if on_tick is not None:
+                on_tick(snap)
             if until is not None and until():
                 break
             self._wake.wait(self.config.tick_s)
@@ -129,6 +270,14 @@ class Bridge:
     # -- callbacks from link threads ---------------------------------------------------
     def _on_event(self, status: ModuleStatus, msg) -> None:
         self.last_event_at = self.clock()
+        ev = status.recent_events[-1] if status.recent_events else {}
+        self._write_event(
+            "module_event",
+            module_id=status.module_id or status.port,
+            port=status.port,
+            reason=ev.get("reason"),
+            fields={k: v for k, v in msg.fields.items()},
+        )
         self._wake.set()  # decide now, not at the next tick
 
     def _heartbeat(self, port: str) -> dict | None:
@@ -136,6 +285,10 @@ class Bridge:
         if pair is None or pair.gpu_uuid is None:
             return None
         return heartbeat_fields(self.samples.get(pair.gpu_uuid))
+
+    def _write_event(self, kind: str, **fields) -> None:
+        if self.event_log is not None:
+            self.event_log.write(kind, **fields)
 
     # -- the tick ---------------------------------------------------------------------
     def _refresh_gpus(self) -> None:
@@ -150,8 +303,10 @@ class Bridge:
         maps = self.config.modules
         for m in maps:
             if (m.module_id and m.module_id == status.module_id) or (
-                m.port and m.port == status.port
+                m.port and _same_port(m.port, status.port)
             ):
+                if m.module_id and status.module_id and m.module_id != status.module_id:
+                    continue  # the port's mapping names another module: not this one
                 if m.gpu is None:
                     return next(iter(self.samples), None) if len(self.samples) == 1 else None
                 for s in self.samples.values():
@@ -162,23 +317,69 @@ class Bridge:
             return next(iter(self.samples))
         return None
 
+    def _note_links(self) -> None:
+        """Log link transitions (up, down, reconnect, another module) once each."""
+        for port, link in self.links.items():
+            st = link.status
+            now = (st.link_up, st.module_id, st.reconnects)
+            was = self._link_seen.get(port)
+            if was == now:
+                continue
+            self._link_seen[port] = now
+            if was is None and not st.link_up:
+                continue  # not up yet at start: not news
+            self._write_event(
+                "link",
+                module_id=st.module_id or port,
+                port=port,
+                up=st.link_up,
+                reconnects=st.reconnects,
+                fw_version=st.fw_version,
+                error=None if st.link_up else st.last_error,
+            )
+        if not self._mapping_checked and all(link.status.module_id for link in self.links.values()):
+            self._mapping_checked = True
+            for problem in self.check_mapped_modules():
+                log.warning("config: %s", problem)
+                self._write_event("config", level="alert", message=problem)
+
+    def _act(self, uuid: str, lim: PowerLimiter, d, now: float):
+        if d.target_limit_w is None:
+            self._refused.pop(uuid, None)
+            return lim.restore("policy: " + (",".join(d.reasons) or "all clear"))
+        refused = self._refused.get(uuid)
+        if (
+            refused is not None
+            and abs(refused[0] - d.target_limit_w) < 1e-6
+            and now - refused[1] < REFUSED_RETRY_S
+        ):
+            return None  # refused a moment ago: not again every tick
+        res = lim.apply(d.target_limit_w, ",".join(d.reasons), d.values)
+        if res.action == "refused":
+            self._refused[uuid] = (d.target_limit_w, now)
+        else:
+            self._refused.pop(uuid, None)
+        return res
+
     def tick(self) -> BridgeSnapshot:
         now = self.clock()
         self.ticks += 1
         self._refresh_gpus()
+        self._note_links()
         inputs = []
         for port, link in self.links.items():
             st = link.status
             uuid = self._gpu_for(st)
+            module_key = st.module_id or port
             pair = self.pairs.get(port)
-            if pair is None or pair.gpu_uuid != uuid or pair.module_id != st.module_id:
-                pair = PairState(module_id=st.module_id, gpu_uuid=uuid)
+            if pair is None or pair.gpu_uuid != uuid or pair.module_id != module_key:
+                pair = PairState(module_id=module_key, gpu_uuid=uuid)
                 self.pairs[port] = pair
             lim = self.limiters.get(uuid) if uuid else None
             pair.original_limit_w = lim.original_w if lim else None
             inputs.append(
                 PairInput(
-                    module_id=st.module_id or port,
+                    module_id=module_key,
                     gpu_uuid=uuid,
                     module=st,
                     gpu=self.samples.get(uuid) if uuid else None,
@@ -197,27 +398,177 @@ class Bridge:
             pair.level = d.level
             pair.reasons = tuple(d.reasons)
             pair.eta_s = d.eta_s
-            lim = self.limiters.get(inp.gpu_uuid) if inp.gpu_uuid else None
-            if lim is None or not d.can_actuate:
-                continue
-            if d.target_limit_w is None:
-                res = lim.restore("policy")
-            else:
-                res = lim.apply(d.target_limit_w, ",".join(d.reasons), d.values)
-            if res is not None and res.action != "skip":
-                self.decision_at[inp.gpu_uuid] = self.clock()
             pair.target_limit_w = d.target_limit_w
+            lim = self.limiters.get(inp.gpu_uuid) if inp.gpu_uuid else None
+            if lim is None:
+                continue
+            if d.can_actuate:
+                res = self._act(inp.gpu_uuid, lim, d, now)
+                if res is not None and res.action != "skip":
+                    self.decision_at[inp.gpu_uuid] = self.clock()
             pair.actions_total = lim.actions_total
             pair.limit_writes_refused = lim.refused_total
-        self._snapshot = BridgeSnapshot(
+        self._snapshot = self._build_snapshot()
+        return self._snapshot
+
+    def _build_snapshot(self) -> BridgeSnapshot:
+        return BridgeSnapshot(
             taken_at=self.clock(),
             modules=[link.status for link in self.links.values()],
             gpus=list(self.samples.values()),
             pairs=list(self.pairs.values()),
             backend=self.backend.name,
         )
-        return self._snapshot
 
     def snapshot(self) -> BridgeSnapshot:
         """The latest snapshot (what a scrape serves): never blocks."""
         return self._snapshot
+
+    def check_mapped_modules(self) -> list[str]:
+        """Config ``[[module]]`` ids that no connected module has (one text each)."""
+        seen = {link.status.module_id for link in self.links.values()}
+        return [
+            f"module[{i}].id {m.module_id} is not among the connected modules "
+            f"({', '.join(sorted(x for x in seen if x)) or 'none'}): `modbridge list` shows them"
+            for i, m in enumerate(self.config.modules)
+            if m.module_id and m.module_id not in seen
+        ]
+
+
+# ----------------------------------------------------------------------------- views
+
+
+def gpu_dict(sample: GpuSample | None) -> dict | None:
+    """A GPU reading as JSON: values the GPU does not support are absent, never 0."""
+    if sample is None:
+        return None
+    d = dataclasses.asdict(sample)
+    d.pop("timestamp", None)
+    extra = d.pop("extra", None) or {}
+    out = {k: v for k, v in d.items() if v is not None}
+    if extra:
+        out["extra"] = extra
+    return out
+
+
+def report(snap: BridgeSnapshot, now: float | None = None) -> dict:
+    """The one view of a snapshot that ``status`` prints (table or ``--json``) and the
+    monitor draws: every module with its paired GPU's reading and its policy level,
+    then every GPU."""
+    now = time.monotonic() if now is None else now
+    gpus = {s.uuid: s for s in snap.gpus}
+    pairs = {p.module_id: p for p in snap.pairs}
+    modules = []
+    for m in snap.modules:
+        d = m.as_dict(now)
+        pair = pairs.get(m.module_id or m.port)
+        d["gpu"] = gpu_dict(gpus.get(pair.gpu_uuid)) if pair and pair.gpu_uuid else None
+        d["policy"] = (
+            {
+                "level": LEVEL_NAMES[pair.level],
+                "reasons": list(pair.reasons),
+                "target_limit_w": pair.target_limit_w,
+                "original_limit_w": pair.original_limit_w,
+                "eta_s": pair.eta_s,
+                "actions": dict(pair.actions_total),
+                "limit_writes_refused": pair.limit_writes_refused,
+            }
+            if pair is not None
+            else None
+        )
+        modules.append(d)
+    return {
+        "backend": snap.backend,
+        "modules": modules,
+        "gpus": [gpu_dict(s) for s in snap.gpus],
+    }
+
+
+# ----------------------------------------------------------------------------- list
+
+
+def probe_modules(
+    ports: Iterable, timeout: float = 3.0, link_factory: Callable[..., ModuleLink] = ModuleLink
+) -> list[dict]:
+    """Open each port briefly (all at once), wait for its hello, close it again.
+
+    ``ports`` are discovery :class:`~modbridge.discovery.PortInfo` objects (or
+    paths). Returns one dict per port: the port's description plus ``module_id``,
+    ``fw_version``, ``board``, ``protocol``, ``link_up`` and ``error``."""
+    rows: list[tuple[dict, ModuleLink | None]] = []
+    for p in ports:
+        info = p.as_dict() if hasattr(p, "as_dict") else {"device": os.fspath(p)}
+        link = link_factory(info["device"], heartbeat_period_s=60.0)
+        try:
+            link.start()
+        except LinkError as e:
+            info["error"] = str(e)
+            link = None
+        rows.append((info, link))
+    deadline = time.monotonic() + timeout
+    out = []
+    try:
+        for _info, link in rows:
+            if link is not None:
+                link.wait_up(max(0.0, deadline - time.monotonic()))
+    finally:
+        for info, link in rows:
+            if link is not None:
+                st = link.status
+                info.update(
+                    module_id=st.module_id,
+                    fw_version=st.fw_version,
+                    board=st.board,
+                    protocol=st.proto_version,
+                    link_up=st.link_up,
+                    error=None if st.link_up else (st.last_error or "no hello"),
+                )
+                link.stop()
+            else:
+                info.update(
+                    module_id=None, fw_version=None, board=None, protocol=None, link_up=False
+                )
+            out.append(info)
+    return out
+
+
+def gpu_infos(backend: GpuBackend) -> list[dict]:
+    return [dataclasses.asdict(i) for i in backend.devices()]
+
+
+# ----------------------------------------------------------------------------- --sim
+
+
+def open_sim(
+    n: int = 1,
+    world: str = "default",
+    profile: str | None = "demo",
+    speed: float = 1.0,
+    seed: int = 0,
+):
+    """Start a :class:`~modbridge.sim.fleet.SimFleet` of ``n`` virtual modules.
+
+    Returns ``(fleet, mappings)``: the started fleet and the ``[[module]]`` mapping
+    module i (its port) -> GPU i (its UUID; the fleet gives each GPU its own)."""
+    from .sim.fleet import SimFleet
+
+    fleet = SimFleet(n, world=world, profile=profile, speed=speed, seed=seed)
+    gpus = fleet.gpus
+    mappings = [
+        ModuleMapping(module_id=None, gpu=g.uuid, port=port)
+        for port, g in zip(fleet.ports, gpus, strict=True)
+    ]
+    fleet.start()
+    return fleet, mappings
+
+
+def sim_heartbeat_period_s(configured: float, speed: float) -> float:
+    """Heartbeats often enough in world time: the firmware's host timeout (5 s of its
+    time) must not expire between two of them when the world runs ``speed`` x faster.
+
+    >>> sim_heartbeat_period_s(1.0, 1.0), sim_heartbeat_period_s(1.0, 20.0)
+    (1.0, 0.1)
+    """
+    if speed <= 0:
+        return 0.1
+    return max(0.1, min(configured, 2.0 / speed))

@@ -137,3 +137,14 @@ def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: 
             click.echo(line)
     else:
         click.echo(f"flashed {len(plan.files)} files to {board} on {port}")
+
+
+def _register_commands() -> None:
+    """Commands that live in their own modules register themselves on the group."""
+    from modbridge import cli_bridge, cli_sim
+
+    cli_sim.register(main)
+    cli_bridge.register(main)
+
+
+_register_commands()

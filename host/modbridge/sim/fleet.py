@@ -57,6 +57,11 @@ class SimFleet:
                 # start from the steady state of a running machine, not a cold box
                 w.set_duties(settle_duty, settle_duty)
                 w.equilibrate()
+            if n > 1:
+                # one chassis, several GPUs: each needs its own identity, like real ones
+                w.gpu.uuid = w.gpu.uuid[:-4] + f"{i:04x}"
+                domain, bus, _dev = w.gpu.pci_bus_id.split(":")
+                w.gpu.pci_bus_id = f"{domain}:{bus}:{(6 + i) & 0x1F:02x}.0"
             vm = VirtualModule(
                 w,
                 self.state_dir / f"module-{i}",

@@ -1,0 +1,438 @@
+"""`modbridge list/status/run/monitor/config`: the bridge commands (docs/bridge.md).
+
+Thin: parse options, call :mod:`modbridge.bridge` / :mod:`modbridge.monitor`, format.
+Exit codes: 0 ok, 1 runtime error, 2 usage or config error, 3 no module / no GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from modbridge.errors import ModbridgeError
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "modbridge.toml"
+READY_TIMEOUT_S = 10.0  # status/--once: how long to wait for every module's hello
+
+
+def _fail(err: Exception | str, code: int | None = None) -> None:
+    click.echo(f"modbridge: {err}", err=True)
+    sys.exit(code if code is not None else getattr(err, "exit_code", EXIT_RUNTIME))
+
+
+def _dump(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def _port_option(f):
+    return click.option(
+        "--port",
+        "ports",
+        multiple=True,
+        metavar="PATH",
+        help="Module serial port (repeatable); CH340 adapters are also found by USB id.",
+    )(f)
+
+
+def _backend_option(f):
+    return click.option(
+        "--backend",
+        type=click.Choice(["auto", "nvml", "nvidia-smi"]),
+        default=None,
+        help="GPU backend (default: the config's, else auto: NVML, then nvidia-smi).",
+    )(f)
+
+
+def _config_option(f):
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Config file (default: /etc/modbridge/modbridge.toml, ~/.config/modbridge.toml).",
+    )(f)
+
+
+def _sim_options(f):
+    for opt in reversed(
+        [
+            click.option("--sim", is_flag=True, help="Virtual modules and GPUs (no hardware)."),
+            click.option("--sim-modules", default=1, show_default=True, type=click.IntRange(1, 64),
+                         help="Number of virtual modules (module i cools GPU i)."),
+            click.option("--sim-world", default="default", show_default=True,
+                         help="World file: a built-in name (default, h200_2u) or a path."),
+            click.option("--sim-profile", default="demo", show_default=True,
+                         help="GPU load profile: a built-in name or a file."),
+            click.option("--sim-speed", default=1.0, show_default=True, type=float,
+                         help="World time per wall-clock second (0: as fast as possible)."),
+        ]
+    ):  # fmt: skip
+        f = opt(f)
+    return f
+
+
+@dataclasses.dataclass
+class _Setup:
+    config: object
+    backend: object
+    ports: list
+    fleet: object = None
+
+
+def _load_config(path: str | None):
+    from modbridge import config as cfgmod
+
+    try:
+        if path is not None:
+            return cfgmod.load(path)
+        found = cfgmod.find_default()
+        return cfgmod.load(found) if found is not None else cfgmod.BridgeConfig()
+    except cfgmod.ConfigFileError as e:
+        for problem in e.problems:
+            click.echo(f"{e.path}: {problem}", err=True)
+        _fail(f"{e.path}: invalid config ({len(e.problems)} problem(s)); "
+              "`modbridge config validate` checks it", EXIT_USAGE)  # fmt: skip
+
+
+def _open_backend(kind: str, sim_gpus=None):
+    from modbridge.gpu import select
+    from modbridge.gpu.base import GpuError
+
+    try:
+        return select.open_backend(kind, sim_gpus=sim_gpus)
+    except GpuError as e:
+        _fail(e, EXIT_NOT_FOUND)
+
+
+def _module_ports(given, cfg) -> list[str]:
+    from modbridge.discovery import find_modules
+
+    found = find_modules(list(given) + cfg.ports())
+    if not found:
+        from modbridge.bridge import NoModuleFound
+
+        _fail(NoModuleFound(
+            "no module found: plug one in (CH340 adapters are found by USB id), "
+            "give --port PATH, or try --sim"
+        ))  # fmt: skip
+    return [p.device for p in found]
+
+
+@contextlib.contextmanager
+def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile, sim_speed):
+    """The config, the GPU backend and the module ports: real, or a started SimFleet."""
+    from modbridge import bridge as br
+
+    cfg = _load_config(config_path)
+    if sim:
+        if ports or backend:
+            _fail("--sim brings its own modules and GPUs: drop --port/--backend", EXIT_USAGE)
+        try:
+            fleet, mappings = br.open_sim(sim_modules, sim_world, sim_profile, sim_speed)
+        except (ModbridgeError, ValueError, OSError) as e:
+            _fail(f"cannot start the simulator: {e}", EXIT_RUNTIME)
+        try:
+            cfg.modules = mappings
+            cfg.backend = "sim"
+            cfg.heartbeat_period_s = br.sim_heartbeat_period_s(cfg.heartbeat_period_s, sim_speed)
+            gpu_backend = _open_backend("sim", sim_gpus=fleet.gpus)
+            yield _Setup(cfg, gpu_backend, fleet.ports, fleet)
+        finally:
+            fleet.stop()
+        return
+    kind = backend or cfg.backend
+    if kind == "sim":
+        _fail('backend "sim" needs --sim', EXIT_USAGE)
+    gpu_backend = _open_backend(kind)
+    try:
+        yield _Setup(cfg, gpu_backend, _module_ports(ports, cfg))
+    finally:
+        gpu_backend.close()
+
+
+# ----------------------------------------------------------------------------- list
+
+
+@click.command("list")
+@_port_option
+@_backend_option
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: modules and gpus.")
+@click.option("--timeout", default=3.0, show_default=True, help="Seconds to wait for hellos.")
+def list_cmd(ports, backend, config_path, as_json, timeout):
+    """Modules found (with their hello) and GPUs visible. Exit 3 if either is none."""
+    from modbridge import bridge as br
+    from modbridge.discovery import find_modules
+    from modbridge.gpu import select
+    from modbridge.gpu.base import GpuError
+
+    cfg = _load_config(config_path)
+    modules = br.probe_modules(find_modules(list(ports) + cfg.ports()), timeout=timeout)
+    gpus, gpu_error = [], None
+    try:
+        gb = select.open_backend(backend or cfg.backend)
+    except GpuError as e:
+        gpu_error = str(e)
+    else:
+        try:
+            gpus = br.gpu_infos(gb)
+        finally:
+            gb.close()
+    out = {"modules": modules, "gpus": gpus, "gpu_error": gpu_error}
+    if as_json:
+        _dump(out)
+    else:
+        click.echo(
+            "modules:" if modules else "modules: none (give --port PATH; see docs/bridge.md)"
+        )
+        for m in modules:
+            what = (
+                f"module {m['module_id']}  fw {m['fw_version']}  board {m['board']}  "
+                f"protocol {m['protocol']}"
+                if m["link_up"]
+                else f"no module: {m.get('error')}"
+            )
+            click.echo(f"  {m['device']}  {what}")
+        click.echo("gpus:" if gpus else f"gpus: none ({gpu_error or 'no GPU visible'})")
+        for g in gpus:
+            click.echo(f"  [{g['index']}] {g['uuid']}  {g['name']}  {g['pci_bus_id']}")
+    if not any(m["link_up"] for m in modules) or not gpus:
+        sys.exit(EXIT_NOT_FOUND)
+
+
+# ----------------------------------------------------------------------------- status
+
+
+@click.command("status")
+@_port_option
+@_backend_option
+@_config_option
+@_sim_options
+@click.option("--module", "module_id", default=None, help="Only this module (id from `list`).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: modules and gpus.")
+@click.option("--timeout", default=READY_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for every module's first telemetry.")  # fmt: skip
+def status_cmd(ports, backend, config_path, module_id, as_json, timeout, **sim):
+    """One-shot view: each module's telemetry, its GPU, and its policy level.
+
+    Never writes a power limit (the policy runs as a dry run). Exit 1 if a module's
+    link did not come up.
+    """
+    from modbridge import bridge as br
+    from modbridge import monitor
+
+    with _setup(config_path, ports, backend, **sim) as s:
+        s.config.dry_run = True  # status only looks
+        b = _start_bridge(s)
+        try:
+            b.wait_ready(timeout)
+            rep = br.report(b.tick())
+        finally:
+            b.stop("status")
+    if module_id is not None:
+        rep["modules"] = [m for m in rep["modules"] if m["module_id"] == module_id]
+        if not rep["modules"]:
+            _fail(br.UnknownModule(f"no module {module_id}: `modbridge list` shows the modules"))
+    if as_json:
+        _dump(rep)
+    else:
+        for line in monitor.table(rep):
+            click.echo(line)
+    if not all(m["link_up"] for m in rep["modules"]):
+        sys.exit(EXIT_RUNTIME)
+
+
+def _start_bridge(s: _Setup, event_log=None):
+    from modbridge.bridge import Bridge
+    from modbridge.link import LinkError
+
+    b = Bridge(s.config, s.backend, s.ports, event_log=event_log)
+    try:
+        return b.start()
+    except LinkError as e:
+        b.stop("start failed")
+        _fail(e, EXIT_RUNTIME)
+
+
+# ----------------------------------------------------------------------------- run
+
+
+@click.command("run")
+@_config_option
+@_port_option
+@_sim_options
+@_backend_option
+@click.option(
+    "--dry-run", is_flag=True, default=None, help="Decide and log, never write a power limit."
+)
+@click.option("--metrics-address", default=None, help="Exporter address (default 127.0.0.1).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Exporter port (default 9659; 0: any free port).",
+)
+@click.option("--no-metrics", is_flag=True, help="No Prometheus endpoint.")
+@click.option(
+    "--event-log",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Append JSON-lines events here (decisions, limit writes, links).",
+)
+@click.option("--once", is_flag=True, help="One tick once every module is up, print, exit.")
+@click.option(
+    "--status-every",
+    default=10.0,
+    show_default=True,
+    type=float,
+    help="Seconds between status lines on stderr (0: none).",
+)
+@click.option("--live", is_flag=True, help="A live view on stdout instead of status lines.")
+@click.option("--ticks", type=click.IntRange(1), default=None, hidden=True,
+              help="Stop after this many ticks (tests, benchmarks).")  # fmt: skip
+def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port, no_metrics,
+            event_log, once, status_every, live, ticks, **sim):  # fmt: skip
+    """The service: modules + GPUs + policy + power limits + Prometheus exporter.
+
+    SIGTERM or SIGINT: the power limits go back (per on_exit) and the exit code is 0.
+    """
+    from modbridge import bridge as br
+    from modbridge import exporter, monitor
+    from modbridge.eventlog import EventLog
+
+    with _setup(config_path, ports, backend, **sim) as s:
+        cfg = s.config
+        if dry_run:
+            cfg.dry_run = True
+        if no_metrics:
+            cfg.exporter_enabled = False
+        cfg.exporter_address = metrics_address or cfg.exporter_address
+        cfg.exporter_port = cfg.exporter_port if metrics_port is None else metrics_port
+        path = event_log or cfg.event_log
+        try:
+            elog = EventLog(path) if path else None
+        except OSError as e:
+            _fail(f"cannot open the event log {path}: {e}", EXIT_RUNTIME)
+        b = _start_bridge(s, elog)
+        uninstall = b.install_signal_handlers()
+        server = None
+        ok = False
+        try:
+            if cfg.exporter_enabled:
+                server = exporter.serve(b.snapshot, cfg.exporter_address, cfg.exporter_port)
+                click.echo(f"modbridge: metrics on {server.url}", err=True)
+            if once:
+                b.wait_ready(READY_TIMEOUT_S)
+            if live:
+                view = monitor.LiveView(title="modbridge run")
+                show = monitor.Throttled(lambda snap: view.draw(br.report(snap)), 1.0)
+            else:
+                show = monitor.Throttled(
+                    lambda snap: click.echo(monitor.status_line(br.report(snap)), err=True),
+                    status_every,
+                )
+            limit = 1 if once else ticks
+            b.run(until=(lambda: b.ticks >= limit) if limit else None, on_tick=show)
+            if once:
+                for line in monitor.table(br.report(b.snapshot())):
+                    click.echo(line)
+        except ModbridgeError as e:
+            click.echo(f"modbridge: {e}", err=True)
+        else:
+            ok = True
+        finally:
+            if server is not None:
+                server.stop()
+            restored = b.stop()
+            uninstall()
+            if elog is not None:
+                elog.close()
+        if b.signal_received is not None:
+            click.echo(f"modbridge: stopped by {b.stop_reason}; limits restored", err=True)
+    sys.exit(EXIT_OK if ok and restored else EXIT_RUNTIME)
+
+
+# ----------------------------------------------------------------------------- monitor
+
+
+@click.command("monitor")
+@_port_option
+@_backend_option
+@_config_option
+@_sim_options
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between redraws.")
+@click.option("--count", type=click.IntRange(1), default=None,
+              help="Stop after this many redraws.")  # fmt: skip
+def monitor_cmd(ports, backend, config_path, interval, count, **sim):
+    """Live view of modules and GPUs (Ctrl-C quits). Never writes a power limit.
+
+    Plain lines instead of the redrawn table when stdout is not a terminal.
+    """
+    from modbridge import bridge as br
+    from modbridge import monitor
+
+    with _setup(config_path, ports, backend, **sim) as s:
+        s.config.dry_run = True  # a view, not the service
+        b = _start_bridge(s)
+        view = monitor.LiveView()
+        show = monitor.Throttled(lambda snap: view.draw(br.report(snap)), interval)
+        try:
+            b.run(until=(lambda: view.frames >= count) if count else None, on_tick=show)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            b.stop("monitor")
+    if view.tty:
+        click.echo("")
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@click.group("config")
+def config_group():
+    """Check the config file, or print an example."""
+
+
+@config_group.command("validate")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+def config_validate(file):
+    """Check FILE (default: the first of the default paths) and list every problem."""
+    from modbridge import config as cfgmod
+
+    path = file or cfgmod.find_default()
+    if path is None:
+        _fail("no config file: give FILE (defaults: "
+              + ", ".join(str(p) for p in cfgmod.DEFAULT_PATHS) + ")", EXIT_USAGE)  # fmt: skip
+    try:
+        cfg = cfgmod.load(path)
+    except cfgmod.ConfigFileError as e:
+        for problem in e.problems:
+            click.echo(f"{e.path}: {problem}")
+        click.echo(f"{e.path}: {len(e.problems)} problem(s)", err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(f"{cfg.path}: ok ({len(cfg.modules)} module mapping(s))")
+
+
+@config_group.command("example")
+def config_example():
+    """Print an example config file with every key (examples/modbridge.toml)."""
+    try:
+        click.echo(EXAMPLE_CONFIG.read_text(encoding="utf-8"), nl=False)
+    except OSError as e:
+        _fail(f"cannot read {EXAMPLE_CONFIG}: {e} (see docs/bridge.md)", EXIT_RUNTIME)
+
+
+def register(group):
+    """Add the bridge commands to the CLI group."""
+    for cmd in (list_cmd, status_cmd, run_cmd, monitor_cmd, config_group):
+        group.add_command(cmd)

@@ -1,0 +1,501 @@
+"""`modbridge sim`: virtual module(s) on pty(s) (see docs/simulator.md).
+
+The real firmware runs in the MicroPython unix port against a simulated world; each
+module's protocol port is a pty with a stable symlink. The command drives the fleet
+from its own thread (``SimFleet.run_for``), applies ``--fault`` schedules on the world
+clock (to within one firmware sleep, <= 100 ms) and, with ``--watch``, prints one
+status line per module per simulated second from the runner's telemetry tap (plus a
+line per event and fault).
+SIGINT/SIGTERM stop it cleanly: every micropython process is killed, ptys closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+
+import click
+
+from protocol import catalog as C
+
+SPEED_HELP = "Simulated seconds per wall second (1 = real time), or 'max'."
+
+
+def _speed(text: str) -> float:
+    if text.strip().lower() in ("max", "0"):
+        return 0.0
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v > 0 or math.isinf(v):
+        raise ValueError(f"--speed: a number > 0 or 'max', got {text!r}")
+    return v
+
+
+class _Usage(Exception):
+    """Bad input: one line on stderr, exit 2."""
+
+
+def register(group) -> None:
+    """Add the simulator commands to the CLI group."""
+    group.add_command(sim_cmd)
+
+
+@click.command("sim")
+@click.option(
+    "--world",
+    "world",
+    default="default",
+    show_default=True,
+    help="World: default, h200_2u or a world file (docs/simulator.md).",
+)
+@click.option(
+    "--profile",
+    default="idle",
+    show_default=True,
+    help="GPU load: idle, step650, bursts, bench, demo or a profile file.",
+)
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Noise seed; module i uses seed+i (also its MCU unique id).",
+)
+@click.option("--speed", "speed_text", default="1", show_default=True, help=SPEED_HELP)
+@click.option(
+    "--modules",
+    "n",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="How many virtual modules, each with its own world and GPU.",
+)
+@click.option(
+    "--ambient",
+    type=float,
+    default=None,
+    help="Room air at the inlet, degC (default: the world's).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the modules' flash (config) and ptys' symlinks here across runs.",
+)
+@click.option(
+    "--fault",
+    "faults",
+    multiple=True,
+    metavar="SPEC",
+    help="Scheduled fault, repeatable: ntc_open:gpu@30s, ntc_short:amb@5s-9s, "
+    "fan_stall:2@60s-90s, ina_absent@10s, dip:900mV/500ms@45s, "
+    "host_silence@20s-40s, mcu_reset@50s, gpu_lost@100s; m<i>: for one module.",
+)
+@click.option(
+    "--duration", type=float, default=None, help="Stop after this many simulated seconds (exit 0)."
+)
+@click.option("--watch", is_flag=True, help="One status line per module per simulated second.")
+@click.option(
+    "--interval",
+    type=click.IntRange(1, 3600),
+    default=1,
+    show_default=True,
+    help="With --watch: simulated seconds between status lines.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="With --watch: one JSON object per line (status, event, fault).",
+)
+def sim_cmd(
+    world,
+    profile,
+    seed,
+    speed_text,
+    n,
+    ambient,
+    state_dir,
+    faults,
+    duration,
+    watch,
+    interval,
+    as_json,
+):
+    """Run virtual module(s): the real firmware against a simulated GPU, on a pty.
+
+    Prints each module's port (a stable symlink and the pty it points to); anything
+    speaking the protocol can open it: a terminal (type a JSON line), mpremote while
+    the firmware sits at the REPL, the bridge. Runs until Ctrl-C, SIGTERM or
+    --duration.
+    """
+    try:
+        code = _run(
+            world,
+            profile,
+            seed,
+            speed_text,
+            n,
+            ambient,
+            state_dir,
+            faults,
+            duration,
+            watch,
+            interval,
+            as_json,
+        )
+    except _Usage as e:
+        click.echo(f"modbridge sim: {e}", err=True)
+        sys.exit(2)
+    sys.exit(code)
+
+
+def _run(
+    world,
+    profile,
+    seed,
+    speed_text,
+    n,
+    ambient,
+    state_dir,
+    faults,
+    duration,
+    watch,
+    interval,
+    as_json,
+) -> int:
+    from modbridge.sim import ParamsError, ProfileError, WorldError
+    from modbridge.sim.faults import FaultSpecError, parse_faults
+    from modbridge.sim.fleet import SimFleet
+    from modbridge.sim.runner import SimError
+
+    try:
+        speed = _speed(speed_text)
+        specs = parse_faults(faults)
+    except (ValueError, FaultSpecError) as e:
+        raise _Usage(f"--{e}" if isinstance(e, FaultSpecError) else str(e)) from None
+    if duration is not None and not (duration > 0 and math.isfinite(duration)):
+        raise _Usage(f"--duration: simulated seconds > 0, got {duration:g}")
+    if as_json and not watch:
+        raise _Usage("--json goes with --watch")
+
+    stop = threading.Event()
+    old = _install_signals(stop)
+    fleet = None
+    out = _Out(as_json)
+    try:
+        try:
+            fleet = SimFleet(
+                n,
+                world=world,
+                profile=profile,
+                seed=seed,
+                speed=speed,
+                state_dir=state_dir,
+                ambient_c=ambient,
+                faults=specs,
+            )
+        except FaultSpecError as e:
+            raise _Usage(f"--{e}") from None
+        except (ParamsError, ProfileError, WorldError) as e:
+            raise _Usage(str(e)) from None
+        except OSError as e:
+            raise _Usage(f"cannot set up the virtual modules: {e}") from None
+        for i, vm in enumerate(fleet.modules):
+            out.module(i, vm, fleet)
+        if not watch:
+            out.info(_describe_faults(fleet.schedule.faults))
+            out.info(
+                "running; Ctrl-C to stop"
+                if duration is None
+                else f"running for {duration:g} simulated s"
+            )
+        watcher = _Watcher(fleet, out, interval * 1000) if watch else None
+        sim_ms = None if duration is None else int(round(duration * 1000))
+        try:
+            fleet.run_for(sim_ms, on_step=watcher, stop=stop)
+        except BrokenPipeError:
+            _silence_stdout()  # `| head`: the reader left; stop quietly
+            return 0
+        except SimError as e:
+            click.echo(f"modbridge sim: {e}", err=True)
+            return 1
+        if watcher is not None:
+            watcher.flush(fleet.now_ms)
+        if not watch:
+            out.info(f"stopped at {fleet.now_ms / 1000:.1f} simulated s")
+        return 0
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        _restore_signals(old)
+
+
+def _describe_faults(faults) -> str:
+    if not faults:
+        return "no faults scheduled"
+    parts = []
+    for f in faults:
+        when = f"{f.at_ms / 1000:g} s"
+        if f.until_ms is not None:
+            when += f"-{f.until_ms / 1000:g} s"
+        who = "" if f.module is None else f" (module {f.module})"
+        parts.append(f"{f.label()} @{when}{who}")
+    return "faults: " + "; ".join(parts)
+
+
+def _install_signals(stop: threading.Event):
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        if stop.is_set():  # a second one: stop waiting for the loop (fleet.stop still runs)
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        old[sig] = signal.signal(sig, handler)
+    return old
+
+
+def _restore_signals(old) -> None:
+    if not old:
+        return
+    for sig, h in old.items():
+        signal.signal(sig, h)
+
+
+def _silence_stdout() -> None:
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+# --------------------------------------------------------------------------- output
+
+
+class _Out:
+    def __init__(self, as_json: bool):
+        self.json = as_json
+
+    def emit(self, text: str, obj: dict) -> None:
+        click.echo(json.dumps(obj, separators=(",", ":")) if self.json else text)
+
+    def info(self, text: str) -> None:
+        if not self.json:
+            click.echo(text)
+
+    def module(self, i, vm, fleet) -> None:
+        w = vm.world
+        self.emit(
+            f"module {i}: {vm.port_symlink} -> {vm.port} (uid {vm.uid.hex()}, "
+            f"world {w.params['world']['name']}, profile {w.profile.name}, seed {vm.seed})",
+            {
+                "type": "module",
+                "module": i,
+                "port": str(vm.port_symlink),
+                "pty": vm.port,
+                "uid": vm.uid.hex(),
+                "world": w.params["world"]["name"],
+                "profile": w.profile.name,
+                "seed": vm.seed,
+                "state_dir": str(vm.state_dir),
+            },
+        )
+
+
+def _c(tel, key):
+    v = tel.get(key)
+    return None if v is None else round(v / 1000.0, 1)
+
+
+def _pct(duty):
+    return None if duty is None else round(duty * 100.0 / 65535, 1)
+
+
+_EDGE_ONLY = ("under_voltage", "power_monitor_fault")
+
+
+def _fault_names(mask: int) -> list[str]:
+    return [name for b, name in enumerate(C.FAULT_BITS) if mask & (1 << b)]
+
+
+def _name(table, i):
+    return table[i] if isinstance(i, int) and 0 <= i < len(table) else str(i)
+
+
+class _Watcher:
+    """``on_step`` of the fleet: status lines every simulated second, events, faults."""
+
+    def __init__(self, fleet, out: _Out, every_ms: int = 1000):
+        self.fleet = fleet
+        self.out = out
+        self.every_ms = every_ms
+        self.next_ms = every_ms
+        self.seen = [0] * len(fleet.modules)
+        self.wide = len(fleet.modules) > 1
+
+    def __call__(self, now_ms: int, actions) -> None:
+        for act in actions:
+            self._fault(act)
+        self._events(now_ms)
+        if now_ms >= self.next_ms:
+            self.next_ms = (now_ms // self.every_ms + 1) * self.every_ms
+            for i, vm in enumerate(self.fleet.modules):
+                self._status(now_ms, i, vm)
+
+    def flush(self, now_ms: int) -> None:
+        self._events(now_ms)
+
+    def _tag(self, i) -> str:
+        return f" m{i}" if self.wide else ""
+
+    def _fault(self, act) -> None:
+        f = act.fault
+        mods = "all" if f.module is None else f.module
+        who = "" if f.module is None or not self.wide else f" (m{f.module})"
+        self.out.emit(
+            f"{act.t_ms / 1000:7.1f}s fault: {act.text()}{who}",
+            {
+                "type": "fault",
+                "t": act.t_ms / 1000,
+                "module": mods,
+                "fault": f.name,
+                "on": act.on,
+                "spec": f.spec,
+                "text": act.text(),
+            },
+        )
+
+    def _events(self, now_ms: int) -> None:
+        for i, vm in enumerate(self.fleet.modules):
+            evs = vm.events
+            while self.seen[i] < len(evs):
+                ev = evs[self.seen[i]]
+                self.seen[i] += 1
+                self._event(now_ms, i, ev)
+
+    def _event(self, now_ms, i, ev) -> None:
+        code = _name(C.REASONS, ev.get("code"))
+        sev = _name(C.SEVERITIES, ev.get("severity", 0))
+        active = ev.get("active", True)
+        idx = ev.get("index", -1)
+        state = ev.get("state")
+        prev = ev.get("prev_state")
+        value = ev.get("value")
+        target = ""
+        if idx is not None and idx >= 0:
+            if code.startswith("sensor_") or code in ("over_temp", "critical_temp"):
+                target = " " + _name(C.CHANNELS, idx)
+            elif code == "fan_stall":
+                target = f" fan{idx + 1}"
+            else:
+                target = f" {idx}"
+        if state is not None and prev is not None and state != prev:
+            what = f"{_name(C.STATES, prev)} -> {_name(C.STATES, state)} ({code})"
+        elif idx == -1 and state is not None and code not in _EDGE_ONLY:
+            what = f"{_name(C.STATES, state)} ({code})"
+        else:
+            what = f"{code}{target} {'raised' if active else 'cleared'}"
+            if code == "under_voltage" and value:
+                what += f" at {value / 1000:.2f} V"
+            elif code in ("over_temp", "critical_temp") and value:
+                what += f" at {value / 1000:.1f} C"
+        if ev.get("text"):
+            what += " " + repr(ev["text"])
+        self.out.emit(
+            f"{now_ms / 1000:7.1f}s{self._tag(i)} event: {what} [{sev}]",
+            {
+                "type": "event",
+                "t": now_ms / 1000,
+                "module": i,
+                "code": code,
+                "severity": sev,
+                "active": bool(active),
+                "index": idx,
+                "state": None if state is None else _name(C.STATES, state),
+                "prev_state": None if prev is None else _name(C.STATES, prev),
+                "value": value,
+                "text": ev.get("text"),
+            },
+        )
+
+    def _status(self, now_ms, i, vm) -> None:
+        tel = vm.last_telemetry or {}
+        gpu = self._gpu(vm)
+        obj = {
+            "type": "status",
+            "t": now_ms / 1000,
+            "module": i,
+            "mcu": vm.mcu_state,
+            "state": _name(C.STATES, tel["state"]) if "state" in tel else None,
+            "reason": _name(C.REASONS, tel["reason"]) if "reason" in tel else None,
+            "faults": _fault_names(tel.get("faults", 0)),
+            "temp_gpu": _c(tel, "temp_gpu"),
+            "temp_vram": _c(tel, "temp_vram"),
+            "temp_mos": _c(tel, "temp_mos"),
+            "temp_amb": _c(tel, "temp_amb"),
+            "fan1_rpm": tel.get("fan1_rpm"),
+            "fan2_rpm": tel.get("fan2_rpm"),
+            "fan1_duty": _pct(tel.get("fan1_duty")),
+            "fan2_duty": _pct(tel.get("fan2_duty")),
+            "v_in": None if tel.get("v_in") is None else round(tel["v_in"] / 1000, 3),
+            "p_in": None if tel.get("p_in") is None else round(tel["p_in"] / 1000, 1),
+            **gpu,
+        }
+        self.out.emit(self._line(obj, vm), obj)
+
+    @staticmethod
+    def _gpu(vm) -> dict:
+        from modbridge.sim import GpuLost
+
+        g = vm.world.gpu
+        try:
+            return {
+                "gpu_power_w": round(g.power_w(), 1),
+                "gpu_limit_w": round(g.power_limit_w(), 1),
+                "gpu_die_c": g.temperature_c(),
+                "gpu_lost": False,
+            }
+        except GpuLost:
+            return {"gpu_power_w": None, "gpu_limit_w": None, "gpu_die_c": None, "gpu_lost": True}
+
+    def _line(self, o, vm) -> str:
+        head = f"{o['t']:7.1f}s{self._tag(o['module'])} "
+        if vm.mcu_state != "running":
+            why = f" ({vm.halt_reason})" if vm.halt_reason else ""
+            state = f"MCU {vm.mcu_state}{why}"
+        elif o["state"] is None:
+            state = "(no telemetry yet)"
+        else:
+            state = o["state"]
+            if o["state"] in ("FAILSAFE", "STANDALONE") and o["reason"] not in (None, "boot"):
+                state += f"({o['reason']})"
+
+        def num(v, fmt, width):
+            return "--".rjust(width) if v is None else format(v, fmt).rjust(width)
+
+        temps = " ".join(
+            f"{k} {num(o['temp_' + k], '.1f', 4)}" for k in ("gpu", "vram", "mos", "amb")
+        )
+        fans = (
+            f"fans {num(o['fan1_rpm'], 'd', 4)}/{num(o['fan2_rpm'], 'd', 4)} rpm "
+            f"{num(o['fan1_duty'], '.0f', 3)}/{num(o['fan2_duty'], '.0f', 3)} %"
+        )
+        rail = f"{num(o['v_in'], '.2f', 5)} V {num(o['p_in'], '.0f', 3)} W"
+        if o["gpu_lost"]:
+            gpu = "GPU lost"
+        else:
+            gpu = f"GPU {o['gpu_die_c']:2d} C {o['gpu_power_w']:3.0f}/{o['gpu_limit_w']:.0f} W"
+        line = f"{head}{state:<10}  {temps} C | {fans} | {rail} | {gpu}"
+        if o["faults"]:
+            line += " | faults " + ",".join(o["faults"])
+        return line

@@ -1,0 +1,189 @@
+"""`modbridge sim`: CliRunner for output and exit codes, a subprocess for signals.
+
+Every run uses the real firmware in MicroPython; the subprocess tests check by pid
+that no micropython process outlives the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import serial
+from click.testing import CliRunner
+
+from modbridge.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+STATUS = re.compile(
+    r"^ +(\d+\.\d)s (\S+) +gpu +[\d.]+ vram +[\d.]+ mos +[\d.]+ amb +[\d.]+ C \| "
+    r"fans +\d+/ *\d+ rpm +\d+/ *\d+ % \| +[\d.]+ V +\d+ W \| GPU +\d+ C +\d+/\d+ W"
+)
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["sim", *args], catch_exceptions=False)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _children(pid):
+    """Pids of the direct children of ``pid`` (micropython is started in its own session,
+    but it stays our child)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and "micropython" in stat.split(")", 1)[0]:
+            out.append(int(d))
+    return out
+
+
+def test_watch_prints_the_port_and_a_line_per_second():
+    r = run("--duration", "5", "--speed", "max", "--watch")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    m = re.match(r"^module 0: (\S+) -> (/dev/pts/\d+) \(uid ([0-9a-f]{24}), ", lines[0])
+    assert m and m.group(1).endswith("module-0.tty"), lines[0]
+    status = [STATUS.match(line) for line in lines if " event: " not in line][1:]
+    assert all(status), [line for line, s in zip(lines[1:], status, strict=False) if not s]
+    assert [s.group(1) for s in status] == ["1.0", "2.0", "3.0", "4.0", "5.0"], lines
+    assert [s.group(2) for s in status][1:] == ["STANDALONE"] * 4, lines
+    assert any("event: BOOT -> STANDALONE (boot)" in line for line in lines), lines
+    assert not os.path.lexists(m.group(1))  # the symlink went with the run
+
+
+def test_json_lines_parse():
+    r = run("--duration", "4", "--speed", "max", "--watch", "--json", "--fault", "dip:1V/1s@1.5s")
+    assert r.exit_code == 0, r.output
+    objs = [json.loads(line) for line in r.output.splitlines()]
+    assert objs[0]["type"] == "module" and objs[0]["pty"].startswith("/dev/pts/"), objs[0]
+    status = [o for o in objs if o["type"] == "status"]
+    assert [o["t"] for o in status] == [1.0, 2.0, 3.0, 4.0], objs
+    last = status[-1]
+    assert last["state"] == "STANDALONE" and last["mcu"] == "running", last
+    assert 20 < last["temp_gpu"] < 40 and last["fan1_duty"] >= 20.0 and last["gpu_lost"] is False
+    assert 11.5 < last["v_in"] < 12.5 and last["gpu_limit_w"] == 700.0, last
+    assert {"fan1_rpm", "fan2_rpm", "p_in", "gpu_power_w", "faults", "reason"} <= set(last)
+    faults = [o for o in objs if o["type"] == "fault"]
+    assert faults == [
+        {
+            "type": "fault",
+            "t": 1.5,
+            "module": "all",
+            "fault": "dip",
+            "on": True,
+            "spec": "dip:1V/1s@1.5s",
+            "text": "12 V dip 1000 mV/1000 ms",
+        }
+    ]
+    uv = [o for o in objs if o["type"] == "event" and o["code"] == "under_voltage"]
+    assert [o["active"] for o in uv] == [True, False] and uv[0]["value"] < 11400, uv
+
+
+def test_faults_show_in_the_watch_and_two_modules():
+    r = run(
+        "--duration", "4", "--speed", "max", "--watch", "--modules", "2",
+        "--fault", "m1:ntc_open:gpu@2s",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "module 0: " in out and "module 1: " in out
+    assert "   2.0s fault: NTC gpu open on (m1)" in out, out
+    last = out.splitlines()[-2:]
+    assert " m0 STANDALONE " in last[0] and " m1 FAILSAFE(sensor_open) " in last[1], last
+    assert "gpu   -- " in last[1] and last[1].endswith("| faults ntc_gpu"), last
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--fault", "fan_stall:3@60s"], "--fault 'fan_stall:3@60s': fan_stall needs the fan"),
+        (["--fault", "gpu_lost"], "--fault 'gpu_lost': no start time"),
+        (["--fault", "dip:900mV@45s"], "dip needs <depth>/<duration>"),
+        (["--fault", "m1:gpu_lost@1s"], "no module 1 (modules are 0..0)"),
+        (["--speed", "fast"], "--speed: a number > 0 or 'max'"),
+        (["--world", "nowhere"], "no built-in world 'nowhere'"),
+        (["--profile", "nothing"], "profile 'nothing' is neither a built-in"),
+        (["--json"], "--json goes with --watch"),
+        (["--duration", "0"], "--duration: simulated seconds > 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, words):
+    r = run(*args, "--duration", "1") if "--duration" not in args else run(*args)
+    assert r.exit_code == 2, r.output
+    assert r.stdout == "", r.stdout  # nothing started
+    err = r.stderr.splitlines()
+    assert len(err) == 1 and err[0].startswith("modbridge sim: ") and words in err[0], err
+
+
+def _start(tmp_path, *args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "modbridge", "sim", "--state-dir", str(tmp_path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def _readline(proc, timeout_s=20.0):
+    r, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    assert r, "no output from modbridge sim"
+    return proc.stdout.readline().decode()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_it_cleanly(tmp_path, sig):
+    proc = _start(tmp_path, "--speed", "5")
+    try:
+        first = _readline(proc)
+        m = re.match(r"^module 0: (\S+) -> (/dev/pts/\d+) ", first)
+        assert m, first
+        link = Path(m.group(1))
+        assert link == tmp_path / "module-0.tty"
+        ser = serial.Serial(str(link), 115200, timeout=0.2)  # anything can open it
+        data = b""
+        end = time.monotonic() + 20
+        while b"MODULER READY" not in data and time.monotonic() < end:
+            data += ser.read(256)
+        ser.close()
+        assert b"MODULER READY v" in data, data[:80]
+        kids = _children(proc.pid)
+        assert len(kids) == 1, kids
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode()
+    assert rc == 0, err
+    assert took < 3.0, took
+    assert not _alive(kids[0]), kids
+    assert not os.path.lexists(link)
+    assert (tmp_path / "module-0" / "flash").is_dir()  # --state-dir: kept for the next run
+    assert "Traceback" not in err, err
