@@ -24,8 +24,17 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest --junitxml=build/junit.xml $(PYTEST_ARGS)
 
+# The bridge on a virtual module running the real firmware in MicroPython: a load
+# profile at 5x real time, a fan stalls at 40 s (world time), the GPU power limit is
+# lowered then restored; Prometheus metrics on 127.0.0.1:9659 while it runs.
+DEMO_ARGS ?= --sim --sim-speed 5 --sim-fault fan_stall:1@40s-70s --config examples/demo.toml \
+	--duration 36 --status-every 2 --event-log build/demo-events.jsonl
 demo: $(STAMP)
-	$(VENV)/bin/modbridge wire-demo
+	@mkdir -p build && rm -f build/demo-events.jsonl
+	$(VENV)/bin/modbridge run $(DEMO_ARGS)
+	@echo "power-limit decisions (build/demo-events.jsonl):"
+	@grep '"power_limit"' build/demo-events.jsonl | sed -e 's/.*"message":"\([^"]*\)".*/  \1/'
+
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench.run

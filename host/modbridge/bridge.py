@@ -545,6 +545,7 @@ def open_sim(
     profile: str | None = "demo",
     speed: float = 1.0,
     seed: int = 0,
+    faults=(),
 ):
     """Start a :class:`~modbridge.sim.fleet.SimFleet` of ``n`` virtual modules.
 
@@ -552,7 +553,7 @@ def open_sim(
     module i (its port) -> GPU i (its UUID; the fleet gives each GPU its own)."""
     from .sim.fleet import SimFleet
 
-    fleet = SimFleet(n, world=world, profile=profile, speed=speed, seed=seed)
+    fleet = SimFleet(n, world=world, profile=profile, speed=speed, seed=seed, faults=faults)
     gpus = fleet.gpus
     mappings = [
         ModuleMapping(module_id=None, gpu=g.uuid, port=port)

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -74,6 +75,9 @@ def _sim_options(f):
                          help="GPU load profile: a built-in name or a file."),
             click.option("--sim-speed", default=1.0, show_default=True, type=float,
                          help="World time per wall-clock second (0: as fast as possible)."),
+            click.option("--sim-fault", "sim_faults", multiple=True, metavar="SPEC",
+                         help="Scheduled fault, e.g. fan_stall:1@60s-120s (repeatable; "
+                              "grammar in docs/simulator.md)."),
         ]
     ):  # fmt: skip
         f = opt(f)
@@ -128,16 +132,27 @@ def _module_ports(given, cfg) -> list[str]:
 
 
 @contextlib.contextmanager
-def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile, sim_speed):
+def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile, sim_speed,
+           sim_faults=()):  # fmt: skip
     """The config, the GPU backend and the module ports: real, or a started SimFleet."""
     from modbridge import bridge as br
 
     cfg = _load_config(config_path)
+    if sim_faults and not sim:
+        _fail("--sim-fault needs --sim", EXIT_USAGE)
     if sim:
         if ports or backend:
             _fail("--sim brings its own modules and GPUs: drop --port/--backend", EXIT_USAGE)
+        from modbridge.sim.faults import FaultSpecError, parse_faults
+
         try:
-            fleet, mappings = br.open_sim(sim_modules, sim_world, sim_profile, sim_speed)
+            faults = parse_faults(sim_faults)
+        except FaultSpecError as e:
+            _fail(e, EXIT_USAGE)
+        try:
+            fleet, mappings = br.open_sim(
+                sim_modules, sim_world, sim_profile, sim_speed, faults=faults
+            )
         except (ModbridgeError, ValueError, OSError) as e:
             _fail(f"cannot start the simulator: {e}", EXIT_RUNTIME)
         try:
@@ -297,10 +312,12 @@ def _start_bridge(s: _Setup, event_log=None):
     help="Seconds between status lines on stderr (0: none).",
 )
 @click.option("--live", is_flag=True, help="A live view on stdout instead of status lines.")
+@click.option("--duration", type=click.FloatRange(0, min_open=True), default=None,
+              help="Stop (restoring limits) after this many wall-clock seconds.")
 @click.option("--ticks", type=click.IntRange(1), default=None, hidden=True,
               help="Stop after this many ticks (tests, benchmarks).")  # fmt: skip
 def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port, no_metrics,
-            event_log, once, status_every, live, ticks, **sim):  # fmt: skip
+            event_log, once, status_every, live, duration, ticks, **sim):  # fmt: skip
     """The service: modules + GPUs + policy + power limits + Prometheus exporter.
 
     SIGTERM or SIGINT: the power limits go back (per on_exit) and the exit code is 0.
@@ -341,7 +358,14 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
                     status_every,
                 )
             limit = 1 if once else ticks
-            b.run(until=(lambda: b.ticks >= limit) if limit else None, on_tick=show)
+            deadline = None if duration is None else time.monotonic() + duration
+
+            def until():
+                if limit and b.ticks >= limit:
+                    return True
+                return deadline is not None and time.monotonic() >= deadline
+
+            b.run(until=until, on_tick=show)
             if once:
                 for line in monitor.table(br.report(b.snapshot())):
                     click.echo(line)
