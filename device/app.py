@@ -229,13 +229,18 @@ class App:
         self.hello()
 
     def flush_events(self):
+        """Send every queued event; True if one was an alarm or worse."""
         now_s = ticks_diff(self.last_tick, self.boot_ms) // 1000
+        urgent = False
         while self.events.count:
             ev = self.events.pop()
+            if ev["severity"] >= C.SEV_ALARM:
+                urgent = True
             if ev["index"] < 0:
                 del ev["index"]
             ev["uptime_s"] = now_s
             self.send("event", ev)
+        return urgent
 
     def telemetry(self, now):
         enc = self.enc
@@ -366,8 +371,8 @@ class App:
         if st is not None and st.update(now, self):
             self.send("selftest_report", st.report())
             self.selftest = None
-        if self.events.count:
-            self.flush_events()
+        if self.events.count and self.flush_events():
+            self.next_tel = now  # an alarm: send the telemetry that shows it right away
         if ticks_diff(now, self.next_tel) >= 0:
             self.next_tel = ticks_add(self.next_tel, self.telemetry_ms)
             if ticks_diff(now, self.next_tel) >= 0:

@@ -509,3 +509,18 @@ def test_steady_state_ticks_do_not_allocate():
     assert app.ticks > 1000 and app.failures == 0 and app.missed == 0
     if IS_MICROPYTHON:
         assert app.sup.state == C.STATE_HOSTED
+
+
+def test_an_alarm_sends_telemetry_at_once():
+    hal, app = boot()
+    hal.take()
+    run(app, hal, 300)  # mid-period: the next regular telemetry is ~700 ms away
+    hal.set_code(0, 65535)  # GPU NTC open: an alarm
+    run(app, hal, 200)
+    items = hal.take()
+    ok = [it for it in items if it.ok]
+    names = [it.name for it in ok]
+    assert "event" in names, names
+    after = ok[names.index("event"):]
+    tel = [it for it in after if it.name == "telemetry"]
+    assert tel and tel[0].fields["faults"] & C.FAULT_NTC_GPU, names

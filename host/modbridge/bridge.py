@@ -107,6 +107,7 @@ class Bridge:
         self.pairs: dict[str, PairState] = {}  # by port
         self.decision_at: dict[str, float] = {}  # reaction-time bookkeeping by GPU
         self._wake = threading.Event()
+        self._faults_seen: dict[str, int] = {}
         self._stop = threading.Event()
         self._stopped = False
         self._snapshot = BridgeSnapshot(taken_at=clock(), backend=backend.name)
@@ -149,6 +150,7 @@ class Bridge:
                 heartbeat_period_s=self.config.heartbeat_period_s,
                 heartbeat_source=lambda p=port: self._heartbeat(p),
                 on_event=self._on_event,
+                on_telemetry=self._on_telemetry,
             )
             try:
                 link.start()
@@ -268,6 +270,15 @@ class Bridge:
             self._wake.clear()
 
     # -- callbacks from link threads ---------------------------------------------------
+    def _on_telemetry(self, status: ModuleStatus, msg) -> None:
+        """A change of the module's fault bits is news: decide now, not at the next
+        tick (one int comparison per frame; the firmware also sends telemetry at once
+        after an alarm event)."""
+        faults = msg.fields.get("faults", 0)
+        if self._faults_seen.get(status.port, 0) != faults:
+            self._faults_seen[status.port] = faults
+            self._wake.set()
+
     def _on_event(self, status: ModuleStatus, msg) -> None:
         self.last_event_at = self.clock()
         ev = status.recent_events[-1] if status.recent_events else {}
@@ -301,7 +312,13 @@ class Bridge:
 
     def _gpu_for(self, status: ModuleStatus) -> str | None:
         maps = self.config.modules
-        for m in maps:
+        # exact matches first: resolving symlinks costs a syscall per path and pair
+        exact = [
+            m
+            for m in maps
+            if (m.module_id and m.module_id == status.module_id) or m.port == status.port
+        ]
+        for m in exact or maps:
             if (m.module_id and m.module_id == status.module_id) or (
                 m.port and _same_port(m.port, status.port)
             ):
