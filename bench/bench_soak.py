@@ -1,0 +1,138 @@
+"""Soak: the firmware on the virtual module for 72 simulated hours of 650 W bursts.
+
+    python -m bench.run soak
+    MODBRIDGE_SOAK_HOURS=1 python -m bench.run soak     # a shorter soak
+
+The real firmware (MicroPython unix port, sim board) cools the control benchmark's
+plant (``bench_control.world_params()``, 25 degC room) through the ``bursts`` profile
+repeated for the whole run (650 W 30 s on / 30 s off), with the factory config (PID,
+fan_mode auto) and a host that sends a heartbeat every simulated second, written with
+``VirtualModule.host_write`` so the run is deterministic. Maximum speed; it is the
+longest benchmark (about 20 minutes of wall time for 72 h on the machine that wrote
+it: see ``soak_sim_speedup``).
+
+What it watches, over the link between the sim board and the runner (no protocol
+message carries these):
+
+``soak_heap_growth_bytes_mpy``   MicroPython heap in use at the end minus after the
+                                 warm-up, each measured right after a gc.collect()
+                                 (link FLAG_HEAP -> ``heap_used``): a leak shows here
+``soak_heap_after_warmup_bytes_mpy``, ``soak_heap_max_bytes_mpy``  the baseline and
+                                 the largest of the hourly samples
+``soak_missed_ticks``            control ticks that did not complete on schedule after
+                                 the warm-up: the ticks due (elapsed / control period)
+                                 minus the watchdog feeds the firmware sent (it feeds
+                                 once per completed tick); see docs/control-benchmark.md
+``soak_telemetry_missing``       telemetry frames due (one per second) minus received
+``soak_resets``                  MCU resets (must be 0); ``soak_internal_errors`` the
+                                 firmware's "internal error" events (must be 0)
+``soak_sim_hours``, ``soak_wall_s``, ``soak_sim_speedup``, ``soak_max_die_c``
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+from bench.bench_control import SETTLE_DUTY, Host, world_params
+from device.config import DEFAULTS
+from modbridge.sim import World
+from modbridge.sim.profiles import Profile
+from modbridge.sim.runner import VirtualModule
+
+HOURS_ENV = "MODBRIDGE_SOAK_HOURS"
+DEFAULT_HOURS = 72.0
+AMBIENT_C = 25
+SEED = 1
+WARMUP_S = 600  # heap baseline and tick counting start after 10 simulated minutes
+HEAP_EVERY_S = 3600  # heap samples (each a full collection)
+PERIOD_MS = DEFAULTS["control"]["period_ms"]
+TELEMETRY_MS = DEFAULTS["control"]["telemetry_ms"]
+
+
+def soak_hours() -> float:
+    raw = os.environ.get(HOURS_ENV, "")
+    if not raw:
+        return DEFAULT_HOURS
+    hours = float(raw)
+    if not 0.2 <= hours <= 10000:
+        raise ValueError(f"{HOURS_ENV}={raw!r}: want 0.2 .. 10000 hours")
+    return hours
+
+
+def soak(hours=None, ambient_c=AMBIENT_C, seed=SEED, progress=True) -> dict:
+    hours = soak_hours() if hours is None else hours
+    total_s = round(hours * 3600)
+    if total_s <= WARMUP_S:
+        raise ValueError(f"a soak must be longer than its {WARMUP_S} s warm-up")
+    profile = Profile.parse(f"bursts 650W 30s/30s {total_s}s\n", name="soak")
+    world = World(world_params(), seed=seed, profile=profile, ambient_c=ambient_c)
+    world.set_duties(SETTLE_DUTY, SETTLE_DUTY)
+    world.equilibrate()
+    heaps = []
+    max_die = world.snapshot()["die_c"]
+    with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
+        vm = VirtualModule(world, tmp, speed=0, seed=seed)
+        try:
+            host = Host(vm)
+            vm.power_on()
+            start = time.perf_counter()
+            base = None  # (world ms, feeds, telemetry count) after the warm-up
+            for s in range(1, total_s + 1):
+                host.heartbeat()
+                measure = s == WARMUP_S or s == total_s or (s > WARMUP_S and s % HEAP_EVERY_S == 0)
+                if measure:
+                    vm.request_heap()
+                    asked_at = vm.world.now_ms
+                vm.run_for(1000)
+                die = world.snapshot()["die_c"]
+                if die > max_die:
+                    max_die = die
+                if measure:
+                    if vm.heap_used_at_ms is None or vm.heap_used_at_ms <= asked_at:
+                        raise RuntimeError("the sim board did not report its heap")
+                    heaps.append(vm.heap_used)
+                if s == WARMUP_S:
+                    base = (world.now_ms, vm.wdt_feeds, vm.telemetry_count)
+                if progress and s % 21600 == 0:  # every 6 simulated hours
+                    wall = time.perf_counter() - start
+                    print(
+                        f"  soak: {s / 3600:.0f} h simulated in {wall:.0f} s ({s / wall:.0f}x)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            wall = time.perf_counter() - start
+            t_ms, feeds, frames = base
+            window_ms = world.now_ms - t_ms
+            missed = window_ms // PERIOD_MS - (vm.wdt_feeds - feeds)
+            tel_missing = window_ms // TELEMETRY_MS - (vm.telemetry_count - frames)
+            internal = sum(1 for e in vm.events if "internal error" in str(e.get("text", "")))
+            resets = len(vm.resets)
+            if vm.mcu_state != "running":
+                resets += 1  # a halted or crashed firmware counts as one
+        finally:
+            vm.stop()
+    return {
+        "soak_heap_growth_bytes_mpy": heaps[-1] - heaps[0],
+        "soak_heap_after_warmup_bytes_mpy": heaps[0],
+        "soak_heap_max_bytes_mpy": max(heaps),
+        "soak_missed_ticks": missed,
+        "soak_telemetry_missing": tel_missing,
+        "soak_resets": resets,
+        "soak_internal_errors": internal,
+        "soak_sim_hours": round(total_s / 3600, 3),
+        "soak_wall_s": round(wall, 1),
+        "soak_sim_speedup": round(total_s / wall, 1),
+        "soak_max_die_c": round(max_die, 2),
+    }
+
+
+def run() -> dict:
+    return soak()
+
+
+if __name__ == "__main__":
+    for k, v in sorted(run().items()):
+        print(f"{k:40s} {v}")
