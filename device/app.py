@@ -140,7 +140,7 @@ class App:
             p["ki"],
             p["kd"],
             p["kff"],
-            out_min=0,
+            out_min=min(f["min_duty"] for f in cfg["fans"]),  # below it the fans do not move
             out_max=65535,
             slew_per_s=p["slew_pct_s"] * 65535 // 100,
             d_filter_ms=p["d_filter_ms"],
