@@ -4,15 +4,13 @@
     python -c "import bench.bench_protocol as b; print(b.run())"
 
 CPython numbers are measured in-process; MicroPython numbers come from the unix port
-(``micropython`` next to sys.executable, else $MICROPYTHON, else PATH) run in a
+(``micropython`` from modbridge.mpy: $MICROPYTHON, else next to sys.executable, else PATH) run in a
 subprocess with MICROPYPATH set to the repository root. Takes about half a minute.
 """
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -127,16 +125,9 @@ print(json.dumps({"cases": r["cases"], "escaped": r["escaped"], "bugs": r["decod
 
 
 def find_micropython():
-    beside = Path(sys.executable).parent / "micropython"
-    if beside.exists():
-        return str(beside)
-    override = os.environ.get("MICROPYTHON")
-    found = shutil.which(override) if override else shutil.which("micropython")
-    if found is None:
-        raise RuntimeError(
-            f"micropython not found next to {sys.executable} or on PATH (run `make setup`)"
-        )
-    return found
+    from modbridge.mpy import micropython_path
+
+    return micropython_path()
 
 
 def run_micropython(code, timeout=300):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ast
 import fnmatch
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -54,14 +53,13 @@ MISSING_HELP = (
 
 
 def find_micropython() -> str | None:
-    """Path of the MicroPython unix-port binary, or None."""
-    override = os.environ.get("MICROPYTHON")
-    if override:
-        return shutil.which(override)
-    beside = Path(sys.executable).parent / "micropython"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("micropython")
+    """Path of the MicroPython unix-port binary, or None (modbridge.mpy's lookup)."""
+    from modbridge.mpy import MicroPythonMissing, micropython_path
+
+    try:
+        return micropython_path()
+    except MicroPythonMissing:
+        return None
 
 
 # --------------------------------------------------------------------------- parsing

@@ -77,15 +77,22 @@ def tmpdir():
         return path
 
 
+try:
+    from micropython import heap_lock, heap_unlock
+except ImportError:  # CPython: nothing to lock
+
+    def heap_lock():
+        pass
+
+    def heap_unlock():
+        pass
+
+
 def heap_locked(fn):
     """Run ``fn()`` with the MicroPython heap locked, so any allocation raises
     MemoryError; a plain call on CPython. Returns what ``fn`` returns."""
-    if not IS_MICROPYTHON:
-        return fn()
-    import micropython
-
-    micropython.heap_lock()
+    heap_lock()
     try:
         return fn()
     finally:
-        micropython.heap_unlock()
+        heap_unlock()

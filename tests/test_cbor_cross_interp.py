@@ -11,14 +11,13 @@ and every hostile line must be refused, exactly as on CPython.
 import math
 import os
 import random
-import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import cbor2
 
+from modbridge.mpy import micropython_path
 from protocol import cbor
 from protocol.errors import ProtocolError
 
@@ -65,14 +64,6 @@ HOSTILE = (
 )
 
 
-def find_micropython():
-    override = os.environ.get("MICROPYTHON")
-    if override:
-        return shutil.which(override)
-    beside = Path(sys.executable).parent / "micropython"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("micropython")
 
 
 def canonical_order(v):
@@ -205,8 +196,7 @@ def test_cpython_codec_matches_cbor2():
 
 
 def test_micropython_codec_matches_cbor2(tmp_path):
-    exe = find_micropython()
-    assert exe, f"micropython not found next to {sys.executable} or on PATH (run `make test`)"
+    exe = micropython_path()  # raises MicroPythonMissing saying how to install it
     lines, want = _cases()
     data = tmp_path / "cases.hex"
     data.write_text("\n".join(lines) + "\n")

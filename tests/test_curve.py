@@ -2,20 +2,9 @@
 
 from array import array
 
-from mpcompat import IS_MICROPYTHON, raises
+from mpcompat import IS_MICROPYTHON, heap_lock, heap_unlock, raises
 
 from device.control.curve import FanCurve
-
-try:
-    from micropython import heap_lock, heap_unlock
-except ImportError:
-
-    def heap_lock():
-        pass
-
-    def heap_unlock():
-        pass
-
 
 DUAL = True
 

@@ -4,20 +4,9 @@ cases, the +-2**30 bound (CPython, instrumented) and zero allocation (MicroPytho
 
 from array import array
 
-from mpcompat import IS_MICROPYTHON, raises
+from mpcompat import IS_MICROPYTHON, heap_lock, heap_unlock, raises
 
 from device.control.pid import GAIN_MAX, PID, gain, mul
-
-try:
-    from micropython import heap_lock, heap_unlock
-except ImportError:
-
-    def heap_lock():
-        pass
-
-    def heap_unlock():
-        pass
-
 
 DUAL = True
 MPY_TIMEOUT = 600

@@ -21,7 +21,14 @@ class MicroPythonMissing(ModbridgeError):
 
 
 def micropython_path() -> str:
-    """Path of the ``micropython`` command: next to this interpreter, else on PATH."""
+    """Path of the ``micropython`` command: ``$MICROPYTHON`` if set, else next to this
+    interpreter, else on PATH. The one lookup the tests, benchmarks and tools share."""
+    override = os.environ.get("MICROPYTHON")
+    if override:
+        found = shutil.which(override)
+        if found:
+            return found
+        raise MicroPythonMissing(f"$MICROPYTHON={override!r} is not an executable")
     here = Path(sys.executable).parent / "micropython"
     if here.exists():
         return str(here)
