@@ -49,7 +49,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -75,9 +74,7 @@ class BenchError(RuntimeError):
 
 
 def _flash():
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from host.modbridge import flash
+    from modbridge import flash  # the installed package, not a second copy via host/
 
     return flash
 
