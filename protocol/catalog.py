@@ -72,6 +72,14 @@ REASONS = (
     "cleared",  # 16 the condition named in ``value`` is gone
     "selftest",  # 17 self-test ran (value = 1 pass, 0 fail)
     "calibration",  # 18 calibration coefficients changed (index = channel)
+    "manual_expired",  # 19 the MANUAL lease ended (value: 0 time, 1 host lost, 2 safety)
+    "tach_implausible",  # 20 tach reading does not fit the commanded duty (index = fan)
+    "sensor_stuck",  # 21 NTC reading frozen while the load changes (index = channel)
+    "sensor_implausible",  # 22 NTC disagrees with its neighbours (index = channel)
+    "config_fallback",  # 23 saved config did not configure: value 1 last good, 0 factory
+    "unauthorized",  # 24 unsigned, forged or replayed command refused (value = type)
+    "internal_error",  # 25 a command hit a firmware bug; answered nack internal
+    "paired",  # 26 a new signing secret was provisioned
 )
 REASON_NONE = const(0)
 REASON_BOOT = const(1)
@@ -92,6 +100,14 @@ REASON_WATCHDOG_RESET = const(15)
 REASON_CLEARED = const(16)
 REASON_SELFTEST = const(17)
 REASON_CALIBRATION = const(18)
+REASON_MANUAL_EXPIRED = const(19)
+REASON_TACH_IMPLAUSIBLE = const(20)
+REASON_SENSOR_STUCK = const(21)
+REASON_SENSOR_IMPLAUSIBLE = const(22)
+REASON_CONFIG_FALLBACK = const(23)
+REASON_UNAUTHORIZED = const(24)
+REASON_INTERNAL_ERROR = const(25)
+REASON_PAIRED = const(26)
 
 SEVERITIES = ("info", "warning", "alarm", "critical")
 SEV_INFO = const(0)
@@ -114,6 +130,8 @@ ERRORS = (
     "unsupported",  # 10 valid request this module cannot do
     "internal",  # 11 firmware error (a bug: please report it)
     "direction",  # 12 message only valid in the other direction
+    "unauthorized",  # 13 needs a valid signature (unsigned, forged or replayed)
+    "rate_limited",  # 14 too many requests of this kind: wait and retry
 )
 ERR_OK = const(0)
 ERR_MALFORMED = const(1)
@@ -128,6 +146,8 @@ ERR_STORAGE = const(9)
 ERR_UNSUPPORTED = const(10)
 ERR_INTERNAL = const(11)
 ERR_DIRECTION = const(12)
+ERR_UNAUTHORIZED = const(13)
+ERR_RATE_LIMITED = const(14)
 
 CHANNELS = ("gpu", "vram", "mos", "amb")  # NTC channels, index order
 FAN_MODES = ("auto", "manual", "curve")
@@ -145,6 +165,10 @@ FAULT_UNDER_VOLTAGE = const(1 << 7)
 FAULT_OVER_TEMP = const(1 << 8)
 FAULT_CRITICAL_TEMP = const(1 << 9)
 FAULT_HOST_TIMEOUT = const(1 << 10)
+FAULT_FAN1_TACH = const(1 << 11)  # tach reading implausible for the duty
+FAULT_FAN2_TACH = const(1 << 12)
+FAULT_NTC_STUCK = const(1 << 13)  # a channel frozen (its ntc_* bit is set too)
+FAULT_NTC_IMPLAUSIBLE = const(1 << 14)  # a channel disagrees (its ntc_* bit is set too)
 FAULT_BITS = (
     "ntc_gpu",
     "ntc_vram",
@@ -157,6 +181,10 @@ FAULT_BITS = (
     "over_temp",
     "critical_temp",
     "host_timeout",
+    "fan1_tach",
+    "fan2_tach",
+    "ntc_stuck",
+    "ntc_implausible",
 )
 
 # Bounds used for validation (protocol-level sanity; the firmware adds its own
@@ -218,6 +246,7 @@ T_SELFTEST_REPORT = const(0x16)
 T_REBOOT = const(0x60)
 T_REPL = const(0x61)
 T_SELFTEST = const(0x62)
+T_PAIR = const(0x63)
 
 
 MESSAGES = (
@@ -236,6 +265,8 @@ MESSAGES = (
             _f(7, "telemetry_ms", K_UINT, False, 0, 60000, unit="ms"),
             _f(8, "state", K_ENUM, False, 0, 255, STATES),
             _f(9, "ref", K_UINT, False, 0, U16),
+            _f(10, "nonce", K_BYTES, False, 8, 8),
+            _f(11, "paired", K_BOOL, False),
         ),
     ),
     (T_HELLO_REQUEST, "hello_request", H2D, ()),
@@ -260,6 +291,9 @@ MESSAGES = (
             _f(13, "i_in", K_INT, False, -100000, 100000, MILLI, "mA"),
             _f(14, "p_in", K_INT, False, 0, 4000000, MILLI, "mW"),
             _f(15, "target", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            _f(16, "flash_writes", K_UINT, False, 0, U32),
+            _f(17, "auth_failures", K_UINT, False, 0, U32),
+            _f(18, "internal_errors", K_UINT, False, 0, U32),
         ),
     ),
     (
@@ -415,6 +449,7 @@ MESSAGES = (
     (T_REBOOT, "reboot", H2D, ()),
     (T_REPL, "repl", H2D, ()),
     (T_SELFTEST, "selftest", H2D, ()),
+    (T_PAIR, "pair", H2D, (_f(0, "key", K_BYTES, True, 32, 32),)),
 )
 
 M_TYPE = 0

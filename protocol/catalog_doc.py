@@ -21,6 +21,8 @@ DOCS = {
     ("hello", "telemetry_ms"): "telemetry period",
     ("hello", "state"): "current state",
     ("hello", "ref"): "seq of the hello_request it answers; absent in the boot hello",
+    ("hello", "nonce"): "random per boot; every signature covers it (no replay across boots)",
+    ("hello", "paired"): "a signing secret is provisioned",
     "hello_request": "Ask the module for its hello.",
     "telemetry": "Periodic readings. A faulted sensor's field is absent, never a made-up value.",
     ("telemetry", "uptime_s"): "seconds since boot",
@@ -39,6 +41,9 @@ DOCS = {
     ("telemetry", "i_in"): "12 V input current",
     ("telemetry", "p_in"): "12 V input power",
     ("telemetry", "target"): "controlled error: worst channel temperature minus its setpoint",
+    ("telemetry", "flash_writes"): "config writes to flash over the module's life",
+    ("telemetry", "auth_failures"): "commands refused as unsigned, forged or replayed, since boot",
+    ("telemetry", "internal_errors"): "commands answered nack internal since boot",
     "event": "An alarm or state transition; sent once per transition, never repeated per tick.",
     ("event", "code"): "what happened",
     ("event", "severity"): "",
@@ -125,6 +130,12 @@ DOCS = {
         "Burn-in style self-test: fans 100/75/50/25 % with the tach checked, every "
         "channel range-checked, the INA226 read. Acked at once; selftest_report follows."
     ),
+    "pair": (
+        "Provision the 32-byte signing secret. Signed with the old secret, or unsigned "
+        "during the pairing window (the first 60 s after power-on of a module that has "
+        "no secret yet); see 'Signed commands' in SPEC.md."
+    ),
+    ("pair", "key"): "the new secret (32 bytes)",
 }
 
 

@@ -1,0 +1,129 @@
+"""Compiled-in safety floors and limits: code, not configuration.
+
+Every number here is a lower bound that no command, config file or calibration can
+move down. Configuration may ask for *more* cooling (``safety.*`` above these, a
+higher ``fans.*.min_duty``); ``device.config`` refuses anything below them, and
+``device.safety`` enforces them on every tick whatever the config says. See
+docs/safety.md for the reasoning behind each value.
+
+Duties are 0..65535 (``machine.PWM.duty_u16``), temperatures milli-degC.
+
+Fan models
+----------
+A board names its fan model (``hal.fan_model``, default ``"pwm4"``). A model gives
+the duty below which a 4-wire fan may stop, the spin-up kick, and what the tach must
+read for the duty to be believed (``device.drivers.fan`` plausibility):
+
+``min_spin``      duty below which the fan may stop: the lowest duty ever applied
+``kick``          minimum spin-up kick duty from standstill, for at least ``kick_ms``
+``rpm_floor_pct`` at ``rpm_check_duty`` and above, a turning fan reads at least this
+                  percentage of ``rpm_nominal``; less (a stopped rotor with noise
+                  edges reads a few hundred RPM) is ``tach_implausible``
+``rpm_nominal``   RPM at 100 % of the slowest fan the model covers
+"""
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+DUTY_FULL = const(65535)
+
+# --- per-cause floors (the largest active cause wins) --------------------------------
+FLOOR_BOOT = const(45875)  # 70 % until the sensors are valid
+FLOOR_HOST_LOST = const(26214)  # 40 % in STANDALONE once a host was seen
+FLOOR_SENSOR = const(52428)  # 80 % with an open/short/stuck/implausible controlled NTC
+FLOOR_STALL = const(65535)  # a stalled or implausible fan: both fans flat out
+FLOOR_OVER_TEMP = const(52428)  # 80 % above a warning limit
+FLOOR_CRITICAL = const(65535)  # above a critical limit: fixed
+FLOOR_MANUAL = const(19661)  # 30 %: the lowest duty a MANUAL command may ask for
+
+# Config key in ``safety`` -> its compiled minimum (config may only raise them).
+SAFETY_MINIMUMS = (
+    ("boot", FLOOR_BOOT),
+    ("host_lost", FLOOR_HOST_LOST),
+    ("sensor_fault", FLOOR_SENSOR),
+    ("fan_stall", FLOOR_STALL),
+    ("over_temp", FLOOR_OVER_TEMP),
+    ("critical", FLOOR_CRITICAL),
+    ("min_manual_duty", FLOOR_MANUAL),
+)
+
+# --- the hot floor: rises with temperature, whatever the control law says ------------
+# Per channel (gpu, vram, mos, amb): from HOT_START_MC the floor ramps linearly from
+# the fan's min_spin to 100 % at HOT_FULL_MC. Set above every factory setpoint and
+# warning limit, so normal regulation never meets it; it catches a control law that
+# was configured into uselessness (all gains 0, setpoints at their ceiling).
+# Ambient air is not cooled by the fans: no hot floor (start = full = None).
+HOT_START_MC = (80000, 88000, 110000, None)
+HOT_FULL_MC = (95000, 100000, 130000, None)
+
+# --- calibration band ---------------------------------------------------------------
+# A channel's calibrated reading is clamped to the board's nominal NTC curve
+# +- CAL_BAND_MC, so no correction can hide a hot sensor by more than this.
+CAL_BAND_MC = const(5000)
+
+# Nominal NTC of the boards (the seed's part): 10 kOhm at 25 degC, B25/50 = 3950, on a
+# 10 kOhm divider with the NTC to ground. A board with another part overrides these
+# in its board module (``hal.ntc_nominal = (beta, r0_ohm, t0_mc, r_fixed_ohm, low)``).
+NTC_NOMINAL = (3950, 10000, 25000, 10000, True)
+
+# --- leaving a fault: bounded ramp-down ----------------------------------------------
+# After a cause clears, the duty may fall at most this much per second (100 % -> 20 %
+# takes 16 s), so a flapping fault cannot pump the fans.
+RAMP_DOWN_PER_S = const(3276)  # 5 % per second
+
+# --- MANUAL is a lease -----------------------------------------------------------
+MANUAL_LEASE_MS = const(600000)  # 10 min: then back to automatic control, with an event
+
+# --- fan models ---------------------------------------------------------------------
+# name: (min_spin, kick, kick_ms, rpm_check_duty, rpm_floor_pct, rpm_nominal)
+FAN_MODELS = {
+    # A generic 4-wire PWM fan (Intel spec): may stop below 20 %, 1,000..20,000 RPM at
+    # full speed. At >= 50 % duty a turning rotor reads >= 15 % of 1,000 RPM.
+    "pwm4": (13107, 45875, 300, 32768, 15, 1000),
+    # 40 mm server fans (the seed's module, H200 chassis): >= 8,000 RPM at full speed.
+    "pwm4_server": (13107, 45875, 300, 32768, 15, 8000),
+}
+FAN_MODEL_DEFAULT = "pwm4"
+FM_MIN_SPIN = const(0)
+FM_KICK = const(1)
+FM_KICK_MS = const(2)
+FM_RPM_CHECK_DUTY = const(3)
+FM_RPM_FLOOR_PCT = const(4)
+FM_RPM_NOMINAL = const(5)
+
+
+def fan_model(name):
+    """The tuple of fan model ``name`` (the default model for None/unknown names)."""
+    m = FAN_MODELS.get(name) if name else None
+    return m if m is not None else FAN_MODELS[FAN_MODEL_DEFAULT]
+
+
+def rpm_floor(model):
+    """RPM a turning fan of ``model`` reads at least, at rpm_check_duty and above."""
+    return model[FM_RPM_NOMINAL] * model[FM_RPM_FLOOR_PCT] // 100
+
+
+def hot_floor(i, temp_mc, min_spin):
+    """The hot floor of channel ``i`` at ``temp_mc``: 0 below its start, rising
+    linearly from ``min_spin`` to 100 % at its full temperature (ints only).
+
+    >>> hot_floor(0, 70000, 13107), hot_floor(0, 95000, 13107)
+    (0, 65535)
+    """
+    start = HOT_START_MC[i]
+    if start is None or temp_mc < start:
+        return 0
+    full = HOT_FULL_MC[i]
+    if temp_mc >= full:
+        return DUTY_FULL
+    # (temp - start) < 50000 and span < 65536: the product stays below 2**32 / 1 --
+    # split it so it stays a small int on a 32-bit MCU (< 2**30).
+    span = DUTY_FULL - min_spin
+    num = temp_mc - start
+    den = full - start
+    return min_spin + (num // 10) * span // (den // 10)
