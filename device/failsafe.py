@@ -6,8 +6,8 @@ Explicit state with a reason, in the manner of phosphor-pid-control's failsafe z
 BOOT       fixed safe duty until every sensor has produced its first verdict
 HOSTED     host heartbeats arriving; regulating on local sensors + feed-forward
 STANDALONE no heartbeat within the timeout: keep regulating on local sensors
-FAILSAFE   sensor open/short, fan stall or over-temperature: floor duty per
-           cause, the maximum of the causes wins
+FAILSAFE   sensor open/short/stuck/implausible, fan stall or implausible tach,
+           over-temperature: a floor per cause (device.safety), the largest wins
 MANUAL     host override of the duty, still floored by safety
 ========== ===================================================================
 
@@ -23,6 +23,8 @@ masks, preallocated arrays, a fixed-size event ring).
 
 from array import array
 
+from device import floors as F
+from device import safety as S
 from protocol import catalog as C
 
 try:
@@ -93,13 +95,19 @@ def _bit_index(mask):
 
 
 class Supervisor:
-    """Holds the state machine; fed once per control tick by the app."""
+    """Holds the state machine; fed once per control tick by the app.
+
+    It decides state, reason, the telemetry fault bits, events, and ``causes``: the
+    ``device.safety.CAUSE_*`` bits active this tick. It sets no duty: the floors for
+    those causes live in ``device.safety`` alone.
+    """
 
     def __init__(self, cfg, events=None):
         chans = cfg["channels"]
         self.n = len(chans)
         self.warn_mc = array("i", [c["warn_mc"] for c in chans])
-        self.crit_mc = array("i", [c["crit_mc"] for c in chans])
+        # critical: the config's limit, never above the compiled hot-floor end
+        self.crit_mc = array("i", [_crit(i, chans[i]["crit_mc"]) for i in range(self.n)])
         controlled = 0
         i = 0
         while i < self.n:
@@ -108,42 +116,58 @@ class Supervisor:
             i += 1
         self.controlled = controlled
         s = cfg["safety"]
-        self.floor_boot = s["boot"]
-        self.floor_sensor = s["sensor_fault"]
-        self.floor_stall = s["fan_stall"]
-        self.floor_over = s["over_temp"]
-        self.floor_host = s.get("host_lost", 0)
         self.hyst_mc = s.get("hyst_mc", 2000)
         self.events = events if events is not None else EventQueue()
         self.state = C.STATE_BOOT
         self.reason = C.REASON_BOOT
         self.faults = 0  # telemetry bitmask C.FAULT_*
+        self.causes = S.CAUSE_BOOT
         self.ntc_open = 0
         self.ntc_short = 0
+        self.ntc_stuck = 0
+        self.ntc_implausible = 0
         self.over = 0  # channels above warn (with hysteresis)
         self.crit = 0  # channels above crit (with hysteresis)
         self.stall = 0
-        self.floor = array("i", [self.floor_boot, self.floor_boot])
+        self.tach = 0
         self.host_seen = False
 
     # -- the tick ------------------------------------------------------------
     def update(
-        self, temps_mc, ntc_open, ntc_short, stall, pm_fault, uv, host_ok, manual, booted, v_in_mv=0
+        self,
+        temps_mc,
+        ntc_open,
+        ntc_short,
+        stall,
+        pm_fault,
+        uv,
+        host_ok,
+        manual,
+        booted,
+        v_in_mv=0,
+        tach=0,
+        stuck=0,
+        implausible=0,
     ):
         """Evaluate one tick; returns True when the state changed.
 
-        temps_mc: array of channel temperatures (ignored where open/short);
-        ntc_open/ntc_short/stall: bit masks by channel/fan; pm_fault, uv, host_ok,
-        manual, booted: bools.
+        temps_mc: array of channel protection readings (ignored where faulted);
+        ntc_open/ntc_short/stuck/implausible: bit masks by channel; stall/tach
+        (implausible tach): bit masks by fan; pm_fault, uv, host_ok, manual, booted:
+        bools.
         """
         ev = self.events
         st = self.state
         # sensor faults
         self._edges(self.ntc_open, ntc_open, C.REASON_SENSOR_OPEN, 0)
         self._edges(self.ntc_short, ntc_short, C.REASON_SENSOR_SHORT, 0)
+        self._edges(self.ntc_stuck, stuck, C.REASON_SENSOR_STUCK, 0)
+        self._edges(self.ntc_implausible, implausible, C.REASON_SENSOR_IMPLAUSIBLE, 0)
         self.ntc_open = ntc_open
         self.ntc_short = ntc_short
-        bad = ntc_open | ntc_short
+        self.ntc_stuck = stuck
+        self.ntc_implausible = implausible
+        bad = ntc_open | ntc_short | stuck | implausible
         # temperatures with hysteresis
         over = self.over
         crit = self.crit
@@ -151,16 +175,17 @@ class Supervisor:
         i = 0
         while i < self.n:
             bit = 1 << i
-            if bad & bit:
+            if (ntc_open | ntc_short) & bit:
                 over &= ~bit
                 crit &= ~bit
             else:
+                # a stuck or implausible channel still counts when it reads hot
                 t = temps_mc[i]
                 if t > self.warn_mc[i]:
                     over |= bit
                 elif t < self.warn_mc[i] - h:
                     over &= ~bit
-                if t > self.crit_mc[i]:
+                if t >= self.crit_mc[i]:
                     crit |= bit
                 elif t < self.crit_mc[i] - h:
                     crit &= ~bit
@@ -170,13 +195,23 @@ class Supervisor:
         self.over = over
         self.crit = crit
         self._edges(self.stall, stall, C.REASON_FAN_STALL, 2)
+        self._edges(self.tach, tach, C.REASON_TACH_IMPLAUSIBLE, 2)
         self.stall = stall
+        self.tach = tach
         # fault bitmask for telemetry
         f = bad & 0xF
         if stall & 1:
             f |= C.FAULT_FAN1_STALL
         if stall & 2:
             f |= C.FAULT_FAN2_STALL
+        if tach & 1:
+            f |= C.FAULT_FAN1_TACH
+        if tach & 2:
+            f |= C.FAULT_FAN2_TACH
+        if stuck:
+            f |= C.FAULT_NTC_STUCK
+        if implausible:
+            f |= C.FAULT_NTC_IMPLAUSIBLE
         if pm_fault:
             f |= C.FAULT_POWER_MONITOR
         if uv:
@@ -213,10 +248,16 @@ class Supervisor:
             new, reason = C.STATE_BOOT, C.REASON_BOOT
         elif stall:
             new, reason = C.STATE_FAILSAFE, C.REASON_FAN_STALL
+        elif tach:
+            new, reason = C.STATE_FAILSAFE, C.REASON_TACH_IMPLAUSIBLE
         elif ctl_bad & ntc_short:
             new, reason = C.STATE_FAILSAFE, C.REASON_SENSOR_SHORT
-        elif ctl_bad:
+        elif ctl_bad & ntc_open:
             new, reason = C.STATE_FAILSAFE, C.REASON_SENSOR_OPEN
+        elif ctl_bad & stuck:
+            new, reason = C.STATE_FAILSAFE, C.REASON_SENSOR_STUCK
+        elif ctl_bad:
+            new, reason = C.STATE_FAILSAFE, C.REASON_SENSOR_IMPLAUSIBLE
         elif over:
             new, reason = C.STATE_FAILSAFE, C.REASON_OVER_TEMP
         elif manual and host_ok:
@@ -226,28 +267,21 @@ class Supervisor:
         else:
             new = C.STATE_STANDALONE
             reason = C.REASON_HOST_TIMEOUT if self.host_seen else C.REASON_BOOT
-        # floors: the maximum of the active causes wins
-        fl = 0
+        # causes: device.safety turns them into floors (the maximum wins)
+        causes = 0
         if new == C.STATE_BOOT:
-            fl = self.floor_boot
-        elif new == C.STATE_STANDALONE and self.host_seen:
-            fl = self.floor_host
-        if ctl_bad and self.floor_sensor > fl:
-            fl = self.floor_sensor
-        if over and self.floor_over > fl:
-            fl = self.floor_over
-        f0 = fl
-        f1 = fl
-        if stall:
-            if self.floor_stall > f0:
-                f0 = self.floor_stall
-            if self.floor_stall > f1:
-                f1 = self.floor_stall
+            causes |= S.CAUSE_BOOT
+        if self.host_seen and not host_ok:
+            causes |= S.CAUSE_HOST_LOST
+        if ctl_bad:
+            causes |= S.CAUSE_SENSOR
+        if over:
+            causes |= S.CAUSE_OVER
+        if stall or tach:
+            causes |= S.CAUSE_STALL
         if crit:
-            f0 = 65535
-            f1 = 65535
-        self.floor[0] = f0
-        self.floor[1] = f1
+            causes |= S.CAUSE_CRIT
+        self.causes = causes
         if new != st or reason != self.reason:
             prev = st
             self.state = new
@@ -275,6 +309,11 @@ class Supervisor:
                 sev = C.SEV_WARNING
             self.events.push(code, sev, active, i, values[i] if values is not None else 0, st, st)
             diff &= ~low
+
+
+def _crit(i, crit_mc):
+    full = F.HOT_FULL_MC[i] if i < len(F.HOT_FULL_MC) else None
+    return crit_mc if full is None or crit_mc < full else full
 
 
 def _severity(state, reason):

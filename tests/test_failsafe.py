@@ -5,6 +5,7 @@ from array import array
 from mpcompat import heap_locked, raises
 
 from device import config
+from device import safety as SF
 from device.failsafe import EventQueue, Supervisor
 from protocol import catalog as C
 
@@ -45,10 +46,10 @@ def drain(s):
 def test_boot_holds_the_boot_floor_until_sensors_are_read():
     s = sup()
     step(s, booted=False)
-    assert s.state == C.STATE_BOOT and s.floor[0] == S["boot"] and s.floor[1] == S["boot"]
+    assert s.state == C.STATE_BOOT and s.causes == SF.CAUSE_BOOT
     assert step(s) is True
     assert s.state == C.STATE_STANDALONE and s.reason == C.REASON_BOOT
-    assert s.floor[0] == 0  # no host seen yet: the curve alone decides
+    assert s.causes == 0  # no host seen yet: the control law alone decides
     ev = drain(s)
     assert [(e["prev_state"], e["state"]) for e in ev] == [(C.STATE_BOOT, C.STATE_STANDALONE)]
 
@@ -62,7 +63,7 @@ def test_host_comes_and_goes():
     step(s, host=False)
     assert s.state == C.STATE_STANDALONE and s.reason == C.REASON_HOST_TIMEOUT
     assert s.faults & C.FAULT_HOST_TIMEOUT
-    assert s.floor[0] == S["host_lost"]
+    assert s.causes == SF.CAUSE_HOST_LOST
     ev = drain(s)
     assert len(ev) == 1 and ev[0]["severity"] == C.SEV_WARNING
     assert step(s, host=False) is False and drain(s) == []  # transitions only
@@ -78,29 +79,27 @@ def test_manual_needs_a_live_host():
 
 def test_each_failsafe_cause_and_its_floor():
     cases = (
-        (dict(open_m=1), C.REASON_SENSOR_OPEN, S["sensor_fault"], S["sensor_fault"]),
-        (dict(short_m=2), C.REASON_SENSOR_SHORT, S["sensor_fault"], S["sensor_fault"]),
-        (dict(stall=2), C.REASON_FAN_STALL, S["fan_stall"], S["fan_stall"]),
+        (dict(open_m=1), C.REASON_SENSOR_OPEN, SF.CAUSE_SENSOR),
+        (dict(short_m=2), C.REASON_SENSOR_SHORT, SF.CAUSE_SENSOR),
+        (dict(stall=2), C.REASON_FAN_STALL, SF.CAUSE_STALL),
         (
             dict(temps=array("i", [86000, 50000, 55000, 25000])),
             C.REASON_OVER_TEMP,
-            S["over_temp"],
-            S["over_temp"],
+            SF.CAUSE_OVER,
         ),
         (
             dict(temps=array("i", [45000, 50000, 126000, 25000])),
             C.REASON_CRITICAL_TEMP,
-            65535,
-            65535,
+            SF.CAUSE_OVER | SF.CAUSE_CRIT,
         ),
     )
-    for kw, reason, f0, f1 in cases:
+    for kw, reason, causes in cases:
         s = sup()
         step(s, host=True)
         drain(s)
         assert step(s, host=True, manual=True, **kw) is True
         assert s.state == C.STATE_FAILSAFE and s.reason == reason, (kw, s.reason)
-        assert (s.floor[0], s.floor[1]) == (f0, f1), (kw, s.floor[0], s.floor[1])
+        assert s.causes == causes, (kw, s.causes, causes)
         ev = drain(s)
         assert ev[-1]["state"] == C.STATE_FAILSAFE and ev[-1]["code"] == reason
         # cleared: back to HOSTED, and the fault's clearing is an event too
@@ -114,14 +113,15 @@ def test_each_failsafe_cause_and_its_floor():
 def test_maximum_of_causes_wins_and_priorities():
     s = sup()
     step(s, open_m=1, stall=1, temps=array("i", [45000, 96000, 55000, 25000]))
-    assert s.reason == C.REASON_CRITICAL_TEMP and s.floor[0] == 65535
+    assert s.reason == C.REASON_CRITICAL_TEMP and s.causes & SF.CAUSE_CRIT
+    assert s.causes & SF.CAUSE_STALL and s.causes & SF.CAUSE_SENSOR
     s = sup()
     step(s, open_m=1, stall=1)
-    assert s.reason == C.REASON_FAN_STALL and s.floor[0] == S["fan_stall"]
+    assert s.reason == C.REASON_FAN_STALL and s.causes == SF.CAUSE_STALL | SF.CAUSE_SENSOR
     # critical beats even BOOT
     s = sup()
     step(s, booted=False, temps=array("i", [99000, 50000, 55000, 25000]))
-    assert s.reason == C.REASON_CRITICAL_TEMP and s.floor[1] == 65535
+    assert s.reason == C.REASON_CRITICAL_TEMP and s.causes & SF.CAUSE_CRIT
 
 
 def test_ambient_fault_is_reported_not_failsafe():
@@ -190,6 +190,34 @@ def test_update_does_not_allocate():
 
     heap_locked(run)
     assert s.events.count == s.events.cap  # ring full, oldest dropped, no growth
+
+
+def test_stuck_implausible_and_tach_faults():
+    s = sup()
+    step(s, host=True)
+    drain(s)
+    s.update(OK, 0, 0, 0, False, False, True, False, True, 12000, 0, 1, 0)
+    assert s.state == C.STATE_FAILSAFE and s.reason == C.REASON_SENSOR_STUCK
+    assert s.faults & C.FAULT_NTC_STUCK and s.faults & C.FAULT_NTC_GPU
+    assert s.causes == SF.CAUSE_SENSOR
+    ev = drain(s)
+    assert (ev[0]["code"], ev[0]["index"], ev[0]["active"]) == (C.REASON_SENSOR_STUCK, 0, True)
+    s.update(OK, 0, 0, 0, False, False, True, False, True, 12000, 0, 0, 2)
+    assert s.reason == C.REASON_SENSOR_IMPLAUSIBLE and s.faults & C.FAULT_NTC_IMPLAUSIBLE
+    s.update(OK, 0, 0, 0, False, False, True, False, True, 12000, 2, 0, 0)
+    assert s.reason == C.REASON_TACH_IMPLAUSIBLE and s.faults & C.FAULT_FAN2_TACH
+    assert s.causes == SF.CAUSE_STALL
+    # an ambient channel that is stuck is reported, not failsafe
+    s.update(OK, 0, 0, 0, False, False, True, False, True, 12000, 0, 8, 0)
+    assert s.state == C.STATE_HOSTED and s.faults & C.FAULT_NTC_AMB
+
+
+def test_critical_is_capped_at_the_compiled_end():
+    cfg = config.defaults()
+    cfg["channels"][0]["crit_mc"] = 100000  # allowed by config; the hot floor ends at 95
+    s = Supervisor(cfg)
+    step(s, temps=array("i", [95500, 50000, 55000, 25000]))
+    assert s.reason == C.REASON_CRITICAL_TEMP
 
 
 def test_config_without_controlled_channel_is_refused():
