@@ -14,16 +14,41 @@ API
 ``DEFAULTS`` / ``defaults()``   factory config (``defaults()`` returns a fresh copy)
 ``validate(cfg)``               raises ``ConfigError`` naming the path and the problem
 ``merge(base, changes)``        new validated config with ``config_set`` changes applied
-``save(cfg, dirpath)``          write atomically (``config.json.tmp`` + rename)
-``load(dirpath)``               -> ``(cfg, status, detail)``, status ``ok|missing|corrupt``
-``factory_reset(dirpath)``      delete the stored file, return the defaults
+``save(cfg, dirpath)``          -> bool: store atomically, keep the previous config;
+                                False (nothing written) when nothing changed
+``candidates(dirpath)``         -> ``(cands, writes, problems)``: what to try at boot
+``load(dirpath)``               -> ``(cfg, status, detail)``, the first candidate,
+                                status ``ok|prev|missing|corrupt``
+``flash_writes(dirpath)``       lifetime number of saves (flash wear)
+``factory_reset(dirpath)``      delete the stored configs, return the defaults
 ``get_section(cfg, name)``      flat ``{dotted key: value}`` map for ``config_get``
 ``pages(cfg)``                  section names whose maps each fit one ``config`` message
 ``flatten`` / ``unflatten``     nested config <-> dotted keys
+``encode_file`` / ``decode_file``  the bytes of a stored file <-> a config
+
+Storage functions take ``fs=os`` (a stand-in with ``stat``, ``rename``, ``remove``
+and optionally ``fsync``/``sync``, for tests).
 
 Errors carry the path twice: ``str(e)`` reads ``channels[2].crit_mc: must be > warn_mc
 (110000), got 100000`` for a human; ``e.path`` is the dotted key ``channels.2.crit_mc``
 that ``config_set`` uses (the nack ``field``) and ``e.problem`` the text after it.
+
+What validation guarantees
+--------------------------
+Besides types and ranges of every field and the rules between fields:
+
+- floors are code (``device/floors.py``), config can raise them, never lower them:
+  every ``safety.<key>`` >= its ``floors.SAFETY_MINIMUMS`` entry (``critical`` is
+  exactly 100 %), ``fans.*.min_duty`` >= the fan model's ``min_spin``,
+  ``kick_duty`` >= its ``kick`` and ``kick_ms`` >= its ``kick_ms``. The board's fan
+  model is not known here, so the default model (``floors.fan_model(None)``) is the
+  floor; ``device.safety`` applies the board's own at run time;
+- a channel's ``correction`` (added to the model temperature, as ``device.calib``
+  does) stays within +-``floors.CAL_BAND_MC`` at every whole degC from -20 to 150;
+- no value nests containers deeper than ``MAX_DEPTH`` (6; the schema needs 4):
+  ``merge``, ``flatten``, ``unflatten`` and file decoding refuse deeper values with
+  a ``ConfigError`` ("nested deeper than 6 levels") before anything recursive walks
+  them, and error messages never ``repr`` such a value.
 
 Dotted keys (the protocol form)
 -------------------------------
@@ -39,66 +64,124 @@ item (``"channels.0"``...).
 
 Storage
 -------
-``<fs_dir>/config.json`` holds one line of canonical JSON (below)::
+Two files in ``<fs_dir>``: ``config.json``, the current config, and
+``config.prev.json``, the config that was current before the last save (the
+last-good copy). Each holds one line of canonical JSON (below)::
 
-    {"config":{...},"crc":12345,"version":1}
+    {"config":{...},"crc":12345,"version":1,"writes":7}
 
 ``crc`` is the CRC-16 (``protocol.crc``) of the bytes of the ``config`` value exactly
-as written. ``load`` checks those raw bytes, so the check never depends on how an
+as written. Decoding checks those raw bytes, so the check never depends on how an
 interpreter prints a float (single-precision MCU builds print fewer digits than
 CPython); a file rewritten by hand or by a host tool in another layout is accepted if
 the CRC matches the canonical serialisation of its parsed ``config`` instead.
+``writes`` is the lifetime number of saves (this file was save number ``writes``);
+the CRC does not cover it. A file without it (written before it existed, or by
+``encode_file(cfg)``, e.g. ``modbridge flash``) counts as 0.
 
 Canonical JSON is ``protocol.jsonl.dump_value``: compact, keys sorted, ASCII only,
 identical bytes on both interpreters (MicroPython's ``json.dumps`` has neither
 ``sort_keys`` nor a stable dict order).
 
-Atomic write: ``save`` validates, writes ``config.json.tmp``, flushes it (``os.fsync``
-on CPython, ``os.sync()`` on MCU ports that have it) and renames it over
-``config.json``. Rename replaces the target on littlefs and POSIX (checked on the
-MicroPython unix port: ``os.rename`` over an existing file replaces it). FAT (the
-pyboard's ``/flash`` unless it was formatted littlefs) refuses with EEXIST; ``save``
-then removes ``config.json`` and renames, which leaves a short window with only the
-``.tmp``. ``load`` resolves every interrupted save:
+Flash wear: ``save`` first reads ``config.json``; if it stores exactly the canonical
+bytes of ``cfg`` (same schema version, CRC good) it returns False without opening
+anything for writing, renaming or removing. Otherwise the new file is save number
+``max(writes of config.json, writes of config.prev.json) + 1``. ``flash_writes``
+reports that count; ``factory_reset`` deletes the files, so it restarts from 0, and
+a file set aside as corrupt no longer counts.
 
-- ``config.json`` present, ``.tmp`` left over: the save never finished (no ack was
-  sent), the old file wins and the ``.tmp`` is deleted;
-- only ``.tmp``, and it passes every check: the FAT window; it is renamed into place
-  (status ``ok``, detail says it was recovered);
-- only ``.tmp``, and it is truncated or bad: deleted, status ``missing``.
+A save, step by step (a power cut can stop it anywhere; no ack is sent before it
+returns):
 
-Status of ``load``:
+1. write ``config.json.tmp``, flush it (``os.fsync`` on CPython, ``os.sync()`` on
+   MCU ports that have it);
+2. if ``config.json`` decodes: rename it to ``config.prev.json`` (the older prev is
+   replaced; a corrupt current is not kept as the last good copy);
+3. rename ``config.json.tmp`` to ``config.json``; sync.
 
-- ``ok``       the stored config (maybe migrated from an older schema version);
-- ``missing``  no file: factory defaults, a normal first boot, no event needed (the
-  catalog has no reason code for it; the app may mention it in the boot log);
-- ``corrupt``  unreadable, not UTF-8, not JSON, wrong envelope, CRC mismatch, schema
-  version newer than this firmware or with no migration, or invalid values: factory
-  defaults are used, the file is renamed to ``config.json.bad`` for diagnosis (the
-  next boot then sees ``missing``, so the event fires once) and the caller raises an
-  event with ``REASON_CONFIG_CORRUPT`` and the detail as its text.
+Rename replaces the target on littlefs and POSIX (checked on the MicroPython unix
+port, and on its ``VfsLfs2`` and ``VfsFat``). A FAT driver that refuses with EEXIST
+gets the target removed first (``_rename_over``). An OSError in step 3 renames the
+current config back from ``config.prev.json`` (the older prev is then gone) and
+removes the ``.tmp``. What an interrupted save leaves, and what boot
+(``candidates``) makes of it:
+
+- cut in step 1 or 2 (``config.json`` present, ``.tmp`` partial or complete; on
+  FAT maybe ``config.prev.json`` already removed): the save never happened; the
+  ``.tmp`` is deleted and ``config.json`` is current (without a prev, in the FAT
+  case);
+- cut between the renames (``config.prev.json`` and a complete ``.tmp``, no
+  ``config.json``; also a first save cut before its rename, or FAT replacing a
+  corrupt current): the ``.tmp`` was flushed in step 1, so it is checked and
+  renamed into place: the save completes (the detail says "recovered from an
+  interrupted save"); a ``.tmp`` that does not decode is deleted ("removed an
+  unfinished config.json.tmp") and boot falls back to ``config.prev.json`` (the
+  config that was running) or the factory defaults;
+- cut after step 3: done.
+
+Boot: ``candidates`` -> ``(cands, writes, problems)``.
+
+- ``cands``: ``(source, cfg, detail)`` tuples in the order to try, each ``cfg`` a
+  fresh object: ``("current", ...)`` if config.json decodes, ``("prev", ...)`` if
+  config.prev.json decodes, always last ``("factory", defaults(), ...)``;
+  ``detail`` is a line for the boot log;
+- ``writes``: the lifetime save count (of the files as found);
+- ``problems``: one text per stored file that did not decode (unreadable, not
+  UTF-8, not JSON, nested too deep, wrong envelope, CRC mismatch, schema version
+  newer than this firmware or with no migration, invalid values), e.g.
+  ``"config.json: CRC mismatch (stored 1, computed 2); kept as config.json.bad"``.
+  The file is renamed to ``<name>.bad`` for diagnosis, so the next boot no longer
+  sees it and the problem is reported once.
+
+The app configures the real objects from each candidate in turn and uses the first
+that works. It raises ``REASON_CONFIG_CORRUPT`` for the problems (their text as the
+event text) and ``REASON_CONFIG_FALLBACK`` when it runs a candidate other than
+``"current"`` while something was stored, i.e. ``source != "current" and
+(len(cands) > 1 or problems)``: value 1 for ``"prev"``, 0 for ``"factory"``. A
+first boot (nothing stored: ``cands`` is the factory entry alone, no problems) is
+not a fallback.
+
+Status of ``load`` (the first candidate, for callers that need no fallback):
+
+- ``ok``       config.json (maybe migrated from an older schema version, or
+  recovered from an interrupted save);
+- ``prev``     config.json is missing (set aside as corrupt at an earlier boot, or
+  an interrupted save's ``.tmp`` did not decode): config.prev.json;
+- ``missing``  nothing stored: factory defaults, a normal first boot, no event;
+- ``corrupt``  a stored file was corrupt and set aside; config.prev.json or the
+  factory defaults are in use; the caller raises ``REASON_CONFIG_CORRUPT`` with the
+  detail as its text.
+
+``detail`` ends with the lifetime save count (``"...; flash writes: 7"``).
 
 Schema versions and migration: ``SCHEMA_VERSION`` is 1, the only version so far, so
 ``_MIGRATIONS`` is empty. When the schema changes, bump ``SCHEMA_VERSION`` and add
 ``_MIGRATIONS[n] = fn`` where ``fn(cfg)`` turns a version-n config into version n+1
-(including its ``"version"`` field); ``load`` chains them and validates the result.
-A stored version without a migration path is ``corrupt``.
+(including its ``"version"`` field); decoding chains them and validates the result.
+A stored version without a migration path is corrupt.
 """
 
 import json
 import math
 import os
 
+from device import floors
+from device.calib import poly_eval
 from protocol import catalog as C
 from protocol.crc import crc16
 from protocol.jsonl import dump_value
 
 SCHEMA_VERSION = 1
 FILE_NAME = "config.json"
+PREV_NAME = "config.prev.json"  # the config before the last save (last good)
 TMP_SUFFIX = ".tmp"
 BAD_SUFFIX = ".bad"
 MAX_FILE_BYTES = 16384  # the factory file is ~1.8 KB; never read a huge one into RAM
 MAX_ENTRIES = 64  # text keys in one config / config_set message (catalog)
+# Containers nested in a config value: the config itself is 4 deep (root, channels,
+# a channel, its correction list) and a config_set map 4 as well; deeper is refused
+# before anything recursive walks it (a hostile value cannot exhaust the C stack).
+MAX_DEPTH = 6
 
 DUTY_FULL = 65535
 _ENOENT = 2
@@ -151,11 +234,14 @@ def _channel(name, setpoint_c, warn_c, crit_c, controlled):
         "crit_mc": crit_c * 1000,
         "controlled": controlled,  # takes part in the PID's worst-channel error
         "oversample": 8,  # ADC reads averaged per sample (power of two)
-        "filter": "median5",
+        "filter": "median5",  # "median5" | "ema" | "none" (no filter)
     }
 
 
 def _fan():
+    # Each value is at or above the default fan model's compiled floor
+    # (device/floors.py: min_spin 13107, kick 45875, kick_ms 300); config may only
+    # raise them.
     return {
         "min_duty": 13107,  # 20 %: below this a 4-wire fan may stop
         "kick_duty": 65535,  # spin-up kick from standstill
@@ -195,7 +281,8 @@ DEFAULTS = {
         "hysteresis_mc": 2000,
     },
     "fans": [_fan(), _fan()],
-    "safety": {  # duty floors; the largest active cause wins
+    "safety": {  # duty floors, the largest active cause wins; each at or above its
+        # compiled minimum (floors.SAFETY_MINIMUMS): config can raise them, not lower
         "boot": 45875,  # 70 % until the sensors are valid
         "host_lost": 26214,  # 40 % in STANDALONE (no GPU power feed-forward)
         "sensor_fault": 52428,  # 80 %: an open/short/stale NTC is blind
@@ -221,12 +308,36 @@ def defaults():
     return _copy(DEFAULTS)
 
 
-def _copy(v):
+def _copy(v, parts=None, depth=1):
+    """Deep copy of a plain value; ConfigError (at ``parts``) past ``MAX_DEPTH``."""
     if isinstance(v, dict):
-        return {k: _copy(x) for k, x in v.items()}
+        if depth > MAX_DEPTH:
+            raise _too_deep(parts)
+        return {k: _copy(x, parts, depth + 1) for k, x in v.items()}
     if isinstance(v, list):
-        return [_copy(x) for x in v]
+        if depth > MAX_DEPTH:
+            raise _too_deep(parts)
+        return [_copy(x, parts, depth + 1) for x in v]
     return v
+
+
+def _deeper_than(v, limit):
+    """True if containers nest more than ``limit`` levels in ``v`` (iterative)."""
+    if type(v) is not dict and type(v) is not list:
+        return False
+    stack = [(v, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for x in node.values() if type(node) is dict else node:
+            if type(x) is dict or type(x) is list:
+                stack.append((x, depth + 1))
+    return False
+
+
+def _too_deep(parts):
+    return _err(parts or [], "nested deeper than %d levels" % MAX_DEPTH)
 
 
 # --- schema --------------------------------------------------------------------
@@ -270,6 +381,7 @@ _CHANNEL = (
         ("crit_mc", _TEMP),
         ("controlled", ("bool",)),
         ("oversample", ("enum", (1, 2, 4, 8, 16, 32, 64))),  # power of two: shift to average
+        # "none" means no filter: the app passes None to device.drivers.ntc.NTC
         ("filter", ("enum", ("median5", "ema", "none"))),
     ),
 )
@@ -358,7 +470,14 @@ _ROOT_EXTRA = ("_comment", ("str", 0, 256))  # a note for humans, top level only
 _SETPOINT_RANGE_MC = ((20000, 110000), (20000, 110000), (20000, 125000), (10000, 60000))
 _CRIT_CEILING_MC = (100000, 110000, 150000, 70000)
 
-# Fault floors that must stay at least half duty whatever min_duty is.
+# The range of model temperatures (degC) over which a correction must stay within
+# floors.CAL_BAND_MC of zero: every GPU-module NTC reading that matters is in it.
+_CAL_LO_C = -20
+_CAL_HI_C = 150
+_CAL_SHOW_MAX_C = 1000000  # offsets beyond this are shown as "more than" it
+
+# Fault floors that must stay at least half duty whatever min_duty is (the compiled
+# floors, device/floors.py, are higher; this holds if those ever change).
 _FAULT_FLOORS = ("boot", "sensor_fault", "fan_stall", "over_temp")
 FAULT_FLOOR_MIN = 32768
 
@@ -393,10 +512,16 @@ def _err(parts, problem):
 
 
 def _show(v):
+    if _deeper_than(v, MAX_DEPTH):  # repr() would recurse without bound
+        return "a %s nested deeper than %d levels" % (type(v).__name__, MAX_DEPTH)
     text = repr(v)
     if len(text) > 40:
         text = text[:37] + "..."
     return text
+
+
+def _pct(duty):
+    return (duty * 100 + DUTY_FULL // 2) // DUTY_FULL
 
 
 def _choices(choices):
@@ -532,14 +657,32 @@ def _check_rules(cfg):
             )
 
     fans = cfg["fans"]
+    model = floors.fan_model(None)  # the board's model is not known here: the default
+    model_name = floors.FAN_MODEL_DEFAULT
     min_duty = 0
     min_fan = 0
     for i in range(len(fans)):
         fan = fans[i]
+        for key, floor in (
+            ("min_duty", model[floors.FM_MIN_SPIN]),
+            ("kick_duty", model[floors.FM_KICK]),
+        ):
+            if fan[key] < floor:
+                raise _err(
+                    ["fans", i, key],
+                    "must be >= %d (compiled floor of fan model %s, %d %%), got %d"
+                    % (floor, model_name, _pct(floor), fan[key]),
+                )
         if fan["kick_duty"] < fan["min_duty"]:
             raise _err(
                 ["fans", i, "kick_duty"],
                 "must be >= min_duty (%d), got %d" % (fan["min_duty"], fan["kick_duty"]),
+            )
+        if fan["kick_ms"] < model[floors.FM_KICK_MS]:
+            raise _err(
+                ["fans", i, "kick_ms"],
+                "must be >= %d (compiled floor of fan model %s), got %d"
+                % (model[floors.FM_KICK_MS], model_name, fan["kick_ms"]),
             )
         if fan["stall_ms"] <= fan["kick_ms"]:
             raise _err(
@@ -557,7 +700,13 @@ def _check_rules(cfg):
             "must be %d (full cooling; cannot be lowered), "
             "got %d" % (DUTY_FULL, safety["critical"]),
         )
-    for key in _FAULT_FLOORS:
+    for key, floor in floors.SAFETY_MINIMUMS:  # read at each call: tests may swap it
+        if safety[key] < floor:
+            raise _err(
+                ["safety", key],
+                "must be >= %d (compiled floor, %d %%), got %d" % (floor, _pct(floor), safety[key]),
+            )
+    for key in _FAULT_FLOORS:  # a second line under the compiled ones
         if safety[key] < FAULT_FLOOR_MIN:
             raise _err(
                 ["safety", key],
@@ -630,6 +779,46 @@ def _check_channel(i, ch):
             "resistance rises (checked at r0/20, r0, r0*20) and stay within "
             "-55..200 degC at r0",
         )
+    corr = ch["correction"]
+    if corr:
+        t_c, off_mc = _worst_offset_mc(corr)
+        if off_mc is None or off_mc > floors.CAL_BAND_MC or off_mc < -floors.CAL_BAND_MC:
+            by = "more than %d" % _CAL_SHOW_MAX_C if off_mc is None else _fmt_mc(off_mc)
+            raise _err(
+                ["channels", i, "correction"],
+                "moves the reading by %s degC at %d degC, more than the compiled "
+                "calibration band of +-%s degC (checked every degC from %d to %d)"
+                % (by, t_c, _fmt_mc(floors.CAL_BAND_MC), _CAL_LO_C, _CAL_HI_C),
+            )
+
+
+def _worst_offset_mc(corr):
+    """(degC, milli-degC) of the largest offset ``corr`` adds in the checked range
+    (milli-degC None beyond +-``_CAL_SHOW_MAX_C`` degC).
+
+    device.calib applies a correction as ``t += poly_eval(correction, t)`` with ``t``
+    the model temperature in degC: the same evaluation, at every whole degC.
+    """
+    worst_t = _CAL_LO_C
+    worst = 0.0
+    for t in range(_CAL_LO_C, _CAL_HI_C + 1):
+        off = poly_eval(corr, float(t))
+        if abs(off) > abs(worst):
+            worst_t = t
+            worst = off
+    if worst > _CAL_SHOW_MAX_C or worst < -_CAL_SHOW_MAX_C:  # keep a small int
+        return worst_t, None
+    return worst_t, int(worst * 1000.0 + (0.5 if worst >= 0 else -0.5))
+
+
+def _fmt_mc(mc):
+    """Milli-degC int as degC text: 5000 -> "5", -40250 -> "-40.25"."""
+    sign = "-" if mc < 0 else ""
+    mc = -mc if mc < 0 else mc
+    frac = mc % 1000
+    if not frac:
+        return "%s%d" % (sign, mc // 1000)
+    return ("%s%d.%03d" % (sign, mc // 1000, frac)).rstrip("0")
 
 
 def _sh_kelvin(sh, r_ohm):
@@ -668,7 +857,7 @@ def merge(base, changes):
             raise ConfigError("", "keys must be non-empty text, got %s" % _show(k))
     for key in sorted(keys):
         parts = [_index_or_key(p) for p in key.split(".")]
-        _apply(cfg, parts, _copy(changes[key]), [])
+        _apply(cfg, parts, _copy(changes[key], parts), [])
     validate(cfg)
     return cfg
 
@@ -732,28 +921,34 @@ def _expandable(v):
 
 def flatten(value, prefix=""):
     """``{"pid": {"kp": 1}}`` -> ``{"pid.kp": 1}``; lists of dicts by index
-    (``"channels.0.beta"``), other lists stay whole values."""
+    (``"channels.0.beta"``), other lists stay whole values. ConfigError for dicts
+    nested deeper than ``MAX_DEPTH``."""
     out = {}
-    _flatten_into(out, value, prefix)
+    _flatten_into(out, value, prefix, 1)
     return out
 
 
-def _flatten_into(out, v, prefix):
+def _flatten_into(out, v, prefix, depth):
     if not _expandable(v):
         out[prefix] = v
         return
+    if depth > MAX_DEPTH:
+        raise ConfigError(prefix, "nested deeper than %d levels" % MAX_DEPTH)
     items = v.items() if type(v) is dict else enumerate(v)
     for k, x in items:
         key = str(k) if not prefix else prefix + "." + str(k)
-        _flatten_into(out, x, key)
+        _flatten_into(out, x, key, depth + 1)
 
 
 def unflatten(flat):
     """Inverse of ``flatten``: dotted keys -> nested dicts, with dicts whose keys are
-    exactly "0".."n-1" turned back into lists."""
+    exactly "0".."n-1" turned back into lists. ConfigError for a key of more than
+    ``MAX_DEPTH`` parts."""
     root = {}
     for key in flat:
         parts = key.split(".")
+        if len(parts) > MAX_DEPTH:
+            raise ConfigError(key, "nested deeper than %d levels" % MAX_DEPTH)
         node = root
         for p in parts[:-1]:
             nxt = node.get(p)
@@ -871,26 +1066,61 @@ def _rename_over(fs, src, dst):
     fs.rename(src, dst)
 
 
-def encode_file(cfg):
-    """The exact text ``save`` writes for ``cfg`` (canonical envelope plus newline)."""
-    body = canonical(cfg)
+def _open(path, mode):
+    """``open``, through one name: tests wrap it to count what reaches the flash."""
+    return open(path, mode)
+
+
+def _sync(fs):
+    if hasattr(fs, "sync") and not hasattr(fs, "fsync"):  # MicroPython MCU ports
+        fs.sync()
+
+
+def _envelope(body, writes):
     crc = crc16(body.encode())
-    return '{"config":' + body + ',"crc":' + str(crc) + ',"version":' + str(SCHEMA_VERSION) + "}\n"
+    return (
+        '{"config":'
+        + body
+        + ',"crc":'
+        + str(crc)
+        + ',"version":'
+        + str(SCHEMA_VERSION)
+        + ',"writes":'
+        + str(writes)
+        + "}\n"
+    )
+
+
+def encode_file(cfg, writes=0):
+    """The exact text ``save`` writes for ``cfg`` as save number ``writes``
+    (canonical envelope plus newline)."""
+    return _envelope(canonical(cfg), writes)
 
 
 def save(cfg, dirpath, fs=os):
-    """Validate and write ``cfg`` atomically to ``<dirpath>/config.json``.
+    """Validate ``cfg`` and store it as ``<dirpath>/config.json``; the config it
+    replaces becomes ``config.prev.json``. True if written; False if the stored
+    config is already exactly ``cfg`` (then nothing is opened for writing, renamed
+    or removed: a repeated ``config_save`` costs no flash wear).
 
-    Raises ``ConfigError`` (nothing written) or ``OSError`` from the filesystem (the
-    previous file is intact; a partial ``.tmp`` is removed when possible). ``fs`` is
-    the ``os`` module or a stand-in with ``rename``, ``remove``, ``stat`` (tests).
+    Raises ``ConfigError`` (nothing written) or ``OSError`` from the filesystem
+    (``config.json`` is as before, though a failure after the rotation loses the
+    older ``config.prev.json``; a partial ``.tmp`` is removed when possible). ``fs``
+    is the ``os`` module or a stand-in with ``rename``, ``remove``, ``stat`` (tests).
+    The steps and what a power cut between them leaves: the module docstring.
     """
     validate(cfg)
-    data = encode_file(cfg).encode()
+    body = canonical(cfg)
     final = _path(dirpath, FILE_NAME)
+    prev = _path(dirpath, PREV_NAME)
     tmp = final + TMP_SUFFIX
+    cur = _peek(fs, final)
+    if cur is not None and _holds(cur, body):
+        return False
+    writes = max(_writes_in(cur), _writes_in(_peek(fs, prev))) + 1
+    data = _envelope(body, writes).encode()
     try:
-        with open(tmp, "wb") as f:
+        with _open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             if hasattr(fs, "fsync") and hasattr(f, "fileno"):
@@ -898,11 +1128,32 @@ def save(cfg, dirpath, fs=os):
     except OSError:
         _remove_quiet(fs, tmp)
         raise
-    if hasattr(fs, "sync") and not hasattr(fs, "fsync"):  # MicroPython MCU ports
-        fs.sync()
-    _rename_over(fs, tmp, final)
-    if hasattr(fs, "sync") and not hasattr(fs, "fsync"):
-        fs.sync()
+    _sync(fs)  # the .tmp is complete on flash before any rename
+    rotate = cur is not None and _decodes(cur)  # a corrupt current is not kept
+    if rotate:
+        try:
+            _rename_over(fs, final, prev)
+        except OSError:
+            _remove_quiet(fs, tmp)
+            raise
+    try:
+        _rename_over(fs, tmp, final)
+    except OSError:
+        if rotate:
+            try:
+                fs.rename(prev, final)  # put the current one back
+            except OSError:
+                pass
+        _remove_quiet(fs, tmp)
+        raise
+    _sync(fs)
+    return True
+
+
+def flash_writes(dirpath, fs=os):
+    """Lifetime number of saves: the ``writes`` count of the stored files (0 if none)."""
+    final = _path(dirpath, FILE_NAME)
+    return max(_writes_in(_peek(fs, final)), _writes_in(_peek(fs, _path(dirpath, PREV_NAME))))
 
 
 def _read(fs, path):
@@ -915,8 +1166,50 @@ def _read(fs, path):
         raise
     if size > MAX_FILE_BYTES:
         raise OSError("file is %d bytes, more than %d" % (size, MAX_FILE_BYTES))
-    with open(path, "rb") as f:
+    with _open(path, "rb") as f:
         return f.read()
+
+
+def _peek(fs, path):
+    """``(text, doc)`` of a stored file for ``save``: None if missing, ``doc`` None
+    if it does not parse (``text`` None if it cannot even be read)."""
+    try:
+        data = _read(fs, path)
+    except OSError:
+        return None, None
+    if data is None:
+        return None
+    try:
+        return _parse(data)
+    except ConfigError:
+        return None, None
+
+
+def _holds(peeked, body):
+    """True if the peeked file stores exactly ``body`` (canonical config text)."""
+    text, doc = peeked
+    if doc is None or doc.get("version") != SCHEMA_VERSION:
+        return False
+    return _raw_body(text) == body and doc.get("crc") == crc16(body.encode())
+
+
+def _decodes(peeked):
+    text, doc = peeked
+    if doc is None:
+        return False
+    try:
+        _check_doc(doc, text)
+    except ConfigError:
+        return False
+    return True
+
+
+def _writes_in(peeked):
+    """The ``writes`` count of a peeked file; 0 if none or not a count."""
+    if peeked is None or peeked[1] is None:
+        return 0
+    w = peeked[1].get("writes", 0)
+    return w if type(w) is int and w >= 0 else 0
 
 
 def decode_file(data):
@@ -925,6 +1218,12 @@ def decode_file(data):
     ``detail`` is "" or says the config was migrated. Raises ``ConfigError`` saying
     what is wrong (the caller treats it as corrupt).
     """
+    text, doc = _parse(data)
+    return _check_doc(doc, text)
+
+
+def _parse(data):
+    """Bytes -> ``(text, doc)``: UTF-8, JSON, an object, not too deep."""
     if not data:
         raise ConfigError("", "file is empty")
     try:
@@ -935,23 +1234,36 @@ def decode_file(data):
         doc = json.loads(text)
     except ValueError:
         raise ConfigError("", "file is not valid JSON (truncated?)") from None
+    except RuntimeError:  # CPython's parser recursion limit (RecursionError)
+        doc = None
+    if doc is None or _deeper_than(doc, MAX_DEPTH):  # MicroPython parses any depth
+        raise ConfigError("", "file is nested deeper than %d levels" % MAX_DEPTH)
     if type(doc) is not dict:
         raise ConfigError("", "file holds %s, not an object" % type(doc).__name__)
+    return text, doc
+
+
+def _check_doc(doc, text):
+    """The envelope and the config of a parsed file -> ``(cfg, detail)``."""
     for key in doc:
-        if key not in ("config", "crc", "version"):
+        if key not in ("config", "crc", "version", "writes"):
             raise ConfigError("", "file has an unknown key %s" % _show(key))
     version = doc.get("version")
     crc = doc.get("crc")
     cfg = doc.get("config")
     if type(version) is not int or type(crc) is not int or type(cfg) is not dict:
         raise ConfigError("", "file needs int version, int crc and an object config")
+    writes = doc.get("writes", 0)
+    if type(writes) is not int or writes < 0:
+        raise ConfigError("", "file has a bad writes count %s" % _show(writes))
     if version > SCHEMA_VERSION:
         raise ConfigError(
             "",
             "schema version %d is newer than this firmware supports (%d)"
             % (version, SCHEMA_VERSION),
         )
-    if crc != _raw_crc(text):
+    body = _raw_body(text)
+    if body is None or crc != crc16(body.encode()):
         computed = crc16(canonical(cfg).encode())
         if crc != computed:
             raise ConfigError("", "CRC mismatch (stored %d, computed %d)" % (crc, computed))
@@ -966,13 +1278,13 @@ def decode_file(data):
     return cfg, detail
 
 
-def _raw_crc(text):
-    """CRC of the config value's bytes as ``save`` lays them out, or -1."""
+def _raw_body(text):
+    """The config value's text as ``save`` lays it out, or None (another layout)."""
     head = '{"config":'
     end = text.rfind(',"crc":')
     if not text.startswith(head) or end < len(head):
-        return -1
-    return crc16(text[len(head) : end].encode())
+        return None
+    return text[len(head) : end]
 
 
 _MIGRATIONS = {}  # version n -> fn(cfg) returning the version n+1 config; none yet
@@ -988,69 +1300,127 @@ def _migrate(cfg, version):
     return cfg
 
 
-def load(dirpath, fs=os):
-    """Read ``<dirpath>/config.json`` -> ``(cfg, status, detail)``.
+def candidates(dirpath, fs=os):
+    """The configs to try at boot -> ``(cands, writes, problems)``.
 
-    ``status`` is ``"ok"``, ``"missing"`` or ``"corrupt"`` (see the module docstring);
-    in the last two cases ``cfg`` is a fresh copy of the factory defaults. Never
-    raises for a bad file; ``detail`` says what was found, for the log or the event.
+    ``cands`` is a list of ``(source, cfg, detail)`` in the order the app tries
+    them: ``("current", ...)`` if ``config.json`` decodes, ``("prev", ...)`` if
+    ``config.prev.json`` decodes, and always last ``("factory", defaults(), ...)``.
+    ``detail`` is a line for the boot log. ``writes`` is the lifetime save count
+    (``flash_writes``). ``problems`` has one text per stored file found corrupt (it
+    was renamed to ``.bad``): the app raises ``config_corrupt`` with it. An
+    interrupted save is resolved first (module docstring). Never raises for a bad
+    file.
     """
     final = _path(dirpath, FILE_NAME)
-    tmp = final + TMP_SUFFIX
+    note = _finish_save(fs, final, final + TMP_SUFFIX)
+    problems = []
+    cands = []
+    writes = 0
+    for source, name, what in (
+        ("current", FILE_NAME, "loaded " + FILE_NAME),
+        ("prev", PREV_NAME, PREV_NAME + ", the config before the last save"),
+    ):
+        got = _candidate(fs, _path(dirpath, name), name, problems)
+        if got is None:
+            continue
+        cfg, detail, w = got
+        writes = w if w > writes else writes
+        if cfg is not None:
+            cands.append((source, cfg, what + (", " + detail if detail else "")))
+    cands.append(("factory", defaults(), "factory defaults"))
+    if note:
+        source, cfg, detail = cands[0]
+        cands[0] = (source, cfg, detail + " (" + note + ")")
+    return cands, writes, problems
+
+
+def _candidate(fs, path, name, problems):
+    """None if ``path`` is missing, else ``(cfg or None, detail, writes)``."""
     try:
-        data = _read(fs, final)
+        data = _read(fs, path)
     except OSError as e:
-        return _corrupt(fs, final, "cannot read %s: %s" % (FILE_NAME, e))
+        problems.append(_set_aside(fs, path, name, "cannot read it: %s" % e))
+        return None
     if data is None:
-        return _recover_tmp(fs, tmp, final)
-    if _exists(fs, tmp):
-        _remove_quiet(fs, tmp)  # an unfinished save: the old file stands
+        return None
+    writes = 0
     try:
-        cfg, detail = decode_file(data)
+        text, doc = _parse(data)
+        writes = _writes_in((text, doc))
+        cfg, detail = _check_doc(doc, text)
     except ConfigError as e:
-        return _corrupt(fs, final, str(e))
-    return cfg, "ok", detail or "loaded"
+        problems.append(_set_aside(fs, path, name, e.problem))
+        return None, "", writes
+    return cfg, detail, writes
 
 
-def _recover_tmp(fs, tmp, final):
+def _finish_save(fs, final, tmp):
+    """Resolve a ``.tmp`` left by an interrupted save; returns a note or ""."""
+    if not _exists(fs, tmp):
+        return ""
+    if _exists(fs, final):
+        _remove_quiet(fs, tmp)  # cut before the renames: the old file stands
+        return ""
     try:
         data = _read(fs, tmp)
-    except OSError:
-        data = b""
-    if data is None:
-        return defaults(), "missing", "no %s: factory defaults" % FILE_NAME
-    try:
-        cfg, detail = decode_file(data)
-        fs.rename(tmp, final)
+        if data is None:
+            return ""
+        decode_file(data)
+        fs.rename(tmp, final)  # cut between the renames: complete the save
     except (ConfigError, OSError):
         _remove_quiet(fs, tmp)
-        return (
-            defaults(),
-            "missing",
-            "no %s (removed an unfinished %s%s): factory "
-            "defaults" % (FILE_NAME, FILE_NAME, TMP_SUFFIX),
-        )
-    return cfg, "ok", "recovered from an interrupted save" + (", " + detail if detail else "")
+        return "removed an unfinished %s%s" % (FILE_NAME, TMP_SUFFIX)
+    return "recovered from an interrupted save"
 
 
-def _corrupt(fs, final, why):
-    bad = final + BAD_SUFFIX
+def _set_aside(fs, path, name, why):
+    """Rename a corrupt file to ``.bad`` (once: the next boot finds it missing)."""
     try:
-        _rename_over(fs, final, bad)
-        kept = "kept as %s%s" % (FILE_NAME, BAD_SUFFIX)
+        _rename_over(fs, path, path + BAD_SUFFIX)
+        kept = "kept as %s%s" % (name, BAD_SUFFIX)
     except OSError:
-        kept = "could not rename it to %s%s" % (FILE_NAME, BAD_SUFFIX)
-    return defaults(), "corrupt", "%s; factory defaults in use, %s" % (why, kept)
+        kept = "could not rename it to %s%s" % (name, BAD_SUFFIX)
+    return "%s: %s; %s" % (name, why, kept)
+
+
+def load(dirpath, fs=os):
+    """The config to boot -> ``(cfg, status, detail)``: the first of ``candidates``.
+
+    ``status`` is ``"ok"`` (config.json), ``"prev"`` (config.prev.json: config.json
+    is missing), ``"missing"`` (nothing stored: factory defaults) or ``"corrupt"``
+    (a stored file was corrupt and set aside; config.prev.json or the factory
+    defaults in use). ``detail`` says what was found and the flash write count.
+    Never raises for a bad file. The app uses ``candidates`` directly, to fall back
+    when the first config does not configure.
+    """
+    cands, writes, problems = candidates(dirpath, fs)
+    source, cfg, detail = cands[0]
+    if source == "current":
+        status = "ok"
+    elif problems:
+        status = "corrupt"
+        detail = "; ".join(problems) + "; in use: " + detail
+    else:
+        status = "prev" if source == "prev" else "missing"
+        if source == "factory":
+            detail = "no %s: %s" % (FILE_NAME, detail)
+    if source == "current" and problems:
+        detail += "; " + "; ".join(problems)
+    return cfg, status, "%s; flash writes: %d" % (detail, writes)
 
 
 def factory_reset(dirpath, fs=os):
-    """Delete the stored config (and any ``.tmp``); return fresh factory defaults.
+    """Delete the stored configs (and any ``.tmp``); return fresh factory defaults.
 
-    The next boot then loads defaults with status ``missing``. A ``.bad`` file is
-    left for diagnosis.
+    The next boot then loads defaults with status ``missing``. ``.bad`` files are
+    left for diagnosis. The flash write count starts again from 0. Removal order
+    (``.tmp``, ``config.prev.json``, ``config.json``) means a power cut leaves the
+    current config in place: the reset, never acknowledged, did not happen.
     """
     final = _path(dirpath, FILE_NAME)
     _remove_quiet(fs, final + TMP_SUFFIX)
-    if _exists(fs, final):
-        fs.remove(final)  # an OSError here means flash trouble: let the caller nack
+    for path in (_path(dirpath, PREV_NAME), final):
+        if _exists(fs, path):
+            fs.remove(path)  # an OSError here means flash trouble: let the caller nack
     return defaults()

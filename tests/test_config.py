@@ -116,7 +116,7 @@ class FatFs:
 
 
 class PowerCutFs(FatFs):
-    """Power lost before the rename: the rename never happens."""
+    """Every rename fails with EIO (power cuts proper: test_config_store.py)."""
 
     def rename(self, src, dst):
         raise OSError(5)
@@ -158,7 +158,7 @@ def test_a_calibrated_channel_validates():
     cfg = config.defaults()
     cfg["channels"][0]["model"] = "sh"
     cfg["channels"][0]["sh"] = list(SH_10K)
-    cfg["channels"][0]["correction"] = [-0.4, 1.002, 0, 1e-6]
+    cfg["channels"][0]["correction"] = [-0.4, 0.002, 0, 1e-6]  # +3.3 degC at 150
     cfg["_comment"] = "rig 3, calibrated 2026-05-01"
     config.validate(cfg)
 
@@ -360,12 +360,15 @@ _CROSS = (
       ("channels.2.controlled", False)), "channels", "at least one"),
     ((("curve.points", [[30000, 1000], [30000, 2000]]),), "curve.points.1.0", "ascend"),
     ((("curve.points", [[30000, 2000], [40000, 1000]]),), "curve.points.1.1", "must not fall"),
-    ((("fans.1.kick_duty", 100),), "fans.1.kick_duty", ">= min_duty (13107)"),
+    ((("fans.1.kick_duty", 100),), "fans.1.kick_duty",
+     "must be >= 45875 (compiled floor of fan model pwm4, 70 %), got 100"),
+    ((("fans.1.min_duty", 60000), ("fans.1.kick_duty", 50000)), "fans.1.kick_duty",
+     ">= min_duty (60000)"),
     ((("fans.0.stall_ms", 500),), "fans.0.stall_ms", "> kick_ms (500)"),
     ((("safety.critical", 65534),), "safety.critical", "cannot be lowered"),
-    ((("safety.boot", 30000),), "safety.boot", "hard minimum"),
-    ((("safety.over_temp", 32767),), "safety.over_temp", "hard minimum"),
-    ((("safety.host_lost", 10000),), "safety.host_lost", "fans[0].min_duty (13107)"),
+    ((("safety.boot", 30000),), "safety.boot", ">= 45875 (compiled floor, 70 %), got 30000"),
+    ((("safety.over_temp", 32767),), "safety.over_temp", ">= 52428 (compiled floor, 80 %)"),
+    ((("safety.host_lost", 10000),), "safety.host_lost", ">= 26214 (compiled floor, 40 %)"),
     ((("fans.1.min_duty", 30000),), "safety.host_lost", "fans[1].min_duty (30000)"),
     ((("safety.min_manual_duty", 40000),), "control.manual_duty", "safety.min_manual_duty"),
     ((("ina226.shunt_uohm", 2000), ("ina226.max_current_ma", 50000)), "ina226.max_current_ma",
@@ -395,8 +398,11 @@ def test_cross_field_edges_that_are_fine():
         (("control.period_ms", 250), ("watchdog_ms", 1250)),
         (("control.mode", "manual"),),
         (("channels.3.controlled", True), ("channels.0.controlled", False)),
-        (("fans.0.kick_duty", 13107), ("fans.0.kick_ms", 0)),
-        (("safety.host_lost", 13107),),
+        # every floor exactly at its compiled minimum (device/floors.py)
+        (("fans.0.kick_duty", 45875), ("fans.0.kick_ms", 300), ("fans.1.kick_duty", 45875)),
+        (("safety.boot", 45875), ("safety.host_lost", 26214), ("safety.sensor_fault", 52428),
+         ("safety.over_temp", 52428), ("safety.min_manual_duty", 19661),
+         ("control.manual_duty", 19661)),
         # 2 mOhm: 40960 mA is 81920 uV, exactly the shunt full scale; 2561 mA: CAL 32755
         (("ina226.shunt_uohm", 2000), ("ina226.max_current_ma", 40960)),
         (("ina226.shunt_uohm", 2000), ("ina226.max_current_ma", 2561)),
@@ -568,7 +574,8 @@ def test_file_text_is_the_canonical_envelope():
     text = config.encode_file(cfg)
     body = config.canonical(cfg)
     assert text == '{"config":' + body + ',"crc":' + str(crc16(body.encode())) + \
-        ',"version":1}\n'
+        ',"version":1,"writes":0}\n'
+    assert config.encode_file(cfg, 7).endswith(',"version":1,"writes":7}\n')
     doc = json.loads(text)
     assert config.canonical(doc) + "\n" == text  # the whole file is canonical JSON
     assert doc["config"] == cfg
@@ -582,10 +589,10 @@ def test_save_load_round_trip():
     d = tmpdir()
     cfg = config.merge(config.DEFAULTS, {"pid.kp": 4321, "channels.0.model": "sh",
                                          "channels.0.sh": list(SH_10K),
-                                         "channels.0.correction": [-0.25, 1.0, 3e-05],
+                                         "channels.0.correction": [-0.25, 0.01, 3e-05],
                                          "_comment": "caf\u00e9"})
-    config.save(cfg, d)
-    assert read_bytes(d + "/config.json") == config.encode_file(cfg).encode()
+    assert config.save(cfg, d) is True
+    assert read_bytes(d + "/config.json") == config.encode_file(cfg, 1).encode()
     assert not exists(d + "/config.json.tmp")
     got, status, detail = config.load(d)
     assert status == "ok", (status, detail)
@@ -596,7 +603,7 @@ def test_save_load_round_trip():
     config.save(cfg2, d)
     got, status, _ = config.load(d)
     assert status == "ok" and got["pid"]["kp"] == 1234
-    assert sorted(os.listdir(d)) == ["config.json"]
+    assert sorted(os.listdir(d)) == ["config.json", "config.prev.json"]
 
 
 def test_save_to_root_style_dir():
@@ -735,19 +742,21 @@ def test_save_on_a_fat_like_filesystem():
     d = tmpdir()
     fs = FatFs()
     config.save(config.DEFAULTS, d, fs=fs)
-    config.save(changed("pid.kp", 42), d, fs=fs)  # target exists: remove, then rename
-    assert fs.renames == 2
+    config.save(changed("pid.kp", 42), d, fs=fs)  # current -> prev, tmp -> current
+    config.save(changed("pid.kp", 43), d, fs=fs)  # prev exists: remove, then rename
+    assert fs.renames == 5
     cfg, status, _ = config.load(d, fs=fs)
-    assert status == "ok" and cfg["pid"]["kp"] == 42
-    assert sorted(os.listdir(d)) == ["config.json"]
+    assert status == "ok" and cfg["pid"]["kp"] == 43
+    assert sorted(os.listdir(d)) == ["config.json", "config.prev.json"]
+    assert config.decode_file(read_bytes(d + "/config.prev.json"))[0]["pid"]["kp"] == 42
 
 
-def test_power_cut_before_rename_keeps_the_old_file():
+def test_rename_error_keeps_the_old_file():
     d = tmpdir()
     config.save(config.DEFAULTS, d)
     with raises(OSError):
         config.save(changed("pid.kp", 42), d, fs=PowerCutFs())
-    assert exists(d + "/config.json.tmp")  # what the power cut leaves behind
+    assert not exists(d + "/config.json.tmp")  # cleaned up; the caller nacks
     cfg, status, _ = config.load(d)
     assert status == "ok" and cfg == config.DEFAULTS
     assert sorted(os.listdir(d)) == ["config.json"]
@@ -778,6 +787,8 @@ def test_migration_hook():
 def test_factory_reset():
     d = tmpdir()
     config.save(changed("pid.kp", 42), d)
+    config.save(changed("pid.kp", 43), d)
+    assert exists(d + "/config.prev.json")
     write_bytes(d + "/config.json.tmp", b"x")
     write_bytes(d + "/config.json.bad", b"y")
     cfg = config.factory_reset(d)
@@ -796,3 +807,240 @@ def test_os_rename_replaces_an_existing_file():
     where = "micropython" if IS_MICROPYTHON else "cpython"
     assert read_bytes(d + "/b") == b"new", where
     assert not exists(d + "/a"), where
+
+
+# --- compiled floors (device/floors.py): config may raise them, never lower them ------
+
+from device import floors  # noqa: E402
+
+_SAFETY_FLOOR = {}
+for _key, _floor in floors.SAFETY_MINIMUMS:
+    _SAFETY_FLOOR[_key] = _floor
+_MODEL = floors.fan_model(None)
+_FAN_FLOOR = (("min_duty", _MODEL[floors.FM_MIN_SPIN]), ("kick_duty", _MODEL[floors.FM_KICK]),
+              ("kick_ms", _MODEL[floors.FM_KICK_MS]))
+
+
+def test_defaults_meet_the_compiled_floors():
+    d = config.DEFAULTS
+    assert sorted(_SAFETY_FLOOR) == sorted(d["safety"])
+    for key in _SAFETY_FLOOR:
+        assert d["safety"][key] >= _SAFETY_FLOOR[key], key
+    for fan in d["fans"]:
+        for key, floor in _FAN_FLOOR:
+            assert fan[key] >= floor, key
+
+
+def test_safety_floors_cannot_be_zeroed():
+    # Reproduction: `safety.min_manual_duty 0` and `safety.host_lost 0` were accepted.
+    msg = rejected(changed("safety.host_lost", 0), "safety.host_lost")
+    assert msg == "safety.host_lost: must be >= 26214 (compiled floor, 40 %), got 0", msg
+    msg = rejected(changed("safety.min_manual_duty", 0), "safety.min_manual_duty")
+    assert msg == ("safety.min_manual_duty: must be >= 19661 (compiled floor, 30 %), "
+                   "got 0"), msg
+    for key in _SAFETY_FLOOR:
+        floor = _SAFETY_FLOOR[key]
+        for bad in (0, 1, floor // 2, floor - 1):
+            if key == "critical":
+                rejected(changed("safety." + key, bad), "safety." + key, "cannot be lowered")
+                continue
+            rejected(changed("safety." + key, bad), "safety." + key,
+                     f"must be >= {floor} (compiled floor, ")
+        # through config_set too: the base is untouched
+        with raises(ConfigError, match="compiled floor"):
+            config.merge(config.DEFAULTS, {"safety." + key: 0} if key != "critical"
+                         else {"safety.critical": 65535, "safety.boot": 0})
+
+
+def test_fan_floors_cannot_be_zeroed():
+    # Reproduction: `fans.*.min_duty 0`, `kick_duty 0` (and kick_ms 0) were accepted.
+    msg = rejected(changed("fans.0.min_duty", 0), "fans.0.min_duty")
+    assert msg == ("fans[0].min_duty: must be >= 13107 (compiled floor of fan model pwm4, "
+                   "20 %), got 0"), msg
+    msg = rejected(changed("fans.1.kick_duty", 0), "fans.1.kick_duty")
+    assert msg == ("fans[1].kick_duty: must be >= 45875 (compiled floor of fan model pwm4, "
+                   "70 %), got 0"), msg
+    msg = rejected(changed("fans.1.kick_ms", 0), "fans.1.kick_ms")
+    assert msg == "fans[1].kick_ms: must be >= 300 (compiled floor of fan model pwm4), got 0", msg
+    for i in (0, 1):
+        for key, floor in _FAN_FLOOR:
+            dotted = f"fans.{i}.{key}"
+            for bad in (0, floor - 1):
+                rejected(changed(dotted, bad), dotted, f"must be >= {floor} (compiled floor")
+            with raises(ConfigError, match="compiled floor"):
+                config.merge(config.DEFAULTS, {"fans": {str(i): {key: 0}}})
+
+
+def test_config_may_raise_every_floor():
+    cfg = config.defaults()
+    for fan in cfg["fans"]:
+        fan["min_duty"] = 30000
+        fan["kick_duty"] = 65535
+        fan["kick_ms"] = 2000
+    for key in cfg["safety"]:
+        cfg["safety"][key] = 65535
+    cfg["control"]["manual_duty"] = 65535
+    config.validate(cfg)
+    # every duty from each floor up is accepted, everything below refused
+    for key in _SAFETY_FLOOR:
+        floor = _SAFETY_FLOOR[key]
+        for v in range(0, 65536, 4369):
+            cfg = changed("safety." + key, v)
+            if key == "min_manual_duty":
+                cfg["control"]["manual_duty"] = 65535
+            ok = v >= floor and (key != "critical" or v == 65535)
+            try:
+                config.validate(cfg)
+                accepted = True
+            except ConfigError:
+                accepted = False
+            assert accepted == ok, (key, v)
+
+
+def test_fault_floor_minimum_still_holds_if_the_compiled_floors_fall():
+    saved = floors.SAFETY_MINIMUMS
+    floors.SAFETY_MINIMUMS = (("boot", 0),)  # a board with lower floors: the second line
+    try:
+        rejected(changed("safety.boot", 30000), "safety.boot",
+                 ">= 32768 (hard minimum of a fault floor), got 30000")
+    finally:
+        floors.SAFETY_MINIMUMS = saved
+    rejected(changed("safety.boot", 30000), "safety.boot", "compiled floor")
+
+
+# --- calibration band: a correction cannot hide a hot sensor -------------------------------
+
+
+def test_correction_cannot_hide_a_hot_sensor():
+    # Reproduction: `channels.N.correction [-40]` (40 degC colder) was accepted.
+    for i in range(4):
+        dotted = f"channels.{i}.correction"
+        msg = rejected(changed(dotted, [-40]), dotted)
+        assert msg == (display(dotted) + ": moves the reading by -40 degC at -20 degC, more "
+                       "than the compiled calibration band of +-5 degC (checked every degC "
+                       "from -20 to 150)"), msg
+        with raises(ConfigError, match="calibration band"):
+            config.merge(config.DEFAULTS, {dotted: [-40]})
+
+
+def test_correction_band_names_the_worst_temperature():
+    for corr, text in (
+        ([0, 0.1], "by 15 degC at 150 degC"),  # 10 % gain error: worst at the hot end
+        ([-5.5, 0.01], "by -5.7 degC at -20 degC"),
+        ([-7.5, 0.1], "by -9.5 degC at -20 degC"),
+        ([5.001], "by 5.001 degC at -20 degC"),
+        ([0.25, 0, -0.0004], "by -8.75 degC at 150 degC"),
+        ([1000000], "by 1000000 degC at -20 degC"),  # 6. the schema allowed it
+        ([0, 0, 0, 0, 0, 0, 0, 1000000], "by more than 1000000 degC at 150 degC"),
+        ([0, 0, 0, 0, 0, 0, 0, -1000000], "by more than 1000000 degC at 150 degC"),
+    ):
+        rejected(changed("channels.0.correction", corr), "channels.0.correction", text)
+
+
+def test_correction_inside_the_band_is_accepted():
+    for corr in ([], [5.0], [-5.0], [5], [0.5, 0.01], [-0.4, 0.002, 0, 1e-6],
+                 [2.0, 0.0, -0.0003]):  # +2 at 0 degC, -4.75 at 150
+        config.validate(changed("channels.1.correction", corr))
+
+
+def test_a_stored_file_with_a_hiding_correction_is_corrupt():
+    d = tmpdir()
+    write_bytes(d + "/config.json", envelope(changed("channels.0.correction", [-40])))
+    cfg, status, detail = config.load(d)
+    assert status == "corrupt" and cfg == config.DEFAULTS, (status, detail)
+    assert "calibration band" in detail, detail
+
+
+def test_filter_choices_are_what_the_ntc_driver_takes():
+    # 6. the schema's "none" is no filter: the app passes None to the driver.
+    from device.drivers.ntc import NTC
+
+    class Adc:
+        def read_u16(self):
+            return 30000
+
+    spec = dict(config._CHANNEL[1])["filter"]
+    assert spec == ("enum", ("median5", "ema", "none")), spec
+    for choice in spec[1]:
+        ch = changed("channels.0.filter", choice)["channels"][0]
+        config.validate(changed("channels.0.filter", choice))
+        ntc = NTC.from_config(Adc(), ch, filter=None if choice == "none" else choice)
+        assert ntc.read_mc() != NTC.INVALID, choice
+
+
+# --- deep nesting: no walk over an untrusted value recurses without bound -------------------
+
+
+def nested_lists(n, leaf=1):
+    v = leaf
+    for _ in range(n):
+        v = [v]
+    return v
+
+
+def nested_dicts(n, key="x"):
+    v = 1
+    for _ in range(n):
+        v = {key: v}
+    return v
+
+
+def test_merge_refuses_deep_nesting():
+    # Reproduction: 100 nested lists in a config_set crashed merge with RuntimeError
+    # (maximum recursion depth) under MicroPython, 1000 under CPython.
+    base = config.defaults()
+    before = config.canonical(base)
+    for n in (7, 100, 1000):
+        for changes, path in (
+            ({"pid.kp": nested_lists(n)}, "pid.kp"),
+            ({"channels.0.correction": nested_lists(n)}, "channels.0.correction"),
+            ({"pid": nested_dicts(n)}, "pid"),
+            ({"channels": {"0": {"sh": nested_lists(n)}}}, "channels"),
+            ({"fans": nested_dicts(n, "0")}, "fans"),
+        ):
+            with raises(ConfigError) as ctx:
+                config.merge(base, changes)
+            assert str(ctx.value) == display(path) + ": nested deeper than 6 levels", (
+                n, str(ctx.value))
+            assert ctx.value.path == path
+    assert config.canonical(base) == before
+
+
+def test_merge_accepts_the_nesting_the_schema_needs():
+    new = config.merge(config.DEFAULTS, {
+        "channels": {"0": {"correction": [0.5], "sh": None}},
+        "curve": {"points": [[30000, 13107], [85000, 65535]]},
+    })
+    assert new["channels"][0]["correction"] == [0.5]
+    # 6 levels in the value is still only "wrong type", with the usual message
+    rejected(changed("channels.0.correction", nested_lists(5, 0.0)),
+             "channels.0.correction.0", "expected a finite number")
+    with raises(ConfigError, match="pid.kp: expected int"):
+        config.merge(config.DEFAULTS, {"pid.kp": nested_lists(6)})
+
+
+def test_validate_reports_deep_values_without_recursing():
+    for n in (100, 1000):
+        for dotted in ("pid.kp", "channels.0.correction", "curve.points.0.0",
+                       "control.mode", "_comment"):
+            cfg = changed(dotted, nested_lists(n)) if dotted != "_comment" else \
+                config.defaults()
+            if dotted == "_comment":
+                cfg["_comment"] = nested_lists(n)
+            with raises(ConfigError) as ctx:
+                config.validate(cfg)
+            assert "a list nested deeper than 6 levels" in str(ctx.value), str(ctx.value)
+        cfg = config.defaults()
+        cfg["pid"]["kp"] = nested_dicts(n)
+        rejected(cfg, "pid.kp", "got a dict nested deeper than 6 levels")
+
+
+def test_flatten_and_unflatten_are_depth_bounded():
+    for n in (100, 1000):
+        with raises(ConfigError, match="nested deeper than 6 levels"):
+            config.flatten(nested_dicts(n))
+        with raises(ConfigError, match="nested deeper than 6 levels"):
+            config.unflatten({".".join(["a"] * n): 1})
+        deep = nested_lists(n)
+        assert config.flatten({"a": deep})["a"] is deep  # a list of values is one leaf
+    assert config.unflatten({"a.b.c.d.e.f": 1})["a"]["b"]["c"]["d"]["e"]["f"] == 1
