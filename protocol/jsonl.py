@@ -14,9 +14,7 @@ The text is produced with integer arithmetic only (no float formatting), so both
 interpreters emit the same bytes.
 """
 
-import json
-
-from protocol import VERSION_MAJOR, VERSION_MINOR
+from protocol import VERSION_MAJOR, VERSION_MINOR, jsonparse
 from protocol import catalog as C
 from protocol.errors import CBORDecodeError, FieldError, UnknownTypeError, VersionError
 from protocol.message import FMT_JSON, Message, check_required, check_seq, check_value, lookup
@@ -210,10 +208,8 @@ def _parse_version(v):
 def decode_line(line, accept=None):
     """Decode one JSON line (bytes or str, without the newline) into a Message."""
     try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeError, RuntimeError) as e:
-        # RuntimeError: CPython's RecursionError on deeply nested arrays (a line of
-        # MAX_LINE "[" is enough); MicroPython has no separate RecursionError class
+        obj = jsonparse.loads(line)  # strict: depth 8, no duplicate keys (SPEC 7.4)
+    except jsonparse.JSONError as e:
         raise CBORDecodeError("not valid JSON: %s" % (e,)) from None
     if not isinstance(obj, dict):
         raise CBORDecodeError("a JSON line must be an object")
