@@ -161,13 +161,13 @@ Schema versions and migration: ``SCHEMA_VERSION`` is 1, the only version so far,
 A stored version without a migration path is corrupt.
 """
 
-import json
 import math
 import os
 
 from device import floors
 from device.calib import poly_eval
 from protocol import catalog as C
+from protocol import jsonparse
 from protocol.crc import crc16
 from protocol.jsonl import dump_value
 
@@ -1231,12 +1231,15 @@ def _parse(data):
     except UnicodeError:
         raise ConfigError("", "file is not UTF-8 text") from None
     try:
-        doc = json.loads(text)
-    except ValueError:
-        raise ConfigError("", "file is not valid JSON (truncated?)") from None
-    except RuntimeError:  # CPython's parser recursion limit (RecursionError)
-        doc = None
-    if doc is None or _deeper_than(doc, MAX_DEPTH):  # MicroPython parses any depth
+        # the protocol's strict parser: bounded depth, duplicate keys and bad UTF-8
+        # refused, the same verdict on both interpreters
+        doc = jsonparse.loads(data, max_depth=MAX_DEPTH + 1, max_len=MAX_FILE_BYTES)
+    except jsonparse.JSONError as e:
+        if e.reason.startswith("nesting deeper"):
+            doc = None
+        else:
+            raise ConfigError("", "file is not valid JSON (truncated?): %s" % e) from None
+    if doc is None or _deeper_than(doc, MAX_DEPTH):
         raise ConfigError("", "file is nested deeper than %d levels" % MAX_DEPTH)
     if type(doc) is not dict:
         raise ConfigError("", "file holds %s, not an object" % type(doc).__name__)

@@ -108,9 +108,12 @@ def test_regressions_found_by_fuzzing():
     from protocol.errors import CBORDecodeError, FieldError
     from protocol.frame import MAX_LINE, StreamDecoder
 
-    # CPython: an int too big for a float in a display-scaled field (OverflowError)
-    with raises(FieldError):
+    # an integer of 400 digits: refused by the strict parser before any big int
+    with raises(CBORDecodeError):
         jsonl.decode_line(b'{"type":"heartbeat","gpu_temp":' + b"9" * 400 + b"}")
+    # one that parses but is far out of the field's range
+    with raises(FieldError):
+        jsonl.decode_line(b'{"type":"heartbeat","gpu_temp":' + b"9" * 18 + b"}")
     # CPython: RecursionError from json on a line of "[" (fits in MAX_LINE)
     with raises(CBORDecodeError):
         jsonl.decode_line(b'{"a":' + b"[" * (MAX_LINE - 10))
