@@ -181,7 +181,14 @@ class StdioPort:
 
 
 class Hal:
-    """What ``make_hal()`` returns: the attributes listed in device/README.md."""
+    """What ``make_hal()`` returns: the attributes listed in device/README.md.
+
+    ``fan_model``: the name of the board's fan model in ``device.floors.FAN_MODELS``
+    (None: the default model), the compiled facts the tach plausibility and the
+    safety floors use.
+    """
+
+    fan_model = None
 
     def __init__(self, machine, name, fs_dir, adc, i2c, pwm, tach, port, wdt_max_ms):
         self._machine = machine
@@ -269,11 +276,22 @@ def make_tach(machine, pin_ids):
     return tach
 
 
-def build(machine, name, fs_dir, pins, wdt_max_ms, resolve=None, adc_ids=None, i2c=None):
+def build(
+    machine,
+    name,
+    fs_dir,
+    pins,
+    wdt_max_ms,
+    resolve=None,
+    adc_ids=None,
+    i2c=None,
+    fan_model=None,
+):
     """Construct the HAL from a board's ``PINS`` table.
 
     ``resolve`` maps a table name to what ``machine.Pin`` accepts (STM32: ``Pin.cpu``).
     ``adc_ids`` / ``i2c`` let a board override the ADC list (e.g. a mux) or the bus.
+    ``fan_model`` is the board's ``FAN_MODEL`` (``hal.fan_model``).
     """
     if resolve is None:
 
@@ -293,4 +311,6 @@ def build(machine, name, fs_dir, pins, wdt_max_ms, resolve=None, adc_ids=None, i
         port_cfg["tx"] = resolve(port_cfg["tx"])
         port_cfg["rx"] = resolve(port_cfg["rx"])
     port = make_port(machine, port_cfg)
-    return Hal(machine, name, fs_dir, adc, i2c, pwm, tach, port, wdt_max_ms)
+    hal = Hal(machine, name, fs_dir, adc, i2c, pwm, tach, port, wdt_max_ms)
+    hal.fan_model = fan_model
+    return hal

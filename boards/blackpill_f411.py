@@ -14,6 +14,7 @@ MCU = "STM32F411CE"
 FS_DIR = "/"
 ADC_BITS = 12
 WDT_MAX_MS = 32767
+FAN_MODEL = "pwm4"  # device/floors.py FAN_MODELS: generic 4-wire fans (the user's)
 
 PINS = {
     # gpu, vram, mos, amb: ADC1_IN1, IN4, IN8, IN9
@@ -33,5 +34,11 @@ def make_hal(machine=None):
     if machine is None:
         import machine
     return _common.build(
-        machine, NAME, FS_DIR, PINS, WDT_MAX_MS, resolve=lambda p: _common.stm32_pin(machine, p)
+        machine,
+        NAME,
+        FS_DIR,
+        PINS,
+        WDT_MAX_MS,
+        resolve=lambda p: _common.stm32_pin(machine, p),
+        fan_model=FAN_MODEL,
     )

@@ -15,6 +15,7 @@ MCU = "STM32F411RE"
 FS_DIR = "/"
 ADC_BITS = 12
 WDT_MAX_MS = 32767
+FAN_MODEL = "pwm4"  # device/floors.py FAN_MODELS: generic 4-wire fans (the user's)
 
 PINS = {
     # Arduino A0, A1, A2, A3 = PA0, PA1, PA4, PB0 = ADC1_IN0, IN1, IN4, IN8
@@ -40,5 +41,11 @@ def make_hal(machine=None):
     if machine is None:
         import machine
     return _common.build(
-        machine, NAME, FS_DIR, PINS, WDT_MAX_MS, resolve=lambda p: _common.stm32_pin(machine, p)
+        machine,
+        NAME,
+        FS_DIR,
+        PINS,
+        WDT_MAX_MS,
+        resolve=lambda p: _common.stm32_pin(machine, p),
+        fan_model=FAN_MODEL,
     )

@@ -15,6 +15,7 @@ MCU = "RP2040"
 FS_DIR = "/"
 ADC_BITS = 12  # read_u16() scales to 0..65535; see RP2040-E11 (DNL spikes) in docs
 WDT_MAX_MS = 8388  # RP2040 limit (MicroPython machine.WDT docs)
+FAN_MODEL = "pwm4"  # device/floors.py FAN_MODELS: generic 4-wire fans (the user's)
 
 PINS = {
     # gpu ADC0, vram ADC1, mos ADC2 via switch (GP22 low), amb ADC2 via switch (GP22 high)
@@ -55,4 +56,6 @@ def make_hal(machine=None):
                 adc.append(_common.MuxedADC(shared, sel, mux["channels"].index(i)))
             else:
                 adc.append(machine.ADC(machine.Pin(gp)))
-    return _common.build(machine, NAME, FS_DIR, PINS, WDT_MAX_MS, adc_ids=adc, i2c=i2c)
+    return _common.build(
+        machine, NAME, FS_DIR, PINS, WDT_MAX_MS, adc_ids=adc, i2c=i2c, fan_model=FAN_MODEL
+    )

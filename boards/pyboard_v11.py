@@ -11,6 +11,7 @@ MCU = "STM32F405RG"
 FS_DIR = "/flash"  # internal flash; a card in the slot boots from /sd instead
 ADC_BITS = 12  # read_u16() scales the 12-bit result to 0..65535
 WDT_MAX_MS = 32767  # IWDG: /256 prescaler, 12-bit reload, LSI ~32 kHz (ports/stm32/machine_wdt.c)
+FAN_MODEL = "pwm4"  # device/floors.py FAN_MODELS: generic 4-wire fans (the user's)
 
 PINS = {
     # channel order gpu, vram, mos, amb; PC0..PC3 = ADC123_IN10..13
@@ -37,5 +38,11 @@ def make_hal(machine=None):
     if machine is None:
         import machine
     return _common.build(
-        machine, NAME, FS_DIR, PINS, WDT_MAX_MS, resolve=lambda p: _common.stm32_pin(machine, p)
+        machine,
+        NAME,
+        FS_DIR,
+        PINS,
+        WDT_MAX_MS,
+        resolve=lambda p: _common.stm32_pin(machine, p),
+        fan_model=FAN_MODEL,
     )

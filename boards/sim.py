@@ -52,6 +52,9 @@ MCU = "MicroPython unix port"
 INA_ADDR = 0x40  # A0 = A1 = GND, the config default
 SHUNT_OHM = 0.001  # the config default shunt (1000 uOhm)
 WDT_MAX_MS = 32000
+# device/floors.py FAN_MODELS "sim": numbers that fit the simulated fans of every
+# world in host/modbridge/sim/worlds (tests/test_plausibility_world.py runs them all).
+FAN_MODEL = "sim"
 IRQ_RISING = 1
 IRQ_FALLING = 2
 PWM_BOOT_DUTY = const(65535)  # pins float until the app drives them: fans at 100 %
@@ -234,6 +237,7 @@ class SimHal:
 
     name = NAME
     IRQ_FALLING = IRQ_FALLING
+    fan_model = FAN_MODEL
 
     def __init__(self, readinto, write):
         self._readinto = readinto

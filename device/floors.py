@@ -16,9 +16,10 @@ read for the duty to be believed (``device.drivers.fan`` plausibility):
 
 ``min_spin``      duty below which the fan may stop: the lowest duty ever applied
 ``kick``          minimum spin-up kick duty from standstill, for at least ``kick_ms``
-``rpm_floor_pct`` at ``rpm_check_duty`` and above, a turning fan reads at least this
-                  percentage of ``rpm_nominal``; less (a stopped rotor with noise
-                  edges reads a few hundred RPM) is ``tach_implausible``
+``rpm_floor_pct`` at a settled duty d >= ``rpm_check_duty``, a turning fan reads at
+                  least this percentage of ``rpm_nominal`` x d / 100 %; less (a
+                  stopped rotor with noise edges reads a few hundred RPM) is
+                  ``tach_implausible``. ``rpm_floor(model)`` is the floor at 100 %.
 ``rpm_nominal``   RPM at 100 % of the slowest fan the model covers
 """
 
@@ -76,17 +77,36 @@ NTC_NOMINAL = (3950, 10000, 25000, 10000, True)
 # takes 16 s), so a flapping fault cannot pump the fans.
 RAMP_DOWN_PER_S = const(3276)  # 5 % per second
 
+# --- detection times: config may shorten them, never stretch them past these -------
+# A stalled fan unnoticed for a minute at 650 W, or a dead host whose heartbeats are
+# waited for ten minutes, would be cooling made worse by configuration.
+STALL_MAX_MS = const(10000)  # fans.*.stall_ms
+HOST_TIMEOUT_MAX_MS = const(30000)  # control.host_timeout_ms
+
 # --- MANUAL is a lease -----------------------------------------------------------
 MANUAL_LEASE_MS = const(600000)  # 10 min: then back to automatic control, with an event
 
 # --- fan models ---------------------------------------------------------------------
 # name: (min_spin, kick, kick_ms, rpm_check_duty, rpm_floor_pct, rpm_nominal)
+# The tach floor at a settled duty d is rpm_nominal * rpm_floor_pct / 100 * d / 100 %
+# (device/drivers/fan.py). From rpm_check_duty up a fan's RPM curve lies on or above
+# the line from 0 to its full speed (real curves have a positive intercept; the few
+# that sag at the bottom are past it by 50 %), so a fan of the model keeps at least
+# 100 / rpm_floor_pct times the floor at every checked duty; the 300 RPM that 10 noise
+# edges/s fake at 2 ppr are below the floor at 100 % of every model.
 FAN_MODELS = {
     # A generic 4-wire PWM fan (Intel spec): may stop below 20 %, 1,000..20,000 RPM at
-    # full speed. At >= 50 % duty a turning rotor reads >= 15 % of 1,000 RPM.
-    "pwm4": (13107, 45875, 300, 32768, 15, 1000),
+    # full speed. Floor 400 RPM at 100 %, 200 at 50 % (a 1,000 RPM fan keeps 2.5x);
+    # checked from 50 %: the curve of an unknown fan is not trusted below.
+    "pwm4": (13107, 45875, 300, 32768, 40, 1000),
     # 40 mm server fans (the seed's module, H200 chassis): >= 8,000 RPM at full speed.
-    "pwm4_server": (13107, 45875, 300, 32768, 15, 8000),
+    # Floor 2,000 RPM at 100 % (4x), 1,000 at 50 %.
+    "pwm4_server": (13107, 45875, 300, 32768, 25, 8000),
+    # The simulated fans (host/modbridge/sim/worlds/*.toml, boards/sim.py): 120 mm at
+    # 3,000 RPM (default) and 80 mm at 12,000 RPM (h200_2u) at full speed, RPM
+    # proportional to duty above the stop duty (10 % / 5 %). Floor 1,500 RPM at 100 %,
+    # 300 at 20 %: the slower world keeps 2x at every duty from min_spin, the faster 8x.
+    "sim": (13107, 45875, 300, 13107, 50, 3000),
 }
 FAN_MODEL_DEFAULT = "pwm4"
 FM_MIN_SPIN = const(0)
@@ -104,7 +124,7 @@ def fan_model(name):
 
 
 def rpm_floor(model):
-    """RPM a turning fan of ``model`` reads at least, at rpm_check_duty and above."""
+    """RPM a turning fan of ``model`` reads at least at 100 % (x duty / 65535 below)."""
     return model[FM_RPM_NOMINAL] * model[FM_RPM_FLOOR_PCT] // 100
 
 

@@ -31,15 +31,49 @@ Duty requests (``set_duty(duty_u16, now_ms)``):
   turn is stalled too -- min_duty is by definition a duty that spins it -- and the
   fail-safe then raises the floor, which is the safe outcome.)
 
+Tach plausibility (``model``: a fan model tuple of ``device.floors``, or its name;
+default ``floors.FAN_MODEL_DEFAULT``). ``stalled`` only sees a tach that went silent;
+noise coupled onto the line (a stopped rotor with 10 edges/s reads 300 RPM) or a
+rotor coasting down keeps it quiet. ``implausible`` compares the reading with the duty:
+
+- Settled duty: the floor is computed from ``settled_duty`` -- a duty the fan has been
+  driven at or above for at least ``settle_ms = max(kick_ms, 3000)`` (a kick counts
+  as 0: the fan is not settled while it kicks). A lower duty takes effect at once,
+  a higher one after ``settle_ms`` to ``2 * settle_ms``; so a spin-up never meets
+  the floor of its new duty before it had the time to get there.
+- Running: with ``settled_duty >= rpm_check_duty``, a reading below
+  ``rpm_floor(model) * settled_duty / 65535`` (``rpm_floor`` = ``rpm_nominal *
+  rpm_floor_pct / 100``, the floor at 100 %) for ``stall_ms`` sets ``implausible``
+  (``implausible_kind == IMPLAUSIBLE_SLOW``). It clears when an RPM window closes at
+  or above the floor. The floor scales with duty: a fan's RPM curve runs at or above
+  the line from 0 to its full speed (real curves have a positive intercept, so
+  RPM(d) / d is largest at low duty), and so the margin between a healthy fan and the
+  floor is smallest at 100 %, where the model's numbers set it.
+- Stopped (``allow_stop`` and duty 0): once ``STOP_SPINDOWN_MS`` have passed since the
+  stop, a reading at or above ``STOP_RPM`` for ``stall_ms`` sets it
+  (``IMPLAUSIBLE_TURNING``): the rotor does not stop when told to, or the tach line
+  carries noise that would hide a stall. It clears only when a stopped window reads
+  below ``STOP_RPM`` again (or ``configure`` turns ``allow_stop`` off): a fan driven
+  again cannot show that it stops, and clearing on a good running window would make
+  the fault come back every minute.
+- A silent tach while running is a stall, not this: ``implausible`` is not raised
+  while ``stalled`` (it stays if it was already set, e.g. by a coasting rotor).
+- ``implausible_count`` counts the times it was raised. No events: the supervisor
+  raises them on the edges.
+
 Read-only attributes: ``rpm``, ``duty`` (applied to the PWM, before ``invert``),
 ``commanded`` (the last request after clamping, before min-duty/kick), ``stalled``,
-``kicking``, ``glitches``, ``pulses`` (tach edges seen, modulo 2**29).
+``kicking``, ``glitches``, ``pulses`` (tach edges seen, modulo 2**29), ``model``,
+``rpm_floor`` (floor at 100 %), ``settle_ms``, ``settled_duty``, ``implausible``,
+``implausible_kind``, ``implausible_count``.
 
 ``update()``, ``set_duty()`` and the tach ISR allocate nothing: ints within +-2**30,
 the ISR is a bound method created once in ``__init__`` and only increments a counter
 (safe as a hard IRQ). The constructor drives ``initial_duty`` (full speed by default:
 until the control loop says otherwise, cooling is at its maximum).
 """
+
+from device import floors as _floors
 
 try:
     from micropython import const
@@ -52,6 +86,16 @@ _COUNT_MASK = const(0x1FFFFFFF)  # ISR counter wraps before leaving small-int ra
 _HALF_PERIOD = const(0x20000000)  # half of the 2**30 tick period
 _MS_PER_MIN = const(60000)
 _SMALL_INT_LIMIT = const(0x3FFFFFFF)
+_SETTLE_MIN_MS = const(3000)  # longer than any spin-up between two duties
+_FLOOR_MAX = const(1048575)  # rpm_floor * (duty >> 6) stays below 2**30
+_STOP_SPINDOWN_MS = const(30000)  # a 140 mm fan coasts from full speed to rest in < 30 s
+_STOP_RPM = const(150)  # a stopped rotor reads 0; 5 edges/s at 2 ppr is 150
+
+IMPLAUSIBLE_NONE = const(0)
+IMPLAUSIBLE_SLOW = const(1)  # turning far slower than the settled duty allows
+IMPLAUSIBLE_TURNING = const(2)  # reading RPM while stopped
+STOP_SPINDOWN_MS = _STOP_SPINDOWN_MS
+STOP_RPM = _STOP_RPM
 
 
 def _diff(a, b):
@@ -78,6 +122,27 @@ def _check_int(value, lo, hi, what):
         raise ValueError("%s must be an int %d..%d, got %r" % (what, lo, hi, value))
 
 
+def _resolve_model(model):
+    """The model tuple for ``model`` (None, a name in ``FAN_MODELS`` or a tuple)."""
+    if model is None:
+        return _floors.fan_model(None)
+    if isinstance(model, str):
+        m = _floors.FAN_MODELS.get(model)
+        if m is None:
+            raise ValueError(
+                "unknown fan model %r (have %s)" % (model, ", ".join(sorted(_floors.FAN_MODELS)))
+            )
+        return m
+    if not isinstance(model, tuple) or len(model) <= _floors.FM_RPM_NOMINAL:
+        raise ValueError("model must be a fan model name or tuple, got %r" % (model,))
+    _check_int(model[_floors.FM_RPM_CHECK_DUTY], 0, _DUTY_MAX, "model rpm_check_duty")
+    _check_int(model[_floors.FM_RPM_FLOOR_PCT], 0, 100, "model rpm_floor_pct")
+    _check_int(model[_floors.FM_RPM_NOMINAL], 0, 1000000, "model rpm_nominal")
+    if _floors.rpm_floor(model) > _FLOOR_MAX:
+        raise ValueError("model rpm floor %d exceeds %d" % (_floors.rpm_floor(model), _FLOOR_MAX))
+    return model
+
+
 # config key -> constructor argument (device/config.py's "fans" entries use "ppr")
 _CONFIG_KEYS = (
     ("freq_hz", "freq_hz"),
@@ -91,6 +156,7 @@ _CONFIG_KEYS = (
     ("max_rpm", "max_rpm"),
     ("allow_stop", "allow_stop"),
     ("invert", "invert"),
+    ("model", "model"),
 )
 
 
@@ -99,10 +165,12 @@ class Fan:
 
     ``Fan.from_config(pwm, tach_pin, irq_trigger, cfg)`` builds one from a config dict
     (keys ``min_duty``, ``kick_duty``, ``kick_ms``, ``ppr``, ``stall_ms``, ``max_rpm``,
-    optionally ``freq_hz``, ``rpm_window_ms``, ``allow_stop``, ``invert``; unknown keys
-    are ignored); ``configure(cfg)`` applies such a dict to a running fan (missing keys
-    keep their value; the tach IRQ and counters are kept). ``pwm`` is the PWM object;
-    ``force_full()`` drives 100 % directly, for last-resort error paths.
+    optionally ``freq_hz``, ``rpm_window_ms``, ``allow_stop``, ``invert``, ``model``;
+    unknown keys are ignored); its ``model=`` argument, when given, wins over the dict's
+    (the board's compiled fan model). ``configure(cfg)`` applies such a dict to a
+    running fan (missing keys keep their value; the tach IRQ and counters are kept).
+    ``pwm`` is the PWM object; ``force_full()`` drives 100 % directly, for last-resort
+    error paths.
     """
 
     def __init__(
@@ -121,6 +189,7 @@ class Fan:
         allow_stop=False,
         invert=False,
         initial_duty=65535,
+        model=None,
     ):
         _check_int(initial_duty, 0, _DUTY_MAX, "initial_duty")
         self._set(
@@ -134,6 +203,7 @@ class Fan:
             max_rpm,
             allow_stop,
             invert,
+            model,
         )
         self.pwm = pwm
         self._pin = tach_pin
@@ -152,6 +222,17 @@ class Fan:
         self._win_count = 0
         self._tick_count = 0
         self._alive_ms = 0  # last time the fan was known turning (or started)
+        # plausibility (see the module docstring)
+        self.implausible = False
+        self.implausible_kind = IMPLAUSIBLE_NONE
+        self.implausible_count = 0
+        self.settled_duty = 0  # a duty applied for >= settle_ms without a kick
+        self._pend = 0  # lowest duty since _pend_ms: becomes settled_duty after settle_ms
+        self._pend_ms = 0
+        self._off = False  # applied duty 0 (stopped) at the last update
+        self._off_ms = 0  # when it stopped
+        self._bad = False  # the reading is off for the duty since _bad_ms
+        self._bad_ms = 0
 
         pwm.freq(freq_hz)
         self._target = self._effective(initial_duty)
@@ -172,8 +253,10 @@ class Fan:
         max_rpm,
         allow_stop,
         invert,
+        model,
     ):
         """Validate every parameter, then assign them all (nothing changes on error)."""
+        model = _resolve_model(model)
         _check_int(freq_hz, 1, 1000000, "freq_hz")
         _check_int(min_duty, 0, _DUTY_MAX, "min_duty")
         _check_int(kick_duty, 0, _DUTY_MAX, "kick_duty")
@@ -200,13 +283,19 @@ class Fan:
         self.max_rpm = max_rpm
         self.allow_stop = bool(allow_stop)
         self.invert = bool(invert)
+        self.model = model
+        self.rpm_floor = _floors.rpm_floor(model)
+        self._check_duty = model[_floors.FM_RPM_CHECK_DUTY]
+        self.settle_ms = kick_ms if kick_ms > _SETTLE_MIN_MS else _SETTLE_MIN_MS
 
     @classmethod
-    def from_config(cls, pwm, tach_pin, irq_trigger, cfg):
+    def from_config(cls, pwm, tach_pin, irq_trigger, cfg, model=None):
         kw = {}
         for key, arg in _CONFIG_KEYS:
             if key in cfg:
                 kw[arg] = cfg[key]
+        if model is not None:
+            kw["model"] = model
         return cls(pwm, tach_pin, irq_trigger, **kw)
 
     def configure(self, cfg):
@@ -222,6 +311,7 @@ class Fan:
             "max_rpm": self.max_rpm,
             "allow_stop": self.allow_stop,
             "invert": self.invert,
+            "model": self.model,
         }
         for key, arg in _CONFIG_KEYS:
             if key in cfg:
@@ -239,7 +329,11 @@ class Fan:
             cur["max_rpm"],
             cur["allow_stop"],
             cur["invert"],
+            cur["model"],
         )
+        self._bad = False  # the model or the timing may have changed: judge afresh
+        if self.implausible_kind == IMPLAUSIBLE_TURNING and not self.allow_stop:
+            self._clear_implausible()  # the fan is no longer told to stop
         if self.freq_hz != old_freq:
             self.pwm.freq(self.freq_hz)
         if self.invert != old_invert:
@@ -260,6 +354,10 @@ class Fan:
         self.kicking = False
         self.duty = _DUTY_MAX
         self.pwm.duty_u16(0 if self.invert else _DUTY_MAX)
+
+    def _clear_implausible(self):
+        self.implausible = False
+        self.implausible_kind = IMPLAUSIBLE_NONE
 
     def _on_edge(self, pin):
         self.pulses = (self.pulses + 1) & _COUNT_MASK
@@ -303,7 +401,7 @@ class Fan:
             self._apply(target)
 
     def update(self, now_ms):
-        """Per control tick: end a kick, measure RPM, detect a stall."""
+        """Per control tick: end a kick, measure RPM, detect a stall, judge the reading."""
         count = self.pulses
         if not self._started:
             self._started = True
@@ -311,12 +409,16 @@ class Fan:
             self._win_count = count
             self._tick_count = count
             self._alive_ms = now_ms
+            self._pend_ms = now_ms  # not settled before the first tick
+            self._off = self.duty == 0
+            self._off_ms = now_ms  # a stop seen at boot: the rotor may still coast
             return
         if self.kicking and _diff(now_ms, self._kick_start) >= self.kick_ms:
             self.kicking = False
             self._apply(self._target)
 
         # RPM window
+        fresh = False
         elapsed = _diff(now_ms, self._win_start)
         if elapsed >= self.rpm_window_ms:
             n = (count - self._win_count) & _COUNT_MASK
@@ -326,6 +428,7 @@ class Fan:
                     self.glitches += 1
                 else:
                     self.rpm = rpm_from_pulses(n, self.pulses_per_rev, elapsed)
+                    fresh = True
             self._win_start = now_ms
             self._win_count = count
         elif elapsed < 0:  # clock went backwards: restart the window
@@ -345,3 +448,60 @@ class Fan:
             self.stalled = False
         elif _diff(now_ms, self._alive_ms) >= self.stall_ms:
             self.stalled = True
+
+        self._plausibility(now_ms, fresh)
+
+    def _plausibility(self, now_ms, fresh):
+        """Judge the reading against the settled duty; ``fresh``: a window just closed."""
+        d = 0 if self.kicking else self.duty
+        # settled_duty = the lowest duty over at least settle_ms (lower duties at once)
+        if d < self.settled_duty:
+            self.settled_duty = d
+            self._pend = d
+            self._pend_ms = now_ms
+        else:
+            if d < self._pend:
+                self._pend = d
+            if _diff(now_ms, self._pend_ms) >= self.settle_ms:
+                self.settled_duty = self._pend
+                self._pend = d
+                self._pend_ms = now_ms
+        if self.duty == 0:
+            if not self._off:
+                self._off = True
+                self._off_ms = now_ms
+        else:
+            self._off = False
+
+        kind = IMPLAUSIBLE_NONE  # what the reading would be, were it to last
+        judged = False  # a check applies this tick
+        if self._off:
+            if _diff(now_ms, self._off_ms) >= _STOP_SPINDOWN_MS:
+                judged = True
+                if self.rpm >= _STOP_RPM:
+                    kind = IMPLAUSIBLE_TURNING
+        elif d > 0 and self.settled_duty >= self._check_duty and self.rpm_floor > 0:
+            judged = True
+            # rpm_floor <= _FLOOR_MAX and settled >> 6 <= 1023: below 2**30
+            if self.rpm < self.rpm_floor * (self.settled_duty >> 6) // 1024:
+                kind = IMPLAUSIBLE_SLOW
+        if kind != IMPLAUSIBLE_NONE:
+            if not self._bad:
+                self._bad = True
+                self._bad_ms = now_ms
+            elif (
+                not self.implausible
+                and not self.stalled
+                and _diff(now_ms, self._bad_ms) >= self.stall_ms
+            ):
+                self.implausible = True
+                self.implausible_kind = kind
+                self.implausible_count += 1
+            return
+        self._bad = False
+        if not (judged and fresh and self.implausible):
+            return
+        # A full window that fits clears the fault, if it answers the question the
+        # fault raised: a slow reading by a running window, a turning one by a stop.
+        if self._off == (self.implausible_kind == IMPLAUSIBLE_TURNING):
+            self._clear_implausible()
