@@ -393,7 +393,7 @@ _FAN = (
         ("kick_duty", _DUTY),
         ("kick_ms", ("int", 0, 5000)),
         ("ppr", ("int", 1, 4)),
-        ("stall_ms", ("int", 500, 60000)),
+        ("stall_ms", ("int", 500, floors.STALL_MAX_MS)),
         ("max_rpm", ("int", 100, 50000)),
     ),
 )
@@ -410,7 +410,7 @@ _SCHEMA = (
                     ("period_ms", ("int", 20, 1000)),
                     ("telemetry_ms", ("int", 20, 60000)),
                     ("telemetry_format", ("enum", ("cbor", "json"))),
-                    ("host_timeout_ms", ("int", 1000, 600000)),
+                    ("host_timeout_ms", ("int", 1000, floors.HOST_TIMEOUT_MAX_MS)),
                     ("mode", ("enum", C.FAN_MODES)),
                     ("manual_duty", _DUTY),
                 ),
