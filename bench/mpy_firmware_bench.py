@@ -17,14 +17,19 @@ as its last line. Modes:
     fit             boot, warm up, 1,000 ticks; {"ok": 1} (a MemoryError exits non-zero):
                     bench_firmware.py binary-searches -X heapsize with it
     alloc           bytes allocated per steady-state tick (gc disabled, mem_alloc
-                    delta) and whether 1,000 ticks run under micropython.heap_lock()
+                    delta) and whether 1,000 ticks run under micropython.heap_lock(),
+                    with the host frozen (no heartbeat arrives)
+    alloc_hosted    the same with a signed heartbeat arriving every second (every 10th
+                    tick), as the bridge sends them: the hosted tick
     speed MS        steady-state ticks per wall second, telemetry every MS ms
 
 A tick is ``app.step()`` + ``hal.advance(100)``: with the default config (period 100
 ms) every step runs one control tick (4 NTCs oversampled, INA226, 2 fans, supervisor,
 PID, PWM, telemetry when due). The warm-up is what tests/test_app.py does before its
-heap-locked run: boot, 1 s of fake time, a heartbeat, 2 s more, then the host is
-frozen (``hb_ms`` now, huge timeout) so no heartbeat has to arrive during the run.
+heap-locked run: boot, 1 s of fake time, a signed heartbeat, 2 s more; then either the
+host is frozen (``hb_ms`` now, huge timeout: mode ``alloc``) or heartbeats keep
+arriving at 1 Hz (mode ``alloc_hosted``; prepared before the run, since encoding and
+signing them is the host's work).
 
 The fake board's transmit buffer is shrunk from 64 KB to 1 KB (``fakehal._TX_SIZE``,
 read at construction and on every write; bytes beyond it are counted and dropped),
@@ -109,11 +114,18 @@ def import_firmware(per_module=None):
             per_module[name] = used() - before
 
 
+KEY = bytes(range(32))  # the fake board's signing secret
+HB_FIELDS = {"gpu_temp": 60000, "gpu_power": 300000, "power_limit": 700000}
+
+
 def make_board():
     import fakehal
 
     fakehal._TX_SIZE = TX_SIZE
-    return fakehal, fakehal.FakeHal()
+    hal = fakehal.FakeHal()
+    with open(hal.fs_dir.rstrip("/") + "/secret.key", "wb") as f:
+        f.write(KEY)
+    return fakehal, hal
 
 
 def boot(fakehal, hal):
@@ -125,27 +137,55 @@ def boot(fakehal, hal):
     return app
 
 
-def warm_up(fakehal, hal, app):
-    from protocol import frame
+class Host:
+    """Signed heartbeats, prepared before a measured run (encoding allocates)."""
 
+    def __init__(self, app):
+        from protocol import sign
+
+        self.t = 1000
+        self.signer = sign.Signer(KEY, 1, self.clock)
+        self.signer.nonce = app.nonce
+        self.seq = 0
+
+    def clock(self):
+        self.t += 1
+        return self.t
+
+    def frames(self, n):
+        from protocol import frame
+
+        out = []
+        for _ in range(n):
+            self.seq += 1
+            out.append(frame.encode_frame("heartbeat", HB_FIELDS, self.seq, signer=self.signer))
+        return out
+
+
+def warm_up(fakehal, hal, app, hosted=False):
     fakehal.run(app, hal, 1000)
     hal.tx_len = 0
-    hal.send(
-        frame.encode_frame(
-            "heartbeat", {"gpu_temp": 60000, "gpu_power": 300000, "power_limit": 700000}, 1
-        )
-    )
+    host = Host(app)
+    hal.send(host.frames(1)[0])
     fakehal.run(app, hal, 2000)
     hal.tx_len = 0
-    app.hb_ms = hal.ticks_ms()  # no heartbeat arrives during the run: freeze the host
-    app.host_timeout_ms = 10**8
+    if not hosted:
+        app.hb_ms = hal.ticks_ms()  # standalone-style run: freeze the host
+        app.host_timeout_ms = 10**8
     if app.failures or not app.hb_seen:
         raise RuntimeError(f"warm-up failed: failures={app.failures} hb_seen={app.hb_seen}")
+    return host
 
 
-def ticks(app, hal, n):
+def ticks(app, hal, n, hb=None):
+    """n ticks; with ``hb`` (prepared heartbeat frames) one arrives every 10th tick,
+    the bridge's 1 s period, through the fake UART."""
     k = 0
+    j = 0
     while k < n:
+        if hb is not None and k % 10 == 0:
+            hal.send(hb[j])
+            j += 1
         app.step()
         hal.advance(TICK_MS)
         hal.tx_len = 0
@@ -195,32 +235,44 @@ def mode_fit():
     return {"ok": 1, "after_run": used() - image_size()}
 
 
-def mode_alloc():
-    hal, app = ready()
-    ticks(app, hal, 10)
+def mode_alloc(hosted):
+    """Bytes per tick; ``hosted``: a signed heartbeat arrives every second (10 ticks)
+    and must keep the module HOSTED, else the host is frozen (standalone-like)."""
+    fakehal, hal = make_board()
+    app = boot(fakehal, hal)
+    host = warm_up(fakehal, hal, app, hosted)
+    n_hb = STEADY_TICKS // 10 + 1
+    hb = host.frames(n_hb) if hosted else None
+    ticks(app, hal, 10, host.frames(1) if hosted else None)
     n0 = app.ticks
     gc.collect()
     gc.disable()
     try:
         before = gc.mem_alloc()
-        ticks(app, hal, STEADY_TICKS)
+        ticks(app, hal, STEADY_TICKS, hb)
         after = gc.mem_alloc()
     finally:
         gc.enable()
     check(app, n0, STEADY_TICKS)
     locked = 1
     n0 = app.ticks
+    hb = host.frames(n_hb) if hosted else None
+    hb_before = app.hb.received if hosted else 0
     try:
         micropython.heap_lock()
         try:
-            ticks(app, hal, STEADY_TICKS)
+            ticks(app, hal, STEADY_TICKS, hb)
         finally:
             micropython.heap_unlock()
     except MemoryError:
         locked = 0
     if locked:
         check(app, n0, STEADY_TICKS)
-    return {"alloc_per_tick": (after - before) / STEADY_TICKS, "heap_locked": locked}
+    out = {"alloc_per_tick": (after - before) / STEADY_TICKS, "heap_locked": locked}
+    if hosted:
+        out["heartbeats"] = app.hb.received - hb_before
+        out["state"] = app.sup.state
+    return out
 
 
 def mode_speed(telemetry_ms):
@@ -262,11 +314,13 @@ def main(argv):
     elif mode == "fit":
         out = mode_fit()
     elif mode == "alloc":
-        out = mode_alloc()
+        out = mode_alloc(False)
+    elif mode == "alloc_hosted":
+        out = mode_alloc(True)
     elif mode == "speed":
         out = mode_speed(int(argv[2]))
     else:
-        raise SystemExit("usage: mpy_firmware_bench.py heap|fit|alloc|speed MS")
+        raise SystemExit("usage: mpy_firmware_bench.py heap|fit|alloc|alloc_hosted|speed MS")
     print(json.dumps(out))
 
 

@@ -14,9 +14,12 @@ of a tick that completed; an unexpected exception drives both fans to 100 % and 
 feeding it, so the MCU resets.
 """
 
+import os
 from array import array
 
 from device import FW_VERSION, config
+from device import floors as F
+from device import safety as S
 from device.control.curve import FanCurve
 from device.control.pid import PID
 from device.control.select import worst_channel
@@ -24,10 +27,12 @@ from device.drivers.fan import Fan
 from device.drivers.ina226 import INA226
 from device.drivers.ntc import NTC
 from device.failsafe import EventQueue, Supervisor
+from device.plausibility import NtcWatch
+from device.safety import Safety
 from device.selftest import SelfTest
 from device.ticks import ticks_add, ticks_diff
 from protocol import catalog as C
-from protocol import frame, jsonl
+from protocol import frame, jsonl, sign
 from protocol import telemetry as T
 from protocol.errors import OversizeError
 from protocol.message import FMT_CBOR, FMT_JSON
@@ -49,8 +54,67 @@ REPL_FLAG = "repl.flag"  # in fs_dir: the next boot stays in the REPL
 MODE_AUTO = const(0)
 MODE_MANUAL = const(1)
 MODE_CURVE = const(2)
+# Safety causes that end a MANUAL lease at once.
+_LEASE_CAUSES = S.CAUSE_SENSOR | S.CAUSE_STALL | S.CAUSE_OVER | S.CAUSE_CRIT
+# NACKs: a token bucket, at most _NACK_BURST at once and one more per _NACK_MS.
+_NACK_BURST = const(8)
+_NACK_MS = const(100)
+# config_save flash writes: _SAVE_BURST at once, one more per _SAVE_MS.
+_SAVE_BURST = const(3)
+_SAVE_MS = const(20000)
+_UNAUTH_EVENT_MS = const(1000)  # at most one ``unauthorized`` event a second
+_PAIR_WINDOW_MS = const(60000)  # after power-on, a module with no secret can be paired
+SECRET_FILE = "secret.key"
+# Reads stay open; everything else needs a valid signature (SPEC.md "Signed commands").
+_OPEN_TYPES = (C.T_HELLO_REQUEST, C.T_CONFIG_GET, C.T_CAL_READ)
+# Rejections answered with a NACK (SPEC section 11); crc/framing/oversize/noise are not.
+_NACKED_KINDS = ("version", "unknown_type", "invalid", "undecodable")
+_HB_DEF = C.by_type(C.T_HEARTBEAT)[C.M_FIELDS]
+_N_HB = len(_HB_DEF)
+_HB_TEMP = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_temp")
+_HB_POWER = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_power")
+_TEL_FLASH = T.index("flash_writes")
+_TEL_AUTH = T.index("auth_failures")
+_TEL_INTERNAL = T.index("internal_errors")
 
 BANNER = "MODULER READY v" + FW_VERSION
+
+
+class _ShadowPWM:
+    """Stands in for ``machine.PWM`` while a candidate config is configured."""
+
+    def freq(self, hz=None):
+        return 25000
+
+    def duty_u16(self, d=None):
+        return 0
+
+
+class _ShadowPin:
+    def irq(self, handler=None, trigger=0, hard=False):
+        return None
+
+    def value(self, v=None):
+        return 0
+
+
+class _ShadowI2C:
+    """An INA226 that is always there: configuring against it checks the driver's
+    arithmetic and arguments without touching the bus."""
+
+    def readfrom_mem_into(self, addr, reg, buf):
+        v = 0x5449 if reg == 0xFE else (0x2260 if reg == 0xFF else 0)
+        buf[0] = v >> 8
+        buf[1] = v & 0xFF
+
+    def writeto_mem(self, addr, reg, buf):
+        pass
+
+
+class _Built:
+    """Everything a config turns into, built without touching the hardware."""
+
+    pass
 
 
 class App:
@@ -61,7 +125,18 @@ class App:
         self.seq = 0
         self.running = True
         self.rx = bytearray(_RX_SIZE)
-        self.decoder = frame.StreamDecoder(accept=C.H2D)
+        # signing: a fresh nonce every boot, the secret from flash (SPEC "Signed commands")
+        self.nonce = os.urandom(sign.NONCE_LEN)
+        key = self._load_secret()
+        self.paired = key is not None
+        self.verifier = sign.Verifier(key)
+        self.verifier.set_nonce(self.nonce)
+        self.hb = frame.HeartbeatState()
+        self._hb_vals = array("i", [0] * (_N_HB + 1))
+        self.decoder = frame.StreamDecoder(
+            accept=C.H2D, verifier=self.verifier, heartbeat=self.hb
+        )
+        self._on_item = self._sink  # bound once: naming a bound method allocates it
         self.enc = T.TelemetryEncoder()
         self.temps = array("i", [0] * _N_CH)
         self.setpoints = array("i", [0] * _N_CH)
@@ -76,22 +151,30 @@ class App:
         self.ticks = 0
         self.missed = 0
         self.failures = 0
+        self.internal_errors = 0
+        self.auth_failures = 0
+        self.nacks_suppressed = 0
+        self.flash_writes = 0
         self.mode = MODE_AUTO
+        self.manual_ms = 0
         self.hb_ms = 0
         self.hb_seen = False
         self.gpu_power_mw = 0
         self.gpu_temp_mc = None
         self.selftest = None
         self.wdt = None
-        cfg, status, detail = config.load(hal.fs_dir)
-        self.cfg = cfg
-        self.config_status = status
-        self.config_detail = detail
-        self.configure(cfg)
-        if status == "corrupt":
-            self.events.push(
-                C.REASON_CONFIG_CORRUPT, C.SEV_WARNING, True, -1, 0, C.STATE_BOOT, C.STATE_BOOT
-            )
+        self.fans = None
+        self.sup = None
+        self.watch = None  # sensor plausibility (device.plausibility), set by _commit
+        self.controlled = 0
+        now = hal.ticks_ms()
+        self._nack_tokens = _NACK_BURST
+        self._nack_ms = now
+        self._save_tokens = _SAVE_BURST
+        self._save_ms = now
+        self._unauth_ms = now - _UNAUTH_EVENT_MS
+        self.config_source = "factory"
+        self._boot_config()
         if hal.reset_cause() == "watchdog":
             self.events.push(
                 C.REASON_WATCHDOG_RESET, C.SEV_ALARM, True, -1, 0, C.STATE_BOOT, C.STATE_BOOT
@@ -103,57 +186,170 @@ class App:
         self.next_tel = now
 
     # -- construction from config ------------------------------------------------
+    def _boot_config(self):
+        """Configure from the first stored config that really configures.
+
+        The candidates are tried in order (the saved config, the last good one, the
+        factory defaults) through the same ``_build`` that ``config_set`` uses, so
+        whatever is in flash the module boots into a state that speaks the protocol.
+        """
+        cands, writes, problems = config.candidates(self.hal.fs_dir)
+        self.flash_writes = writes
+        why = ""
+        for source, cfg, detail in cands:
+            try:
+                built = self._build(cfg)
+            except Exception as e:  # noqa: BLE001 - any failure: try the next one
+                why = "%s config does not configure: %s" % (source, e)
+                continue
+            self._commit(built, cfg)
+            self.cfg = cfg
+            self.config_source = source
+            if source == "current":
+                self.config_status = "ok"
+            elif source == "prev":
+                self.config_status = "prev"
+            else:
+                self.config_status = "corrupt" if (why or problems) else "missing"
+            self.config_detail = detail
+            break
+        if problems:
+            self.events.push(
+                C.REASON_CONFIG_CORRUPT, C.SEV_WARNING, True, -1, 0, C.STATE_BOOT, C.STATE_BOOT
+            )
+        if self.config_source != "current" and (why or problems or len(cands) > 1):
+            self.events.push(
+                C.REASON_CONFIG_FALLBACK,
+                C.SEV_ALARM,
+                True,
+                -1,
+                1 if self.config_source == "prev" else 0,
+                C.STATE_BOOT,
+                C.STATE_BOOT,
+            )
+        self.config_why = why
+        self._saved = config.canonical(self.cfg) if self.config_source != "factory" else None
+
     def configure(self, cfg):
-        """(Re)build sensors, fans and control from ``cfg`` (already validated)."""
+        """(Re)build sensors, fans and control from ``cfg``: all or nothing."""
+        self._commit(self._build(cfg), cfg)
+
+    def _build(self, cfg):
+        """Check ``cfg`` by building every object it configures on stand-in hardware.
+
+        Raises (ConfigError, ValueError, ...) without changing anything when some
+        part refuses it: validated and configurable are the same predicate."""
+        config.validate(cfg)
         hal = self.hal
+        b = _Built()
         ctl = cfg["control"]
-        self.period_ms = ctl["period_ms"]
-        self.telemetry_ms = ctl["telemetry_ms"]
-        self.host_timeout_ms = ctl["host_timeout_ms"]
-        self.standalone_curve = ctl.get("standalone", "curve") == "curve"
+        b.period_ms = ctl["period_ms"]
+        b.telemetry_ms = ctl["telemetry_ms"]
+        b.host_timeout_ms = ctl["host_timeout_ms"]
+        b.standalone_curve = ctl.get("standalone", "curve") == "curve"
         chans = cfg["channels"]
         luts = {}  # channels with the same curve and divider share one table
-        self.ntcs = [NTC.from_config(hal.adc[i], chans[i], luts=luts) for i in range(_N_CH)]
+        ntcs = []
+        for i in range(_N_CH):
+            ch = chans[i]
+            if ch.get("filter") == "none":
+                ch = dict(ch)
+                ch["filter"] = None
+            ntcs.append(NTC.from_config(hal.adc[i], ch, luts=luts))
+        b.ntcs = ntcs
+        b.setpoints = [chans[i]["setpoint_mc"] for i in range(_N_CH)]
         ctl_mask = 0
         for i in range(_N_CH):
-            self.setpoints[i] = chans[i]["setpoint_mc"]
             if chans[i]["controlled"]:
                 ctl_mask |= 1 << i
-        self.controlled = ctl_mask
+        b.controlled = ctl_mask
         fans = cfg["fans"]
-        old = getattr(self, "fans", None)
-        if old is None:
-            self.fans = [
-                Fan.from_config(hal.pwm[i], hal.tach[i], hal.IRQ_FALLING, fans[i])
-                for i in range(_N_FAN)
-            ]
-        else:
-            for i in range(_N_FAN):
-                old[i].configure(fans[i])
-        self.ina_cfg = cfg["ina226"]
-        self.uv_mv = self.ina_cfg["uv_mv"]
-        self.ina = None
-        self.open_ina()
+        b.fan_model = F.fan_model(getattr(hal, "fan_model", None))
+        for i in range(_N_FAN):  # the fan driver's own checks, on stand-ins
+            Fan.from_config(
+                _ShadowPWM(), _ShadowPin(), hal.IRQ_FALLING, fans[i], model=b.fan_model
+            )
+        ina = cfg["ina226"]
+        dev = INA226(
+            _ShadowI2C(),
+            ina["addr"],
+            ina["shunt_uohm"],
+            ina["max_current_ma"],
+            ina["avg"],
+            ina["ct_us"],
+            ina["ct_us"],
+        )
+        dev.set_under_voltage_alert(ina["uv_mv"])
         p = cfg["pid"]
-        self.pid = PID(
+        b.pid = PID(
             p["kp"],
             p["ki"],
             p["kd"],
             p["kff"],
-            out_min=min(f["min_duty"] for f in cfg["fans"]),  # below it the fans do not move
+            out_min=min(f["min_duty"] for f in fans),  # below it the fans do not move
             out_max=65535,
             slew_per_s=p["slew_pct_s"] * 65535 // 100,
             d_filter_ms=p["d_filter_ms"],
         )
         cv = cfg["curve"]
-        self.curve = FanCurve(cv["points"], cv["hysteresis_mc"])
+        b.curve = FanCurve(cv["points"], cv["hysteresis_mc"])
         mode = ctl["mode"]
-        self.mode = (
-            MODE_CURVE if mode == "curve" else (MODE_MANUAL if mode == "manual" else MODE_AUTO)
-        )
-        self.sup = Supervisor(cfg, self.events) if not hasattr(self, "sup") else self._resup(cfg)
-        self.min_manual = cfg["safety"]["min_manual_duty"]
-        self.fmt = FMT_JSON if ctl["telemetry_format"] == "json" else self.fmt
+        b.mode = MODE_CURVE if mode == "curve" else (MODE_MANUAL if mode == "manual" else MODE_AUTO)
+        b.sup = Supervisor(cfg, self.events)
+        b.json = ctl["telemetry_format"] == "json"
+        return b
+
+    def _commit(self, b, cfg):
+        """Apply a built config; nothing here can refuse it any more."""
+        hal = self.hal
+        self.period_ms = b.period_ms
+        self.telemetry_ms = b.telemetry_ms
+        self.host_timeout_ms = b.host_timeout_ms
+        self.standalone_curve = b.standalone_curve
+        self.ntcs = b.ntcs
+        for i in range(_N_CH):
+            self.setpoints[i] = b.setpoints[i]
+        if self.watch is None or self.controlled != b.controlled:
+            self.watch = NtcWatch(_N_CH, b.controlled, 3)
+        self.controlled = b.controlled
+        fans = cfg["fans"]
+        if self.fans is None:
+            self.fans = [
+                Fan.from_config(
+                    hal.pwm[i], hal.tach[i], hal.IRQ_FALLING, fans[i], model=b.fan_model
+                )
+                for i in range(_N_FAN)
+            ]
+            self.safety = Safety(hal, self.fans, _N_CH)
+        else:
+            for i in range(_N_FAN):
+                self.fans[i].configure(fans[i])
+        self.safety.configure(cfg)
+        self.ina_cfg = cfg["ina226"]
+        self.uv_mv = self.ina_cfg["uv_mv"]
+        self.ina = None
+        self.open_ina()
+        self.pid = b.pid
+        self.curve = b.curve
+        if b.mode != self.mode:
+            self._set_mode(b.mode, self.hal.ticks_ms())
+        if self.sup is not None:
+            old = self.sup
+            new = b.sup
+            # keep the state across a reconfiguration; the next tick re-evaluates
+            new.state = old.state
+            new.reason = old.reason
+            new.faults = old.faults
+            new.causes = old.causes
+            new.host_seen = old.host_seen
+        self.sup = b.sup
+        self.min_manual = self.safety.f_manual
+        self.fmt = FMT_JSON if b.json else self.fmt
+
+    def _set_mode(self, mode, now):
+        if mode == MODE_MANUAL and self.mode != MODE_MANUAL:
+            self.manual_ms = now
+        self.mode = mode
 
     def open_ina(self):
         """(Re)connect the INA226; a missing or wrong chip is a power-monitor fault,
@@ -178,16 +374,6 @@ class App:
         self.ina = dev
         self.pm_fault = False
         return True
-
-    def _resup(self, cfg):
-        old = self.sup
-        new = Supervisor(cfg, self.events)
-        # keep the state across a reconfiguration; the next tick re-evaluates
-        new.state = old.state
-        new.reason = old.reason
-        new.faults = old.faults
-        new.host_seen = old.host_seen
-        return new
 
     # -- output ------------------------------------------------------------------
     def _next_seq(self):
@@ -218,6 +404,8 @@ class App:
             "max_frame": frame.MAX_FRAME,
             "telemetry_ms": self.telemetry_ms,
             "state": self.sup.state,
+            "nonce": self.nonce,
+            "paired": self.paired,
         }
         if ref is not None:
             fields["ref"] = ref
@@ -273,6 +461,9 @@ class App:
             enc.set(T.TARGET, self.worst_out[1])
         else:
             enc.clear(T.TARGET)
+        enc.set(_TEL_FLASH, self.flash_writes)
+        enc.set(_TEL_AUTH, self.auth_failures)
+        enc.set(_TEL_INTERNAL, self.internal_errors)
         seq = self._next_seq()
         if self.fmt == FMT_JSON:
             n = enc.encode_json(seq)
@@ -285,7 +476,8 @@ class App:
         dt = ticks_diff(now, self.last_tick)
         self.last_tick = now
         self.ticks += 1
-        # sample
+        sf = self.safety
+        # sample, through the bounded calibration (device.safety S2)
         open_m = 0
         short_m = 0
         i = 0
@@ -293,6 +485,9 @@ class App:
             ntc = self.ntcs[i]
             t = ntc.read_mc()
             f = ntc.fault
+            t = sf.bound(i, ntc.last_raw, t)
+            if f == NTC.FAULT_NONE and t == NTC.INVALID:
+                f = sf.nominal_fault(ntc.last_raw)
             if f == NTC.FAULT_OPEN:
                 open_m |= 1 << i
             elif f == NTC.FAULT_SHORT:
@@ -312,18 +507,32 @@ class App:
             self.open_ina()  # allocates, but only while the monitor is missing
         self.uv = (not self.pm_fault) and self.pm[0] < self.uv_mv
         stall = 0
+        tach = 0
         i = 0
         while i < _N_FAN:
             fan = self.fans[i]
             fan.update(now)
             if fan.stalled:
                 stall |= 1 << i
+            if fan.implausible:
+                tach |= 1 << i
             i += 1
+        bad = open_m | short_m
+        watch = self.watch
+        if watch is not None:
+            watch.update(self.temps, ~bad & 0xF, -1 if self.pm_fault else self.pm[2], now)
+            stuck = watch.stuck & ~bad
+            implaus = watch.implausible & ~bad
+        else:
+            stuck = 0
+            implaus = 0
         host_ok = self.hb_seen and ticks_diff(now, self.hb_ms) < self.host_timeout_ms
         booted = self.ticks > _BOOT_TICKS
         sup = self.sup
+        if self.mode == MODE_MANUAL:
+            self._manual_lease(now, host_ok, sup.causes)
         sup.update(
-            self.temps,
+            sf.prot_mc,
             open_m,
             short_m,
             stall,
@@ -333,9 +542,12 @@ class App:
             self.mode == MODE_MANUAL,
             booted,
             self.pm[0],
+            tach,
+            stuck,
+            implaus,
         )
         # control law
-        valid = self.controlled & ~(open_m | short_m)
+        valid = self.controlled & ~(bad | stuck | implaus)
         idx = worst_channel(self.temps, self.setpoints, valid, self.worst_out)
         state = sup.state
         if idx < 0:
@@ -360,14 +572,8 @@ class App:
             if d >= 0:
                 req0 = d
                 req1 = d
-        # safety floor: no command goes below it
-        fl = sup.floor
-        if req0 < fl[0]:
-            req0 = fl[0]
-        if req1 < fl[1]:
-            req1 = fl[1]
-        self.fans[0].set_duty(req0, now)
-        self.fans[1].set_duty(req1, now)
+        # the safety layer: floors, hold, critical; the only path to the fans
+        sf.apply(req0, req1, sup.causes, ~bad & 0xF, self.mode, state, now, dt)
         if st is not None and st.update(now, self):
             self.send("selftest_report", st.report())
             self.selftest = None
@@ -378,6 +584,22 @@ class App:
             if ticks_diff(now, self.next_tel) >= 0:
                 self.next_tel = ticks_add(now, self.telemetry_ms)
             self.telemetry(now)
+
+    def _manual_lease(self, now, host_ok, causes):
+        """MANUAL is a lease (device.safety S5): it ends after ``MANUAL_LEASE_MS``,
+        when the host goes away, or on any safety cause; then automatic control."""
+        if ticks_diff(now, self.manual_ms) >= F.MANUAL_LEASE_MS:
+            why = 0
+        elif self.hb_seen and not host_ok:
+            why = 1
+        elif causes & _LEASE_CAUSES:
+            why = 2
+        else:
+            return
+        self.mode = MODE_CURVE if self.cfg["control"]["mode"] == "curve" else MODE_AUTO
+        self.pid.track(self.fans[0].duty, self.worst_out[1])  # bumpless
+        st = self.sup.state
+        self.events.push(C.REASON_MANUAL_EXPIRED, C.SEV_WARNING, True, -1, why, st, st)
 
     # -- the loop ----------------------------------------------------------------
     def step(self):
@@ -412,7 +634,7 @@ class App:
             self.send(
                 "event",
                 {
-                    "code": C.REASON_CRITICAL_TEMP,
+                    "code": C.REASON_INTERNAL_ERROR,
                     "severity": C.SEV_CRITICAL,
                     "text": ("internal error: %r" % (exc,))[:96],
                 },
@@ -458,27 +680,87 @@ class App:
 
     # -- commands ----------------------------------------------------------------
     def receive(self, buf, n):
-        data = buf if n == len(buf) else bytes(memoryview(buf)[:n])
-        for item in self.decoder.feed(data):
-            if not item.ok:
-                if item.kind in ("version", "unknown_type", "invalid"):
-                    self.fmt = item.fmt
-                    self.nack(item.seq, item.type, item.code, item.field, item.detail)
-                continue
-            self.fmt = item.fmt
-            try:
-                self.handle(item)
-            except CommandError as e:
-                self.nack(item.seq, item.type, e.code, e.field, str(e))
-            except (ValueError, TypeError, KeyError) as e:
-                self.nack(item.seq, item.type, C.ERR_OUT_OF_RANGE, None, str(e))
-            except OSError as e:
-                self.nack(item.seq, item.type, C.ERR_STORAGE, None, str(e))
+        """Decode what arrived and act on it. Nothing a peer sends can raise out of
+        here: the last-resort handler answers ``nack internal`` and the loop goes on."""
+        try:
+            self.decoder.feed(buf, n, self._on_item)
+        except Exception as e:  # noqa: BLE001 - a decoder bug must not stop cooling
+            self._internal(e, 0, 0)
+        hb = self.hb
+        if hb.pending:
+            hb.pending = False
+            self._heartbeat_fast(hb)
+
+    def _sink(self, item):
+        if not item.ok:
+            if item.kind in _NACKED_KINDS:
+                self.fmt = item.fmt
+                self.nack(item.seq, item.type, item.code, item.field, item.detail)
+            return
+        self.fmt = item.fmt
+        try:
+            self.handle(item)
+        except CommandError as e:
+            self.nack(item.seq, item.type, e.code, e.field, str(e))
+        except config.ConfigError as e:
+            self.nack(item.seq, item.type, C.ERR_OUT_OF_RANGE, e.path, str(e))
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            self.nack(item.seq, item.type, C.ERR_OUT_OF_RANGE, None, str(e))
+        except OSError as e:
+            self.nack(item.seq, item.type, C.ERR_STORAGE, None, str(e))
+        except Exception as e:  # noqa: BLE001 - last resort: answer, count, keep cooling
+            self._internal(e, item.seq, item.type)
+
+    def _internal(self, exc, ref, ref_type):
+        self.internal_errors += 1
+        st = self.sup.state
+        self.events.push(C.REASON_INTERNAL_ERROR, C.SEV_ALARM, True, -1, ref_type, st, st)
+        try:
+            self.nack(ref, ref_type, C.ERR_INTERNAL, None, "internal error: %r" % (exc,))
+        except Exception:  # noqa: BLE001 - even the answer failed: the counter says it
+            pass
+
+    def _heartbeat_fast(self, hb):
+        """A heartbeat taken by the decoder's allocation-free path."""
+        if hb.auth != sign.AUTH_OK:
+            self._unauthorized(hb.seq, C.T_HEARTBEAT, hb.auth)
+            return
+        self._heartbeat(hb.present, hb.values)
+
+    def _heartbeat(self, present, values):
+        """Signed heartbeat values: host presence and the GPU's temperature/power."""
+        self.hb_ms = self.hal.ticks_ms()
+        self.hb_seen = True
+        self.gpu_power_mw = values[_HB_POWER] if present & (1 << _HB_POWER) else 0
+        if present & (1 << _HB_TEMP):
+            self.gpu_temp_mc = values[_HB_TEMP]
+
+    def _tokens(self, tokens, since, burst, per_ms):
+        """Refill a token bucket; returns (tokens, since) (ints, no allocation)."""
+        now = self.hal.ticks_ms()
+        gained = ticks_diff(now, since) // per_ms
+        if gained > 0:
+            tokens += gained
+            since = ticks_add(since, gained * per_ms)
+            if tokens >= burst:
+                tokens = burst
+                since = now
+        return tokens, since
 
     def ack(self, msg):
         self.send("ack", {"ref": msg.seq, "ref_type": msg.type})
 
     def nack(self, ref, ref_type, code, field, text):
+        """Answer a refusal, at most ``_NACK_BURST`` at once and ten a second after
+        that (SPEC section 11): a noisy line never turns into a flood of replies."""
+        tokens, self._nack_ms = self._tokens(
+            self._nack_tokens, self._nack_ms, _NACK_BURST, _NACK_MS
+        )
+        if tokens <= 0:
+            self._nack_tokens = 0
+            self.nacks_suppressed += 1
+            return
+        self._nack_tokens = tokens - 1
         fields = {"ref": ref & 0xFFFF, "ref_type": ref_type & 0xFF, "code": code}
         if field:
             fields["field"] = field[:32]
@@ -486,14 +768,31 @@ class App:
             fields["text"] = text[:96]
         self.send("nack", fields)
 
+    def _unauthorized(self, ref, ref_type, auth):
+        self.auth_failures += 1
+        now = self.hal.ticks_ms()
+        if ticks_diff(now, self._unauth_ms) >= _UNAUTH_EVENT_MS:
+            self._unauth_ms = now
+            st = self.sup.state
+            self.events.push(C.REASON_UNAUTHORIZED, C.SEV_WARNING, True, auth, ref_type, st, st)
+        if auth == sign.AUTH_REPLAY:
+            why = "replayed: timestamp not newer than this link's last"
+        elif auth == sign.AUTH_NONE:
+            why = "needs a signature" if self.paired else "module not paired: run modbridge pair"
+        else:
+            why = "bad signature"
+        self.nack(ref, ref_type, C.ERR_UNAUTHORIZED, None, why)
+
     def handle(self, msg):
         t = msg.type
         f = msg.fields
+        if t not in _OPEN_TYPES and msg.auth != sign.AUTH_OK:
+            if not (t == C.T_PAIR and msg.auth == sign.AUTH_NONE and self._pair_window()):
+                self._unauthorized(msg.seq, t, msg.auth)
+                return
         if t == C.T_HEARTBEAT:
-            self.hb_ms = self.hal.ticks_ms()
-            self.hb_seen = True
-            self.gpu_power_mw = f.get("gpu_power", 0)
-            self.gpu_temp_mc = f.get("gpu_temp")
+            _hb_values(f, self._hb_vals)
+            self._heartbeat(self._hb_vals[_N_HB], self._hb_vals)
             return  # heartbeats are not answered
         if t == C.T_HELLO_REQUEST:
             self.hello(msg.seq)
@@ -511,15 +810,13 @@ class App:
             self.apply_changes(msg.fields["values"])
             self.ack(msg)
         elif t == C.T_CONFIG_SAVE:
-            config.save(self.cfg, self.hal.fs_dir)
-            self.events.push(
-                C.REASON_CONFIG_SAVED, C.SEV_INFO, True, -1, 0, self.sup.state, self.sup.state
-            )
-            self.ack(msg)
+            self.cmd_config_save(msg)
         elif t == C.T_CONFIG_RESET:
-            cfg = config.factory_reset(self.hal.fs_dir)
+            cfg = config.defaults()
+            self._commit(self._build(cfg), cfg)
+            config.factory_reset(self.hal.fs_dir)
             self.cfg = cfg
-            self.configure(cfg)
+            self._saved = None
             self.ack(msg)
         elif t == C.T_CAL_READ:
             self.cmd_cal_read(msg)
@@ -536,17 +833,88 @@ class App:
         elif t == C.T_REPL:
             self.ack(msg)
             self.to_repl()
+        elif t == C.T_PAIR:
+            self.cmd_pair(msg)
         else:
             raise CommandError("not supported by this firmware", C.ERR_UNSUPPORTED)
 
+    # -- pairing -----------------------------------------------------------------
+    def _load_secret(self):
+        """The signing secret from ``secret.key`` (32 bytes), or None."""
+        try:
+            with open(self._secret_path(), "rb") as fh:
+                key = fh.read(sign.KEY_LEN + 1)
+        except OSError:
+            return None
+        return key if len(key) == sign.KEY_LEN else None
+
+    def _secret_path(self):
+        return self.hal.fs_dir.rstrip("/") + "/" + SECRET_FILE
+
+    def _pair_window(self):
+        """Unsigned ``pair`` is accepted only by a module with no secret, in the first
+        ``_PAIR_WINDOW_MS`` after a power-on or reset-button start."""
+        if self.paired or self.hal.reset_cause() not in ("power", "hard"):
+            return False
+        return ticks_diff(self.hal.ticks_ms(), self.boot_ms) < _PAIR_WINDOW_MS
+
+    def cmd_pair(self, msg):
+        key = bytes(msg.fields["key"])
+        path = self._secret_path()
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(key)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            os.remove(path)  # FAT: no rename over an existing file
+            os.rename(tmp, path)
+        self.verifier.set_key(key)
+        self.paired = True
+        st = self.sup.state
+        self.events.push(C.REASON_PAIRED, C.SEV_INFO, True, -1, 0, st, st)
+        self.ack(msg)
+
+    def cmd_config_save(self, msg):
+        """Write the running config, only if it differs from what flash holds, and at
+        most ``_SAVE_BURST`` writes at once then one per ``_SAVE_MS``."""
+        canon = config.canonical(self.cfg)
+        if canon == self._saved:
+            self.ack(msg)  # nothing changed: no flash write
+            return
+        tokens, self._save_ms = self._tokens(
+            self._save_tokens, self._save_ms, _SAVE_BURST, _SAVE_MS
+        )
+        if tokens <= 0:
+            self._save_tokens = 0
+            raise CommandError(
+                "config_save rate-limited: one flash write per %d s" % (_SAVE_MS // 1000),
+                C.ERR_RATE_LIMITED,
+            )
+        self._save_tokens = tokens - 1
+        if config.save(self.cfg, self.hal.fs_dir):
+            self.flash_writes += 1
+            self.events.push(
+                C.REASON_CONFIG_SAVED, C.SEV_INFO, True, -1, 0, self.sup.state, self.sup.state
+            )
+        self._saved = canon
+        self.ack(msg)
+
     def apply_changes(self, changes):
-        """Validate a whole new config built from ``changes``; apply it or change nothing."""
+        """A config change is a transaction: merge and validate a candidate, build
+        every object it configures on stand-in hardware, and only then apply it. A
+        refused change leaves no trace."""
         try:
             cfg = config.merge(self.cfg, changes)
+            built = self._build(cfg)
         except config.ConfigError as e:
             raise CommandError(str(e), C.ERR_OUT_OF_RANGE, getattr(e, "path", None)) from None
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise CommandError(
+                "does not configure: %s" % (e,), C.ERR_OUT_OF_RANGE, None
+            ) from None
+        self._commit(built, cfg)
         self.cfg = cfg
-        self.configure(cfg)
 
     def cmd_fan_mode(self, msg):
         f = msg.fields
@@ -563,6 +931,7 @@ class App:
                     )
             self.manual_duty[0] = d1
             self.manual_duty[1] = d2
+            self.manual_ms = self.hal.ticks_ms()  # each manual command renews the lease
             self.mode = MODE_MANUAL
         elif mode == 0:
             if self.mode == MODE_MANUAL:
@@ -677,6 +1046,21 @@ class App:
             C.REASON_CALIBRATION, C.SEV_INFO, True, ch, 0, self.sup.state, self.sup.state
         )
         self.ack(msg)
+
+
+def _hb_values(fields, out):
+    """Heartbeat fields of a decoded message -> ``out`` (values by field index, the
+    presence mask at ``out[_N_HB]``), the layout of the decoder's fast path."""
+    present = 0
+    i = 0
+    while i < _N_HB:
+        name = _HB_DEF[i][C.F_NAME]
+        if name in fields:
+            v = fields[name]
+            out[i] = v if -0x3FFFFFFF <= v <= 0x3FFFFFFF else 0
+            present |= 1 << i
+        i += 1
+    out[_N_HB] = present
 
 
 class CommandError(ValueError):

@@ -12,6 +12,9 @@ from protocol import catalog as C
 from protocol.frame import StreamDecoder
 
 _TX_SIZE = 1 << 16
+TEST_KEY = bytes([0xA5 ^ i for i in range(32)])  # the fake board's signing secret
+_TS = [1000]  # one monotonic timestamp source for every test signer
+_RX_SIZE = 1 << 16
 
 
 def adc_code(temp_c, beta=3950, r0=10000, r_fixed=10000):
@@ -42,6 +45,7 @@ class FakeHal:
         current_ma=5000,
         max_rpm=3000,
         reset_cause="power",
+        secret=TEST_KEY,
     ):
         self.clock = FakeClock(clock_start)
         self.ticks_ms = self.clock.ticks_ms
@@ -57,7 +61,14 @@ class FakeHal:
         self.max_rpm = max_rpm
         self._frac = [0, 0]
         self.fs_dir = fs_dir or tmpdir()
-        self.rx = bytearray()
+        self.secret = secret
+        self.signer = None  # set by signer_for(): test helpers sign with it
+        if secret is not None:
+            with open(self.fs_dir.rstrip("/") + "/secret.key", "wb") as f:
+                f.write(secret)
+        self._rx = bytearray(_RX_SIZE)  # a ring: receiving never allocates
+        self._rx_head = 0
+        self._rx_len = 0
         self.tx = bytearray(_TX_SIZE)
         self.tx_len = 0
         self.tx_dropped = 0
@@ -69,13 +80,22 @@ class FakeHal:
 
     # -- HAL -----------------------------------------------------------------------
     def port_readinto(self, buf):
-        n = len(self.rx)
+        n = self._rx_len
         if not n:
             return 0
         if n > len(buf):
             n = len(buf)
-        buf[:n] = self.rx[:n]
-        self.rx = self.rx[n:]
+        ring = self._rx
+        h = self._rx_head
+        i = 0
+        while i < n:
+            buf[i] = ring[h]
+            h += 1
+            if h == _RX_SIZE:
+                h = 0
+            i += 1
+        self._rx_head = h
+        self._rx_len -= n
         return n
 
     def port_write(self, buf, n):
@@ -112,8 +132,23 @@ class FakeHal:
         self.adc[channel].set(code)
 
     def send(self, data):
-        """Bytes from the host."""
-        self.rx.extend(data)
+        """Bytes from the host (allocation-free: into the receive ring)."""
+        ring = self._rx
+        n = len(data)
+        if self._rx_len + n > _RX_SIZE:
+            raise ValueError("fake board receive ring full (%d bytes)" % _RX_SIZE)
+        t = self._rx_head + self._rx_len
+        i = 0
+        while i < n:
+            if t >= _RX_SIZE:
+                t -= _RX_SIZE
+            ring[t] = data[i]
+            t += 1
+            i += 1
+        self._rx_len += n
+
+    def rx_pending(self):
+        return self._rx_len
 
     def take(self):
         """Everything the module wrote since the last call, decoded (Message/BadFrame)."""
@@ -141,6 +176,21 @@ class FakeHal:
                 if n:
                     self.tach[i].pulse(n)
             i += 1
+
+
+def _ts():
+    _TS[0] += 1
+    return _TS[0]
+
+
+def signer_for(hal, app, link=1):
+    """A host signer with the board's secret and ``app``'s nonce, kept on ``hal``."""
+    from protocol import sign
+
+    s = sign.Signer(hal.secret if hal.secret is not None else bytes(32), link, _ts)
+    s.nonce = app.nonce
+    hal.signer = s
+    return s
 
 
 def run(app, hal, ms, step_ms=10):

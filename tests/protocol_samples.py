@@ -126,14 +126,19 @@ def bad_type_value(kind):
     raise ValueError(kind)
 
 
-def raw_frame(type_id, payload=b"", seq=0, major=1, minor=0, crc_xor=0):
+def raw_frame(type_id, payload=b"", seq=0, major=1, minor=0, crc_xor=0, signer=None):
     """A complete wire frame (COBS + 0x00) around ``payload``, built without any checks.
 
-    ``crc_xor`` corrupts the CRC on purpose.
+    ``crc_xor`` corrupts the CRC on purpose; ``signer`` (a protocol.sign.Signer with
+    the module's nonce) signs it (flag in the minor byte, trailer after the CRC).
     """
+    if signer is not None:
+        minor |= 0x80
     raw = bytearray([major, minor, type_id, (seq >> 8) & 0xFF, seq & 0xFF])
     raw.extend(payload)
     crc = crc16(raw) ^ crc_xor
     raw.append(crc >> 8)
     raw.append(crc & 0xFF)
+    if signer is not None:
+        raw.extend(signer.trailer(bytes(raw)))
     return bytes(cobs.encode(raw)) + b"\x00"

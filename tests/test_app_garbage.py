@@ -2,7 +2,7 @@
 nothing changes (config, state, duty). DUAL: also under MicroPython.
 """
 
-from fakehal import FakeHal, run
+from fakehal import FakeHal, run, signer_for
 from protocol_samples import bad_type_value, raw_frame, valid_field_sets
 
 from device import config
@@ -18,6 +18,7 @@ def _booted():
     hal = FakeHal()
     app = App(hal)
     app.boot()
+    signer_for(hal, app)
     run(app, hal, 1000)
     hal.take()
     return hal, app
@@ -26,6 +27,7 @@ def _booted():
 def _exchange(hal, app, data):
     hal.send(data)
     app.step()
+    hal.advance(100)  # NACKs are rate-limited to ten a second after a burst
     return hal.take()
 
 
@@ -60,7 +62,9 @@ def test_every_field_of_every_command_with_a_wrong_type():
             fields = dict(base)
             fields[fdef[C.F_NAME]] = bad_type_value(fdef[C.F_KIND])
             seq += 1
-            items = _exchange(hal, app, raw_frame(mdef[C.M_TYPE], _payload(mdef, fields), seq))
+            items = _exchange(
+                hal, app, raw_frame(mdef[C.M_TYPE], _payload(mdef, fields), seq, signer=hal.signer)
+            )
             nack = _only(items, "nack")
             assert nack.fields["ref"] == seq and nack.fields["ref_type"] == mdef[C.M_TYPE]
             assert nack.fields["code"] == C.ERR_BAD_TYPE, (mdef[C.M_NAME], fdef, nack)
@@ -85,7 +89,7 @@ def test_every_integer_field_just_out_of_range():
                 fields = dict(base)
                 fields[fdef[C.F_NAME]] = bad
                 seq += 1
-                data = raw_frame(mdef[C.M_TYPE], _payload(mdef, fields), seq)
+                data = raw_frame(mdef[C.M_TYPE], _payload(mdef, fields), seq, signer=hal.signer)
                 nack = _only(_exchange(hal, app, data), "nack")
                 assert nack.fields["code"] == C.ERR_OUT_OF_RANGE, (mdef[C.M_NAME], fdef, bad)
                 assert _snapshot(app) == before
@@ -128,7 +132,9 @@ def test_every_config_field_with_garbage_matches_the_validator():
                 expect_nack = True
             seq += 1
             fields = {0: {key: bad}}
-            items = _exchange(hal, app, raw_frame(C.T_CONFIG_SET, cbor.dumps(fields), seq))
+            items = _exchange(
+                hal, app, raw_frame(C.T_CONFIG_SET, cbor.dumps(fields), seq, signer=hal.signer)
+            )
             reply = [it for it in items if it.ok and it.name in ("ack", "nack")]
             assert len(reply) == 1, (key, bad, items)
             if expect_nack:

@@ -1,0 +1,100 @@
+"""The safety invariants of docs/safety.md as a hypothesis state machine (CPython).
+
+Hypothesis chooses arbitrary interleavings of the harness's actions (see
+tests/safety_harness.py); the harness checks every invariant on every control tick and
+raises InvariantError on a violation, which hypothesis then shrinks to a minimal
+sequence. `make bench` runs the same machine for >= 100,000 steps
+(bench/bench_safety.py).
+"""
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from safety_harness import COMMANDS, GARBAGE, Harness
+
+HOW = st.sampled_from(("signed", "signed", "signed", "unsigned", "forged"))
+FMT = st.sampled_from(("cbor", "json"))
+
+
+class SafetyMachine(RuleBasedStateMachine):
+    @initialize()
+    def start(self):
+        self.h = Harness()
+
+    @rule(i=st.integers(0, len(COMMANDS) - 1), how=HOW, fmt=FMT)
+    def command(self, i, how, fmt):
+        name, fields = COMMANDS[i]
+        self.h.command(name, fields, how, fmt)
+
+    @rule(name=st.sampled_from(("fan_mode", "config_set", "setpoints", "pid_gains")),
+          duty=st.integers(0, 65535), value=st.integers(-(2**31), 2**31), how=HOW)
+    def generated_command(self, name, duty, value, how):
+        if name == "fan_mode":
+            fields = {"mode": 1, "duty1": duty, "duty2": duty}
+        elif name == "setpoints":
+            fields = {"sp_gpu": 20000 + duty % 90001}
+        elif name == "pid_gains":
+            fields = {"kp": duty * 15, "ki": value % 1000001}
+        else:
+            key = ("fans.0.min_duty", "safety.host_lost", "pid.kp", "channels.0.warn_mc",
+                   "channels.3.crit_mc", "curve.hysteresis_mc", "watchdog_ms")[duty % 7]
+            fields = {"values": {key: value}}
+        self.h.command(name, fields, how)
+
+    @rule(k=st.integers(0, 15))
+    def replay(self, k):
+        self.h.send_replay(k)
+        self.h.advance(200)
+
+    @rule(i=st.integers(0, len(GARBAGE) - 1))
+    def garbage(self, i):
+        self.h.send_raw(GARBAGE[i])
+        self.h.advance(200)
+
+    @rule(data=st.binary(min_size=1, max_size=200))
+    def noise(self, data):
+        self.h.send_raw(data)
+        self.h.advance(100)
+
+    @rule(ch=st.integers(0, 3), t=st.integers(-10, 130))
+    def temperature(self, ch, t):
+        self.h.set_temp(ch, t)
+
+    @rule(ch=st.integers(0, 3), code=st.sampled_from((0, 1, 3, 65000, 65535, 40000)))
+    def sensor_code(self, ch, code):
+        self.h.set_code(ch, code)
+
+    @rule(ma=st.integers(0, 60000), hb_w=st.integers(0, 800))
+    def power(self, ma, hb_w):
+        self.h.set_power(ma)
+        self.h.hb_power = hb_w * 1000
+
+    @rule(i=st.integers(0, 1), state=st.sampled_from(("ok", "stalled", "noisy")))
+    def fan(self, i, state):
+        self.h.set_fan(i, state)
+
+    @rule(on=st.booleans())
+    def host(self, on):
+        self.h.host(on)
+
+    @rule()
+    def reboot(self):
+        self.h.reboot()
+
+    @rule(ms=st.sampled_from((50, 100, 500, 1000, 3000, 8000)))
+    def advance(self, ms):
+        self.h.advance(ms)
+
+    @invariant()
+    def no_violation(self):
+        if hasattr(self, "h"):
+            assert self.h.violations == 0
+
+
+SafetyMachine.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_safety_machine = SafetyMachine.TestCase
