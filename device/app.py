@@ -157,6 +157,7 @@ class App:
         self.flash_writes = 0
         self.mode = MODE_AUTO
         self.manual_ms = 0
+        self.manual_expiries = 0
         self.hb_ms = 0
         self.hb_seen = False
         self.gpu_power_mw = 0
@@ -597,6 +598,7 @@ class App:
         else:
             return
         self.mode = MODE_CURVE if self.cfg["control"]["mode"] == "curve" else MODE_AUTO
+        self.manual_expiries += 1
         self.pid.track(self.fans[0].duty, self.worst_out[1])  # bumpless
         st = self.sup.state
         self.events.push(C.REASON_MANUAL_EXPIRED, C.SEV_WARNING, True, -1, why, st, st)

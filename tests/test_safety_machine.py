@@ -92,8 +92,8 @@ class SafetyMachine(RuleBasedStateMachine):
 
 
 SafetyMachine.TestCase.settings = settings(
-    max_examples=40,
-    stateful_step_count=60,
+    max_examples=50,
+    stateful_step_count=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
