@@ -12,6 +12,15 @@ symlink is moved to it, as udev does for a CH340).
         ...
         peer.unplug(); peer.replug()
 
+Signing, like the firmware (docs/pairing.md): ``nonce=True`` (a fresh random nonce at
+every ``boot()``) or fixed bytes puts ``nonce`` and ``paired`` in the hello; with
+``key`` the peer verifies every host frame with :class:`protocol.sign.Verifier`:
+heartbeats count (``heartbeats``) only when signed, every other command but the open
+reads must be signed, and the rest get ``nack unauthorized`` (``refused`` lists them).
+``pair`` is accepted signed with the current key, or unsigned while
+``pairing_window`` is open (by default: a peer without a key). ``nonce=None`` is a
+firmware from before signing: no nonce, nothing verified.
+
 Everything is bounded: the peer's thread polls with a 20 ms timeout and ``close()``
 joins it.
 """
@@ -28,7 +37,10 @@ import tty
 from pathlib import Path
 
 from protocol import catalog as C
+from protocol import sign
 from protocol.frame import StreamDecoder, encode_frame
+
+OPEN_REQUESTS = ("hello_request", "config_get", "cal_read")
 
 DEFAULT_TELEMETRY = {
     "uptime_s": 1,
@@ -62,6 +74,8 @@ def hello_fields(
     minor=0,
     telemetry_ms=None,
     ref=None,
+    nonce=None,
+    paired=None,
 ) -> dict:
     """A valid ``hello`` field dict (``ref`` None: the boot hello)."""
     f = {
@@ -78,6 +92,10 @@ def hello_fields(
         f["telemetry_ms"] = telemetry_ms
     if ref is not None:
         f["ref"] = ref
+    if nonce is not None:
+        f["nonce"] = bytes(nonce)
+    if paired is not None:
+        f["paired"] = paired
     return f
 
 
@@ -99,6 +117,10 @@ class PtyPeer:
         nack_rules: dict | None = None,
         replies: dict | None = None,
         ignore=(),
+        nonce=None,
+        key: bytes | None = None,
+        pairing_window: bool | None = None,
+        nack_heartbeats: bool = True,
     ):
         self.symlink = Path(symlink) if symlink else None
         self.uid = uid
@@ -116,6 +138,19 @@ class PtyPeer:
         # name -> (reply name, fields): answer with this message (ref added)
         self.replies = dict(replies or {})
         self.ignore = set(ignore)  # requests never answered (the host must time out)
+        # signing: nonce None = no signing; True = random per boot; bytes = fixed
+        self._random_nonce = nonce is True
+        self.nonce = os.urandom(sign.NONCE_LEN) if nonce is True else nonce
+        self.key = key
+        self.pairing_window = (key is None) if pairing_window is None else pairing_window
+        self.nack_heartbeats = nack_heartbeats
+        self.verifier = None
+        if self.nonce is not None:
+            self.verifier = sign.Verifier(key)
+            self.verifier.set_nonce(self.nonce)
+        self.refused: list = []  # (name, auth) of every frame refused as unauthorized
+        self.paired_keys: list[bytes] = []  # keys accepted by ``pair``
+        self.lose_pair_answers = 0  # this many accepted pairs are not answered
         self.received: list = []  # every decoded item from the host (Message/BadFrame)
         self.heartbeats: list[tuple[float, dict]] = []  # (time.monotonic(), fields)
         self.hello_requests = 0
@@ -125,7 +160,7 @@ class PtyPeer:
         self._master = -1
         self._slave = -1
         self.port: str | None = None
-        self._decoder = StreamDecoder(accept=C.H2D)
+        self._decoder = StreamDecoder(accept=C.H2D, verifier=self.verifier)
         self._stop = threading.Event()
         self._plugged = threading.Event()
         self._open_pty()
@@ -168,17 +203,32 @@ class PtyPeer:
             self._decoder.reset()
             self._open_pty()
 
-    def boot(self) -> None:
-        """What a module does after a reset: the banner line, then a hello without ref."""
+    def boot(self, hello: bool = True) -> None:
+        """What a module does after a reset: the banner line, then a hello without ref
+        (``hello=False``: the hello is lost). A new nonce if the peer draws them."""
+        if self._random_nonce:
+            self.nonce = os.urandom(sign.NONCE_LEN)
+        if self.verifier is not None:
+            self.verifier.set_nonce(self.nonce)  # also forgets every link's timestamps
         self.send_raw(b"MODULER READY v" + self.fw_version.encode() + b"\r\n")
-        self.send("hello", self.hello_fields())
+        if hello:
+            self.send("hello", self.hello_fields())
+
+    def set_key(self, key: bytes | None) -> None:
+        """The module's secret changes (or goes, with None)."""
+        with self.lock:
+            self.key = key
+            if self.verifier is not None:
+                self.verifier.set_key(key)
 
     # -- sending ---------------------------------------------------------------------
     def hello_fields(self, ref: int | None = None) -> dict:
         tm = int(self.telemetry_period_s * 1000) if self.telemetry_period_s else None
+        paired = None if self.nonce is None else self.key is not None
         return hello_fields(
-            self.uid, self.fw_version, self.board, self.channels, self.fans, self.minor, tm, ref
-        )
+            self.uid, self.fw_version, self.board, self.channels, self.fans, self.minor, tm, ref,
+            self.nonce, paired,
+        )  # fmt: skip
 
     def send(self, name: str, fields: dict | None = None) -> None:
         with self.lock:
@@ -263,6 +313,18 @@ class PtyPeer:
         if not item.ok:
             return
         name = item.name
+        if name in self.ignore and name != "hello_request":
+            return  # never answered, nothing done
+        if self.verifier is not None and name not in OPEN_REQUESTS:
+            ok = item.auth == sign.AUTH_OK
+            if name == "pair" and not ok and item.auth == sign.AUTH_NONE:
+                ok = self.pairing_window
+            if not ok:
+                with self.lock:
+                    self.refused.append((name, item.auth))
+                if name != "heartbeat" or self.nack_heartbeats:
+                    self._nack(item, C.ERR_UNAUTHORIZED, None, None)
+                return
         if name == "heartbeat":
             with self.lock:
                 self.heartbeats.append((now, dict(item.fields)))
@@ -273,18 +335,19 @@ class PtyPeer:
             if self.answer_hello:
                 self.send("hello", self.hello_fields(ref=item.seq))
             return
-        if name in self.ignore:
-            return
         rule = self.nack_rules.get(name)
         if rule is not None:
-            code, field, text = rule
-            f = {"ref": item.seq, "ref_type": item.type, "code": code}
-            if field:
-                f["field"] = field
-            if text:
-                f["text"] = text
-            self.send("nack", f)
+            self._nack(item, *rule)
             return
+        if name == "pair" and self.verifier is not None:
+            key = bytes(item.fields["key"])
+            self.set_key(key)
+            self.pairing_window = False
+            with self.lock:
+                self.paired_keys.append(key)
+            if self.lose_pair_answers > 0:  # taken, but the answer never arrives
+                self.lose_pair_answers -= 1
+                return
         if name in self.replies:
             reply, fields = self.replies[name]
             if name == "selftest":
@@ -292,3 +355,11 @@ class PtyPeer:
             self.send(reply, dict(fields, ref=item.seq))
             return
         self.send("ack", {"ref": item.seq, "ref_type": item.type})
+
+    def _nack(self, item, code, field, text) -> None:
+        f = {"ref": item.seq, "ref_type": item.type, "code": code}
+        if field:
+            f["field"] = field
+        if text:
+            f["text"] = text
+        self.send("nack", f)

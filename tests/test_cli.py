@@ -77,6 +77,58 @@ def test_frame_encode_explains_invalid_input():
     assert r.exit_code == 1 and "not valid JSON" in r.output
 
 
+def _key_file(tmp_path, mode=0o600, size=32):
+    from protocol import sign
+
+    p = tmp_path / "m.key"
+    key = sign.new_key()[:size] if size <= 32 else b"k" * size
+    p.write_bytes(key)
+    p.chmod(mode)
+    return p, key
+
+
+def test_frame_encode_signed_frame_and_line_verify_on_the_module_side(tmp_path):
+    from protocol import jsonl, sign
+
+    path, key = _key_file(tmp_path)
+    nonce = bytes(range(8))
+    line = '{"type":"fan_mode","mode":"manual","duty1":40,"seq":9}'
+    args = ["frame", "encode", line, "--sign-key", str(path), "--nonce", nonce.hex()]
+    r = run(*args)
+    assert r.exit_code == 0, r.output
+    v = sign.Verifier(key)
+    v.set_nonce(nonce)
+    msg = frame.decode_frame(bytes.fromhex(r.output.strip()), verifier=v)
+    assert msg.name == "fan_mode" and msg.seq == 9 and msg.auth == sign.AUTH_OK
+    assert msg.link == 2  # a human's link (the bridge signs as 0)
+    r = run(*args, "--jsonl", "--link", "5")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert {"link", "ts", "sig"} <= set(obj) and obj["link"] == 5, obj
+    msg = jsonl.decode_line(r.output.strip(), verifier=v)
+    assert msg.auth == sign.AUTH_OK and msg.fields == {"mode": 1, "duty1": 26214}
+    other = sign.Verifier(sign.new_key())  # another key: not accepted
+    other.set_nonce(nonce)
+    assert jsonl.decode_line(r.output.strip(), verifier=other).auth == sign.AUTH_BAD
+
+
+def test_frame_encode_signing_garbage(tmp_path):
+    line = '{"type":"reboot"}'
+    good, _ = _key_file(tmp_path)
+    r = run("frame", "encode", line, "--sign-key", str(good))
+    assert r.exit_code == 1 and "--sign-key and --nonce go together" in r.output
+    r = run("frame", "encode", line, "--sign-key", str(good), "--nonce", "abc")
+    assert r.exit_code == 1 and "--nonce: 16 hex digits" in r.output
+    short, _ = _key_file(tmp_path, size=31)
+    r = run("frame", "encode", line, "--sign-key", str(short), "--nonce", "00" * 8)
+    assert r.exit_code == 1 and "holds 31 bytes, a key is exactly 32" in r.output
+    loose, _ = _key_file(tmp_path, mode=0o644)
+    r = run("frame", "encode", line, "--sign-key", str(loose), "--nonce", "00" * 8)
+    assert r.exit_code == 1 and "chmod 600" in r.output
+    r = run("frame", "encode", line, "--sign-key", str(tmp_path / "none"), "--nonce", "00" * 8)
+    assert r.exit_code == 1 and "no such file" in r.output
+
+
 def test_wire_demo_streams_from_micropython():
     lines = []
     res = wiredemo.run(seconds=1.2, period_ms=20, json_every=10, noise_every=15, emit=lines.append)

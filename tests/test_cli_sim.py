@@ -115,6 +115,31 @@ def test_faults_show_in_the_watch_and_two_modules():
     assert "gpu   -- " in last[1] and last[1].endswith("| faults ntc_gpu"), last
 
 
+def test_each_module_is_provisioned_and_says_where_its_key_is(tmp_path):
+    from modbridge.keys import read_key_file
+
+    kd = tmp_path / "keys"
+    r = run("--duration", "1", "--speed", "max", "--watch", "--json", "--modules", "2",
+            "--state-dir", str(tmp_path / "st"), "--keys-dir", str(kd))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    mods = [json.loads(line) for line in r.output.splitlines()[:2]]
+    for i, m in enumerate(mods):
+        assert m["type"] == "module" and m["key"] == str(kd / f"{m['uid']}.key"), m
+        assert m["secret"] == str(tmp_path / "st" / f"module-{i}" / "flash" / "secret.key")
+        key = read_key_file(m["key"])  # 0600, 32 bytes
+        assert key == Path(m["secret"]).read_bytes()
+    assert mods[0]["key"] != mods[1]["key"]
+    assert read_key_file(mods[0]["key"]) != read_key_file(mods[1]["key"])
+    # a second run over the same state keeps the keys (the module keeps its secret)
+    before = read_key_file(mods[0]["key"])
+    r = run("--duration", "1", "--speed", "max", "--state-dir", str(tmp_path / "st"),
+            "--keys-dir", str(kd))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert read_key_file(mods[0]["key"]) == before
+    assert f"key {mods[0]['key']}" in r.output.splitlines()[0]
+    assert f"MODBRIDGE_KEYS_DIR={kd}" in r.output
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

@@ -78,12 +78,126 @@ def test_dry_run_command_lines(tmp_path):
     assert argv[-1] == ":/" and "reset" not in argv
 
 
-def test_cli_dry_run():
-    res = CliRunner().invoke(main, ["flash", "--board", "pico", "--port", "/dev/ttyACM0",
-                                    "--dry-run", "--no-compile", "--no-reset"])
+def test_cli_dry_run(tmp_path):
+    base = ["flash", "--board", "pico", "--port", "/dev/ttyACM0", "--dry-run", "--no-compile",
+            "--no-reset", "--keys-dir", str(tmp_path / "keys")]
+    res = CliRunner().invoke(main, [*base, "--no-key"])
     assert res.exit_code == 0, res.output
     cmd = [ln for ln in res.output.splitlines() if "mpremote" in ln]
     assert len(cmd) == 1 and "connect /dev/ttyACM0 run" in cmd[0] and "reset" not in cmd[0]
+    # with a key (the default): prepare alone (prints the uid), then firmware + key
+    res = CliRunner().invoke(main, base)
+    assert res.exit_code == 0, res.output
+    first, second = [ln for ln in res.output.splitlines() if "mpremote" in ln]
+    assert first.endswith("pico.prepare.py") and "fs cp" not in first
+    assert second.endswith("pico.secret.key :secret.key"), second
+    assert f"the key is the one in {tmp_path / 'keys'}/<uid>.key, else a new one" in res.output
+    assert not (tmp_path / "keys").exists()  # a dry run stores nothing
+
+
+def test_prepare_script_reports_the_unique_id():
+    text = flash.prepare_script("/flash", None, None, report_uid=True)
+    compile(text, "prepare.py", "exec")
+    assert "machine.unique_id()" in text and "modbridge-uid" in text
+    assert flash.parse_uid("x\nmodbridge-uid 3600ABCD\n") == "3600abcd"
+    assert flash.parse_uid("modbridge-uid none\n") is None
+    assert flash.parse_uid("modbridge-uid ../../x\n") is None
+    assert flash.parse_uid("") is None
+
+
+FAKE_MPREMOTE = """
+import shutil, sys
+from pathlib import Path
+argv = sys.argv[1:]
+log = Path(sys.argv[0]).with_name("calls.txt")
+with open(log, "a") as f:
+    f.write(" ".join(argv) + "\\n")
+board = Path(sys.argv[0]).with_name("board")
+board.mkdir(exist_ok=True)
+if argv[argv.index("connect") + 2] == "run":
+    print("modbridge-uid " + UID)
+for i, a in enumerate(argv):
+    if a == "cp" and argv[i - 1] == "fs" and argv[i + 1] != "-r":
+        src, dst = argv[i + 1], argv[i + 2]
+        shutil.copyfile(src, board / dst.split("/")[-1].lstrip(":"))
+        if FAIL:
+            sys.exit("mpremote: failed mid-copy")
+"""
+
+
+def _fake_mpremote(tmp_path, uid="3600a1b2c3d4e5f6", fail=False):
+    script = tmp_path / "fake" / "mpremote.py"
+    script.parent.mkdir()
+    script.write_text(f"UID = {uid!r}\nFAIL = {fail!r}\n" + FAKE_MPREMOTE)
+    port = tmp_path / "ttyACM0"
+    port.touch()
+    return [sys.executable, str(script)], str(port), script.parent
+
+
+def test_flash_provisions_a_key_and_reuses_it_on_reflash(tmp_path):
+    from modbridge.keys import KeyStore
+
+    mp, port, fake = _fake_mpremote(tmp_path)
+    store = KeyStore(tmp_path / "keys")
+    plan = flash.deploy("pico", port, compile=False, build_dir=tmp_path / "b", mpremote_cmd=mp,
+                        keys=store)
+    uid = "3600a1b2c3d4e5f6"
+    assert plan.uid == uid and plan.key_path == str(store.path(uid))
+    key = store.load(uid)
+    assert key is not None and (fake / "board" / "secret.key").read_bytes() == key
+    assert oct(os.stat(store.path(uid)).st_mode & 0o777) == "0o600"
+    assert not (tmp_path / "b" / "pico.secret.key").exists()  # the staged copy is gone
+    calls = (fake / "calls.txt").read_text().splitlines()
+    assert len(calls) == 2 and calls[0].endswith("pico.prepare.py")
+    assert calls[1].endswith(":secret.key + reset"), calls[1]
+    assert any(f"new, kept in {store.path(uid)}" in n for n in plan.notes), plan.notes
+    plan = flash.deploy("pico", port, compile=False, build_dir=tmp_path / "b", mpremote_cmd=mp,
+                        keys=store)
+    assert store.load(uid) == key == (fake / "board" / "secret.key").read_bytes()
+    assert any(f"signing key from {store.path(uid)}" in n for n in plan.notes), plan.notes
+
+
+def test_flash_without_a_unique_id_flashes_without_a_key(tmp_path):
+    from modbridge.keys import KeyStore
+
+    mp, port, fake = _fake_mpremote(tmp_path, uid="none")
+    store = KeyStore(tmp_path / "keys")
+    plan = flash.deploy("pico", port, compile=False, build_dir=tmp_path / "b", mpremote_cmd=mp,
+                        keys=store, reset=False)
+    assert plan.uid is None and not (fake / "board" / "secret.key").exists()
+    assert any("no key provisioned" in n and "modbridge pair" in n for n in plan.notes)
+    calls = (fake / "calls.txt").read_text().splitlines()
+    assert len(calls) == 2 and "secret" not in calls[1] and "reset" not in calls[1]
+    assert store.uids() == []
+
+
+def test_flash_failure_keeps_no_host_key(tmp_path):
+    from modbridge.keys import KeyStore
+
+    mp, port, _fake = _fake_mpremote(tmp_path, fail=True)
+    store = KeyStore(tmp_path / "keys")
+    with pytest.raises(flash.FlashError, match="failed mid-copy"):
+        flash.deploy("pico", port, compile=False, build_dir=tmp_path / "b", mpremote_cmd=mp,
+                     keys=store)
+    assert store.load("3600a1b2c3d4e5f6") is None
+    assert store.load_pending("3600a1b2c3d4e5f6") is None
+    assert not (tmp_path / "b" / "pico.secret.key").exists()
+
+
+def test_flash_refuses_an_insecure_stored_key(tmp_path):
+    from modbridge.keys import KeyStore
+
+    mp, port, fake = _fake_mpremote(tmp_path)
+    store = KeyStore(tmp_path / "keys")
+    store.save("3600a1b2c3d4e5f6", b"k" * 32)
+    store.path("3600a1b2c3d4e5f6").chmod(0o644)
+    with pytest.raises(flash.FlashError, match="firmware flashed, but board .*chmod 600"):
+        flash.deploy("pico", port, compile=False, build_dir=tmp_path / "b", mpremote_cmd=mp,
+                     keys=store)
+    assert not (fake / "board" / "secret.key").exists()
+    calls = (fake / "calls.txt").read_text().splitlines()
+    assert len(calls) == 2 and "fs cp -r" in calls[1] and "secret" not in calls[1], calls
+    assert calls[1].endswith(" + reset")
 
 
 # ---------------------------------------------------------------------- errors

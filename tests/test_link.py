@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import serial
-from ptypeer import DEFAULT_TELEMETRY, PtyPeer, hello_fields
+from ptypeer import DEFAULT_TELEMETRY, DEFAULT_UID, PtyPeer, hello_fields
 
 from modbridge import link as L
 from modbridge.link import (
@@ -35,6 +35,7 @@ from modbridge.link import (
 )
 from modbridge.model import ModuleStatus
 from protocol import catalog as C
+from protocol import sign
 from protocol.frame import StreamDecoder, encode_frame
 
 REPO = Path(__file__).resolve().parent.parent
@@ -947,6 +948,193 @@ def test_callback_and_read_errors_never_kill_the_thread(links):
         assert link.status.reconnects == 1  # the unexpected error reopened the port
 
 
+# ----------------------------------------------------------------------------- signing
+
+
+@pytest.fixture
+def store(tmp_path):
+    from modbridge.keys import KeyStore
+
+    return KeyStore(tmp_path / "keys")
+
+
+def paired_peer(store, **kw):
+    key = sign.new_key()
+    store.save(DEFAULT_UID, key)
+    return PtyPeer(nonce=True, key=key, **kw), key
+
+
+def test_signed_heartbeats_and_commands_open_reads_unsigned(links, store):
+    replies = {"config_get": ("config", {"values": {}, "version": 1})}
+    peer, key = paired_peer(store, replies=replies)
+    with peer:
+        link = links(peer.path, keys=store).start()
+        assert link.wait_up(WAIT)
+        assert link.signing_supported and link.paired is True and link.nonce == peer.nonce
+        assert link.key_error is None and link.status.last_error is None
+        assert peer.wait_for(lambda: len(peer.heartbeats) >= 3)
+        assert link.request("fan_mode", {"mode": 1, "duty1": 30000}).name == "ack"
+        assert link.request("config_get").name == "config"
+        assert peer.refused == []
+        by_name = {m.name: m for m in peer.commands()}
+        assert by_name["heartbeat"].auth == sign.AUTH_OK and by_name["heartbeat"].link == 0
+        assert by_name["fan_mode"].auth == sign.AUTH_OK
+        assert by_name["config_get"].auth == sign.AUTH_NONE  # reads stay open
+        assert by_name["hello_request"].auth == sign.AUTH_NONE
+
+
+def test_timestamps_stay_in_order_under_concurrent_senders(links, store):
+    peer, _ = paired_peer(store)
+    with peer:
+        link = links(peer.path, keys=store, heartbeat_period_s=0.01).start()
+        assert link.wait_up(WAIT)
+        errors = []
+
+        def send(i):
+            try:
+                for _ in range(10):
+                    link.request("fan_mode", {"mode": 0})
+            except LinkError as e:  # pragma: no cover - the assertion below says
+                errors.append(e)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == [] and peer.refused == []  # no frame arrived as a replay
+        assert len(peer.commands("fan_mode")) == 40
+
+
+def test_without_a_key_reads_work_commands_raise_heartbeats_withheld(links, store, caplog):
+    replies = {"config_get": ("config", {"values": {}, "version": 1})}
+    with PtyPeer(nonce=True, key=sign.new_key(), replies=replies) as peer:
+        caplog.set_level("WARNING", logger="modbridge.link")
+        link = links(peer.path, keys=store).start()
+        assert link.wait_up(WAIT)
+        assert link.request("config_get").name == "config"  # reads are open
+        with pytest.raises(L.NotPaired) as e:
+            link.request("fan_mode", {"mode": 0})
+        want = f"module {DEFAULT_UID} is not paired: run `modbridge pair {peer.path}`"
+        assert want in str(e.value)
+        assert wait_for(lambda: link.heartbeats_withheld >= 3)
+        assert link.heartbeats_sent == 0 and peer.commands("heartbeat") == []
+        assert peer.commands("fan_mode") == []  # never sent
+        assert want in link.status.last_error and link.status.link_up
+        peer.boot()  # a reset: logged once all the same
+        assert wait_for(lambda: link.status.module_resets == 1)
+        warned = [r for r in caplog.records if "is not paired" in r.getMessage()]
+        assert len(warned) == 1 and "STANDALONE" in warned[0].getMessage()
+
+
+def test_an_insecure_key_file_is_not_used_and_says_chmod(links, store):
+    peer, _ = paired_peer(store)
+    store.path(DEFAULT_UID).chmod(0o644)
+    with peer:
+        link = links(peer.path, keys=store).start()
+        assert link.wait_up(WAIT)
+        assert "chmod 600" in link.key_error and "chmod 600" in link.status.last_error
+        with pytest.raises(L.NotPaired, match="chmod 600"):
+            link.request("reboot")
+        assert wait_for(lambda: link.heartbeats_withheld >= 2) and link.heartbeats_sent == 0
+
+
+def test_a_wrong_key_is_an_unauthorized_error_that_says_pair_force(links, store):
+    store.save(DEFAULT_UID, sign.new_key())
+    with PtyPeer(nonce=True, key=sign.new_key()) as peer:
+        link = links(peer.path, keys=store).start()
+        assert link.wait_up(WAIT)
+        with pytest.raises(L.Unauthorized) as ei:
+            link.request("fan_mode", {"mode": 0})
+        e = ei.value
+        assert isinstance(e, CommandRefused) and e.code == C.ERR_UNAUTHORIZED
+        msg = str(e)
+        assert "refused fan_mode: unauthorized" in msg and "is not its secret" in msg
+        assert f"modbridge pair --force {peer.path}" in msg and str(store.path(DEFAULT_UID)) in msg
+        # refused heartbeats: one fresh hello (the nonce may be stale), then it says so
+        assert wait_for(lambda: "refuses our signed heartbeats" in (link.status.last_error or ""))
+        assert link.auth_refusals >= 3 and link.status.link_up
+
+
+def test_module_reboot_new_nonce_is_signed_again(links, store):
+    peer, _ = paired_peer(store)
+    with peer:
+        link = links(peer.path, keys=store).start()
+        assert link.wait_up(WAIT)
+        assert peer.wait_for(lambda: len(peer.heartbeats) >= 2)
+        first = peer.nonce
+        for hello in (True, False):  # the boot hello arrives, or is lost
+            peer.boot(hello=hello)
+            assert wait_for(lambda: link.nonce == peer.nonce), (hello, link.nonce)
+            n = len(peer.heartbeats)
+            assert peer.wait_for(lambda n=n: len(peer.heartbeats) >= n + 3)
+            assert link.request("fan_mode", {"mode": 0}).name == "ack"
+        assert link.nonce != first and link.status.module_resets == 2
+        # a heartbeat may have crossed the reset (signed over the old nonce): at most
+        # one refused per reset, and no command
+        assert [n for n, _ in peer.refused if n != "heartbeat"] == []
+        assert len(peer.refused) <= 2, peer.refused
+
+
+def test_a_lost_boot_hello_and_a_lost_answer_are_asked_for_again(links, store):
+    peer, _ = paired_peer(store)
+    with peer:
+        link = links(peer.path, keys=store, hello_timeout_s=0.05).start()
+        assert link.wait_up(WAIT)
+        peer.answer_hello = False
+        peer.boot(hello=False)  # banner only, and the first hello_request unanswered
+        assert wait_for(lambda: link._nonce_stale)
+        asked = peer.hello_requests
+        with pytest.raises(L.LinkDown, match="new hello .* has not arrived"):
+            link.request("reboot", timeout=0.2)
+        n = len(peer.heartbeats)
+        assert wait_for(lambda: peer.hello_requests >= asked + 2)  # asked again, bounded
+        assert len(peer.heartbeats) == n  # nothing signed over a stale nonce meanwhile
+        peer.answer_hello = True
+        assert wait_for(lambda: link.nonce == peer.nonce and not link._nonce_stale)
+        assert link.request("reboot").name == "ack"
+
+
+def test_a_request_refused_over_a_stale_nonce_is_retried_once(links, store):
+    peer, _ = paired_peer(store)
+    with peer:
+        link = links(peer.path, keys=store, heartbeat_period_s=30).start()
+        assert link.wait_up(WAIT) and peer.wait_for(lambda: len(peer.heartbeats) == 1)
+        peer.nonce = os.urandom(8)  # rebooted unseen (banner and hello lost)
+        peer.verifier.set_nonce(peer.nonce)
+        assert link.request("fan_mode", {"mode": 0}).name == "ack"
+        assert [n for n, _ in peer.refused] == ["fan_mode"] and link.nonce == peer.nonce
+
+
+def test_replug_rereads_the_nonce(links, store, tmp_path):
+    peer, _ = paired_peer(store, symlink=tmp_path / "mod0")
+    with peer:
+        link = links(peer.path, keys=store).start()
+        assert link.wait_up(WAIT)
+        peer.unplug()
+        assert link.wait_state(lambda lk: not lk.status.link_up, WAIT)
+        peer.nonce = os.urandom(8)  # power came back with the plug: a new boot
+        peer.verifier.set_nonce(peer.nonce)
+        peer.replug()
+        assert link.wait_up(WAIT) and wait_for(lambda: link.nonce == peer.nonce)
+        n = len(peer.heartbeats)
+        assert peer.wait_for(lambda: len(peer.heartbeats) >= n + 2)
+        assert link.request("reboot").name == "ack"
+
+
+def test_pairing_later_is_picked_up_at_the_next_hello(links, store):
+    with PtyPeer(nonce=True, key=None) as peer:
+        link = links(peer.path, keys=store).start()
+        assert link.wait_up(WAIT) and link.key_error
+        key = sign.new_key()
+        peer.set_key(key)
+        store.save(DEFAULT_UID, key)
+        peer.boot()
+        assert wait_for(lambda: link.key_error is None)
+        assert link.status.last_error is None
+        assert peer.wait_for(lambda: len(peer.heartbeats) >= 2)
+
+
 # ----------------------------------------------------------------------------- simulator
 
 
@@ -971,10 +1159,21 @@ def test_against_the_virtual_module(links, tmp_path):
         assert wait_for(lambda: st.state == "HOSTED", 30), st.telemetry
         assert st.temperature_c("gpu") is not None
         assert link.request("config_get").name == "config"
+        # signed: the virtual module was provisioned, its key found through the store
+        assert link.signing_supported and link.paired and link.key_error is None
+        assert link.request("setpoints", {"sp_gpu": 66000}).name == "ack"
         vm.unplug()
         assert link.wait_state(lambda lk: not lk.status.link_up, 5)
         vm.replug()
         assert link.wait_up(30)
         assert st.module_id == vm.uid.hex() and st.reconnects == 1
+        # a reboot mid-run: a new nonce, signed again without a word from anyone
+        nonce = link.nonce
+        vm.mcu_reset()
+        assert wait_for(lambda: link.nonce not in (None, nonce), 30), link.nonce
+        assert link.nonce == vm.nonce
+        assert link.request("setpoints", {"sp_gpu": 65000}).name == "ack"
+        assert wait_for(lambda: st.state == "HOSTED", 30), st.telemetry
+        assert link.auth_refusals <= 1  # at most a heartbeat that crossed the reset
     finally:
         vm.stop()

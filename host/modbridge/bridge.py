@@ -39,6 +39,7 @@ from .config import BridgeConfig, ModuleMapping, match_gpu
 from .errors import ModbridgeError
 from .eventlog import EventLog
 from .gpu.base import GpuBackend, GpuError, GpuSample
+from .keys import KeyStore
 from .link import LinkError, ModuleLink
 from .model import BridgeSnapshot, ModuleStatus, PairState
 from .policy import LEVEL_NAMES, PairInput, PolicyEngine
@@ -94,8 +95,11 @@ class Bridge:
         event_log: EventLog | None = None,
         link_factory: Callable[..., ModuleLink] = ModuleLink,
         clock: Callable[[], float] = time.monotonic,
+        keys: KeyStore | None = None,
     ):
         self.config = config
+        # the modules' signing keys (docs/pairing.md); None: the config's, else the default
+        self.keys = keys if keys is not None else KeyStore.for_config(config)
         self.backend = backend
         self.ports = list(dict.fromkeys(ports))
         self.event_log = event_log
@@ -151,6 +155,7 @@ class Bridge:
                 heartbeat_source=lambda p=port: self._heartbeat(p),
                 on_event=self._on_event,
                 on_telemetry=self._on_telemetry,
+                keys=self.keys,
             )
             try:
                 link.start()
@@ -511,7 +516,9 @@ def probe_modules(
 
     ``ports`` are discovery :class:`~modbridge.discovery.PortInfo` objects (or
     paths). Returns one dict per port: the port's description plus ``module_id``,
-    ``fw_version``, ``board``, ``protocol``, ``link_up`` and ``error``."""
+    ``fw_version``, ``board``, ``protocol``, ``link_up``, ``error``, ``paired`` (the
+    module's hello) and ``key_error`` (None: this host can sign for it, or it does not
+    verify)."""
     rows: list[tuple[dict, ModuleLink | None]] = []
     for p in ports:
         info = p.as_dict() if hasattr(p, "as_dict") else {"device": os.fspath(p)}
@@ -539,12 +546,16 @@ def probe_modules(
                     protocol=st.proto_version,
                     link_up=st.link_up,
                     error=None if st.link_up else (st.last_error or "no hello"),
+                    # signing (docs/pairing.md): the module's word, and whether we can sign
+                    paired=getattr(link, "paired", None),
+                    key_error=getattr(link, "key_error", None),
                 )
                 link.stop()
             else:
                 info.update(
-                    module_id=None, fw_version=None, board=None, protocol=None, link_up=False
-                )
+                    module_id=None, fw_version=None, board=None, protocol=None, link_up=False,
+                    paired=None, key_error=None,
+                )  # fmt: skip
             out.append(info)
     return out
 
@@ -563,14 +574,19 @@ def open_sim(
     speed: float = 1.0,
     seed: int = 0,
     faults=(),
+    keys_dir=None,
 ):
     """Start a :class:`~modbridge.sim.fleet.SimFleet` of ``n`` virtual modules.
 
     Returns ``(fleet, mappings)``: the started fleet and the ``[[module]]`` mapping
-    module i (its port) -> GPU i (its UUID; the fleet gives each GPU its own)."""
+    module i (its port) -> GPU i (its UUID; the fleet gives each GPU its own). Each
+    module is provisioned with a key, kept in ``keys_dir`` (default: a temporary
+    directory the bridge finds through the fleet, ``fleet.keys``)."""
     from .sim.fleet import SimFleet
 
-    fleet = SimFleet(n, world=world, profile=profile, speed=speed, seed=seed, faults=faults)
+    fleet = SimFleet(
+        n, world=world, profile=profile, speed=speed, seed=seed, faults=faults, keys_dir=keys_dir
+    )
     gpus = fleet.gpus
     mappings = [
         ModuleMapping(module_id=None, gpu=g.uuid, port=port)

@@ -30,6 +30,34 @@ def _fail(err: Exception) -> None:
     sys.exit(getattr(err, "exit_code", 1))
 
 
+HUMAN_LINK_ID = 2  # `frame encode`'s signing link (the bridge signs as 0, the sim as 1)
+
+
+def keys_dir_option(f):
+    """``--keys-dir``: where the modules' signing keys are (docs/pairing.md)."""
+    return click.option(
+        "--keys-dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Signing keys directory (default: $MODBRIDGE_KEYS_DIR, the config's "
+        "keys_dir, else ~/.local/state/modbridge/keys).",
+    )(f)
+
+
+def _key_store(keys_dir: str | None, config_path: str | None = None):
+    from modbridge import config as cfgmod
+    from modbridge.keys import KeyStore
+
+    if keys_dir is not None:
+        return KeyStore(keys_dir)
+    try:
+        path = config_path or cfgmod.find_default()
+        cfg = cfgmod.load(path) if path is not None else None
+    except cfgmod.ConfigFileError as e:
+        _fail(e)
+    return KeyStore.for_config(cfg)
+
+
 @main.command("wire-demo")
 @click.option("--seconds", default=10.0, show_default=True, help="How long to stream.")
 @click.option("--period-ms", default=100, show_default=True, help="Telemetry period.")
@@ -92,21 +120,146 @@ def _describe(obj: dict) -> str:
 @frame.command("encode")
 @click.argument("line")
 @click.option("--seq", type=int, default=None, help="Override the sequence number.")
-def frame_encode(line: str, seq: int | None) -> None:
+@click.option(
+    "--sign-key",
+    "key_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Sign with this key file (32 raw bytes, mode 0600).",
+)
+@click.option(
+    "--nonce",
+    default=None,
+    metavar="HEX",
+    help="With --sign-key: the module's nonce (16 hex digits, from its hello).",
+)
+@click.option(
+    "--link",
+    "link_id",
+    type=click.IntRange(0, 255),
+    default=HUMAN_LINK_ID,
+    show_default=True,
+    help="With --sign-key: the signing link id.",
+)
+@click.option(
+    "--jsonl",
+    "as_line",
+    is_flag=True,
+    help="Print a JSON line (for a terminal) instead of a binary frame in hex.",
+)
+def frame_encode(line: str, seq: int | None, key_file: str | None, nonce: str | None,
+                 link_id: int, as_line: bool) -> None:  # fmt: skip
     """Encode a JSON line (display units) into a binary frame, printed as hex.
 
     Example: modbridge frame encode '{"type":"fan_mode","mode":"manual","duty1":40}'
+
+    Signed (docs/pairing.md): add --sign-key ~/.local/state/modbridge/keys/<uid>.key
+    --nonce <hello nonce>; the timestamp is this host's clock.
     """
     from protocol import frame as fr
     from protocol import jsonl
     from protocol.errors import ProtocolError
 
+    signer = None
+    if (key_file is None) != (nonce is None):
+        _fail(ModbridgeError("--sign-key and --nonce go together (the nonce is in the "
+                             "module's hello)"))  # fmt: skip
+    if key_file is not None:
+        signer = _signer(key_file, nonce, link_id)
     try:
         msg = jsonl.decode_line(line)
-        data = fr.encode_frame(msg.type, msg.fields, msg.seq if seq is None else seq)
+        s = msg.seq if seq is None else seq
+        if as_line:
+            click.echo(jsonl.encode_line(msg.type, msg.fields, s, signer=signer).decode(), nl=False)
+            return
+        data = fr.encode_frame(msg.type, msg.fields, s, signer=signer)
     except ProtocolError as e:
         _fail(ModbridgeError(f"cannot encode: {e}"))
     click.echo(data.hex())
+
+
+def _signer(key_file: str, nonce_hex: str, link_id: int):
+    from modbridge.keys import KeyStoreError, read_key_file
+    from protocol.sign import NONCE_LEN, Signer
+
+    try:
+        nonce = bytes.fromhex(nonce_hex)
+    except ValueError:
+        nonce = b""
+    if len(nonce) != NONCE_LEN:
+        _fail(ModbridgeError(f"--nonce: {NONCE_LEN * 2} hex digits (the module's hello "
+                             f"nonce), got {nonce_hex!r}"))  # fmt: skip
+    try:
+        key = read_key_file(key_file)
+    except KeyStoreError as e:
+        _fail(e)
+    if key is None:
+        _fail(ModbridgeError(f"--sign-key: no such file {key_file}"))
+    signer = Signer(key, link_id=link_id)
+    signer.nonce = nonce
+    return signer
+
+
+# ----------------------------------------------------------------------------- pair
+
+
+@main.command("pair")
+@click.argument("port")
+@keys_dir_option
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Config file (for its keys_dir).",
+)
+@click.option(
+    "--force", is_flag=True, help="Make a new key even if the store has one for this module."
+)
+@click.option(
+    "--timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 120),
+    help="Seconds to wait for the module's hello.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: what was done.")
+def pair_cmd(port: str, keys_dir: str | None, config_path: str | None, force: bool,
+             timeout: float, as_json: bool) -> None:  # fmt: skip
+    """Give the module on PORT a new signing key and keep the host's copy.
+
+    Signed with the key this host has for the module, else unsigned, which a module
+    accepts only in its pairing window: the first 60 s after power-on while it has no
+    key. The key is stored only once the module acknowledged it. Exit 2: paired
+    already (--force replaces the key); 3: no module on PORT.
+    """
+    from modbridge.keys import pair_module
+    from modbridge.link import LinkError, ModuleLink
+
+    store = _key_store(keys_dir, config_path)
+    link = ModuleLink(port, keys=store, heartbeat_period_s=60.0)
+    try:
+        try:
+            link.start()
+        except LinkError as e:
+            _fail(e)
+        if not link.wait_up(timeout):
+            why = link.status.last_error or "no hello"
+            click.echo(f"modbridge: {port}: no module: {why}", err=True)
+            sys.exit(3)
+        try:
+            res = pair_module(link, store, force=force)
+        except ModbridgeError as e:
+            _fail(e)
+    finally:
+        link.stop()
+    if as_json:
+        click.echo(json.dumps(res.as_dict(), indent=2))
+        return
+    click.echo(f"paired module {res.module_id} on {res.port}: key {res.key_path} "
+               f"(sent {res.signed_with})")  # fmt: skip
+    if res.paired is False:
+        click.echo("warning: the module's hello still says it is not paired", err=True)
 
 
 @main.command("flash")
@@ -115,8 +268,17 @@ def frame_encode(line: str, seq: int | None) -> None:
 @click.option("--dry-run", is_flag=True, help="Stage files and print the commands only.")
 @click.option("--no-compile", is_flag=True, help="Copy .py sources instead of mpy-cross .mpy.")
 @click.option("--no-reset", is_flag=True, help="Do not reset the board afterwards.")
-def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: bool) -> None:
-    """Compile the firmware and copy it to a board with mpremote."""
+@click.option(
+    "--no-key", is_flag=True, help="Do not provision a signing key (pair later: `modbridge pair`)."
+)
+@keys_dir_option
+def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: bool,
+              no_key: bool, keys_dir: str | None) -> None:  # fmt: skip
+    """Compile the firmware and copy it to a board with mpremote.
+
+    Also copies the board's signing key (secret.key): the one this host has for the
+    board's unique id, else a new one, kept in the key store (docs/pairing.md).
+    """
     from modbridge import flash
 
     try:
@@ -127,6 +289,7 @@ def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: 
             compile=not no_compile,
             reset=not no_reset,
             emit=click.echo,
+            keys=None if no_key else _key_store(keys_dir),
         )
     except ModbridgeError as e:
         _fail(e)

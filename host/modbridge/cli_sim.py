@@ -6,6 +6,10 @@ from its own thread (``SimFleet.run_for``), applies ``--fault`` schedules on the
 clock (to within one firmware sleep, <= 100 ms) and, with ``--watch``, prints one
 status line per module per simulated second from the runner's telemetry tap (plus a
 line per event and fault).
+Each module is provisioned with a signing key (docs/pairing.md): the module's
+``secret.key`` and the host copy in ``--keys-dir`` (default: ``keys/`` in the state
+directory); the module line says where it is, for a bridge in another process
+(``MODBRIDGE_KEYS_DIR``) or ``modbridge frame encode --sign-key``.
 SIGINT/SIGTERM stop it cleanly: every micropython process is killed, ptys closed.
 """
 
@@ -87,7 +91,14 @@ def register(group) -> None:
     "--state-dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Keep the modules' flash (config) and ptys' symlinks here across runs.",
+    help="Keep the modules' flash (config, key) and ptys' symlinks here across runs.",
+)
+@click.option(
+    "--keys-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the host copies of the modules' signing keys here "
+    "(default: keys/ in the state directory).",
 )
 @click.option(
     "--fault",
@@ -123,6 +134,7 @@ def sim_cmd(
     n,
     ambient,
     state_dir,
+    keys_dir,
     faults,
     duration,
     watch,
@@ -133,8 +145,10 @@ def sim_cmd(
 
     Prints each module's port (a stable symlink and the pty it points to); anything
     speaking the protocol can open it: a terminal (type a JSON line), mpremote while
-    the firmware sits at the REPL, the bridge. Runs until Ctrl-C, SIGTERM or
-    --duration.
+    the firmware sits at the REPL, the bridge. Commands must be signed: the module
+    line shows the key file (a bridge in another process: MODBRIDGE_KEYS_DIR=<dir>;
+    a terminal: `modbridge frame encode --jsonl --sign-key <key> --nonce <hello
+    nonce>`). Runs until Ctrl-C, SIGTERM or --duration.
     """
     try:
         code = _run(
@@ -145,6 +159,7 @@ def sim_cmd(
             n,
             ambient,
             state_dir,
+            keys_dir,
             faults,
             duration,
             watch,
@@ -165,6 +180,7 @@ def _run(
     n,
     ambient,
     state_dir,
+    keys_dir,
     faults,
     duration,
     watch,
@@ -201,6 +217,7 @@ def _run(
                 state_dir=state_dir,
                 ambient_c=ambient,
                 faults=specs,
+                keys_dir=keys_dir,
             )
         except FaultSpecError as e:
             raise _Usage(f"--{e}") from None
@@ -211,6 +228,10 @@ def _run(
         for i, vm in enumerate(fleet.modules):
             out.module(i, vm, fleet)
         if not watch:
+            out.info(
+                f"signing keys in {fleet.keys.dir}: a bridge in another process signs with "
+                f"MODBRIDGE_KEYS_DIR={fleet.keys.dir}"
+            )
             out.info(_describe_faults(fleet.schedule.faults))
             out.info(
                 "running; Ctrl-C to stop"
@@ -297,7 +318,8 @@ class _Out:
         w = vm.world
         self.emit(
             f"module {i}: {vm.port_symlink} -> {vm.port} (uid {vm.uid.hex()}, "
-            f"world {w.params['world']['name']}, profile {w.profile.name}, seed {vm.seed})",
+            f"world {w.params['world']['name']}, profile {w.profile.name}, seed {vm.seed}) "
+            f"key {vm.host_key_path}",
             {
                 "type": "module",
                 "module": i,
@@ -308,6 +330,8 @@ class _Out:
                 "profile": w.profile.name,
                 "seed": vm.seed,
                 "state_dir": str(vm.state_dir),
+                "key": str(vm.host_key_path),
+                "secret": str(vm.key_path),
             },
         )
 

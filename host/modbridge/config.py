@@ -8,6 +8,7 @@ Example (``docs/bridge.md`` has every key)::
     on_exit = "restore"         # restore | keep
     dry_run = false
     event_log = "/var/log/modbridge/events.jsonl"
+    keys_dir = "/var/lib/modbridge/keys"   # the modules' signing keys (docs/pairing.md)
 
     [exporter]
     address = "127.0.0.1"
@@ -76,6 +77,7 @@ class BridgeConfig:
     on_exit: str = "restore"
     dry_run: bool = False
     event_log: str | None = None
+    keys_dir: str | None = None  # None: modbridge.keys.default_dir()
     exporter_address: str = "127.0.0.1"
     exporter_port: int = 9659
     exporter_enabled: bool = True
@@ -95,6 +97,7 @@ _SECTIONS = {
         "on_exit": (ON_EXIT,),
         "dry_run": (bool,),
         "event_log": (str,),
+        "keys_dir": (str,),
     },
     "exporter": {
         "address": (str,),

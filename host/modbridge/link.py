@@ -12,6 +12,20 @@ followed. After every open: a 0x00 flush, ``hello_request``, and the ``hello`` f
 the module's identity. A module of another protocol major version is reported in
 ``status.last_error`` and never sent heartbeats or commands.
 
+Signing (docs/pairing.md). A module that announces a ``nonce`` in its hello (a fresh
+one every boot) verifies every command but the open reads (:data:`OPEN_REQUESTS`),
+and uses a heartbeat only if it is signed. The link looks the module's key up in its
+:class:`~modbridge.keys.KeyStore` by the hello's ``uid`` and signs with a
+:class:`protocol.sign.Signer` of its own ``link_id`` over that nonce; every hello
+(after a reset, a replug, or a ``hello_request`` when a boot banner or a refused
+signature says the nonce may be stale) re-reads the key and the nonce. Timestamps are
+taken under the write lock, so frames reach the module in timestamp order. Without a
+usable key the link stays up and reads work; a command that needs a signature raises
+:class:`NotPaired`, heartbeats are withheld (logged once: the module stays STANDALONE
+and cools on its own), and ``status.last_error`` says to run ``modbridge pair``. A
+module without a nonce in its hello (firmware from before signing) gets unsigned
+frames, as it always did.
+
 The link only reports: deciding that a silent module is a problem (``last_frame_at``
 too old) is the policy's job.
 
@@ -47,8 +61,10 @@ from protocol import catalog as C
 from protocol.errors import ProtocolError
 from protocol.frame import MIN_FRAME, StreamDecoder, encode_frame
 from protocol.message import FMT_CBOR, Message, fields_from_keys, lookup
+from protocol.sign import Signer
 
 from .errors import ModbridgeError
+from .keys import PAIRING_WINDOW_S, KeyStore, KeyStoreError
 from .model import ModuleStatus
 
 log = logging.getLogger(__name__)
@@ -79,6 +95,10 @@ _FINAL_REPLY = {
     "selftest": "selftest_report",
 }
 _REPLY_TYPES = ("ack", "nack", "config", "cal_raw", "selftest_report")
+#: Requests a signing module accepts unsigned (reads); every other one, and every
+#: heartbeat, is signed.
+OPEN_REQUESTS = ("hello_request", "config_get", "cal_read")
+LINK_ID = 0  # the bridge's signing link id (one link per module: exclusive open)
 
 # link states
 DOWN = "down"  # port closed (not opened yet, or lost): reopening with backoff
@@ -123,6 +143,10 @@ class BadRequest(LinkError):
     """A request that does not fit the protocol catalog (never sent)."""
 
 
+class NotPaired(LinkError):
+    """The module verifies signatures and the key store has no usable key for it."""
+
+
 class CommandRefused(LinkError):
     """The module answered a request with a NACK; nothing changed on the module."""
 
@@ -136,6 +160,19 @@ class CommandRefused(LinkError):
         where = f" ({self.field})" if self.field else ""
         detail = f": {self.text}" if self.text else ""
         super().__init__(f"{port}: module refused {request}: {self.code_name}{where}{detail}")
+
+
+class Unauthorized(CommandRefused):
+    """The module refused a signed request's signature (wrong key, or a replay)."""
+
+    def __init__(self, port: str, request: str, nack: Message, hint: str):
+        super().__init__(port, request, nack)
+        self.args = (f"{self.args[0]}: {hint}",)
+
+
+def not_paired_text(port: str, uid: str, why: str | None = None) -> str:
+    detail = f" ({why})" if why else ""
+    return f"module {uid} is not paired{detail}: run `modbridge pair {port}`"
 
 
 def version_error_text(major: int, minor: int | None = None) -> str:
@@ -399,6 +436,13 @@ class ModuleLink:
     still sends a heartbeat (the host is alive). The source, ``on_telemetry(status,
     msg)`` and ``on_event(status, msg)`` run in the link thread and must be quick
     (return cached GPU readings; never run nvidia-smi from here).
+
+    ``keys`` is the :class:`~modbridge.keys.KeyStore` the module's key is looked up in
+    (default: ``KeyStore()``, see :func:`modbridge.keys.default_dir`); ``link_id`` the
+    signing link id (the module keeps one replay slot per ``link_id & 7``). After a
+    hello: ``signing_supported``, ``nonce``, ``paired`` (the module's word),
+    ``key_error`` (why commands and heartbeats cannot be signed, or None),
+    ``heartbeats_withheld`` and ``auth_refusals``.
     """
 
     def __init__(
@@ -413,6 +457,8 @@ class ModuleLink:
         open_fn: Callable = serial.Serial,
         poll_period_s: float = POLL_PERIOD_S,
         hello_timeout_s: float = HELLO_TIMEOUT_S,
+        keys: KeyStore | None = None,
+        link_id: int = LINK_ID,
     ):
         self.port = port
         self.status = status if status is not None else ModuleStatus(port=port)
@@ -430,6 +476,21 @@ class ModuleLink:
         self.telemetry_ms: int | None = None
         self.heartbeats_sent = 0
         self.decoder = HostDecoder()
+        # signing (see the module docstring)
+        self.keys = keys if keys is not None else KeyStore()
+        self.link_id = link_id
+        self.signing_supported = False  # the module's hello carries a nonce
+        self.nonce: bytes | None = None
+        self.paired: bool | None = None  # the module's hello: it has a secret
+        self.key_error: str | None = None  # why there is no signer (None: signing, or n/a)
+        self.heartbeats_withheld = 0  # not sent: the module would not use them unsigned
+        self.auth_refusals = 0  # nacks "unauthorized" from the module
+        self._key: bytes | None = None
+        self._signer: Signer | None = None
+        self._last_ts = 0  # the last signature timestamp this link sent (any signer)
+        self._nonce_stale = False  # a boot banner: wait for the new hello before signing
+        self._auth_rehello = False  # a refused heartbeat asked for a fresh nonce already
+        self._key_error_shown: str | None = None  # the last_error the key situation set
 
         self._ser = None
         self._thread: threading.Thread | None = None
@@ -518,10 +579,99 @@ class ModuleLink:
         """Send a command and wait for its answer; thread-safe.
 
         Returns the answering Message (``ack``, or ``config``/``cal_raw``/``hello``/
-        ``selftest_report`` for the requests answered that way). Raises
+        ``selftest_report`` for the requests answered that way). Signed when the
+        module verifies signatures and ``name`` is not an open read. Raises
         :class:`CommandRefused` on a NACK (``code``, ``code_name``, ``field``,
-        ``text``), :class:`RequestTimeout`, :class:`LinkDown`, :class:`BadRequest`.
+        ``text``; :class:`Unauthorized` for a refused signature, after one retry with
+        a fresh nonce), :class:`NotPaired` (no key: never sent), :class:`RequestTimeout`,
+        :class:`LinkDown`, :class:`BadRequest`.
         """
+        if not self.signing_supported or name in OPEN_REQUESTS:
+            return self._exchange(name, fields, timeout, None)
+        signer = self._need_signer(name)
+        used = signer.nonce
+        try:
+            return self._exchange(name, fields, timeout, signer)
+        except CommandRefused as e:
+            if e.code != C.ERR_UNAUTHORIZED:
+                raise
+            if self.nonce == used:  # no new hello meanwhile: did the module reboot?
+                try:
+                    self._exchange("hello_request", None, None, None)
+                except LinkError:
+                    raise self._unauthorized(name, e.nack) from None
+                if self.nonce == used:
+                    raise self._unauthorized(name, e.nack) from None
+        return self._exchange(name, fields, timeout, self._need_signer(name))
+
+    def request_with_key(self, name: str, fields: dict | None, key: bytes | None,
+                         timeout: float | None = None):  # fmt: skip
+        """:meth:`request`, signed with ``key`` (None: unsigned) instead of the store's
+        key, whatever the catalog needs (``modbridge pair``). No retry."""
+        signer = None
+        if key is not None:
+            if self.nonce is None:
+                raise NotPaired(f"{self.port}: the module announced no nonce: cannot sign")
+            signer = self._make_signer(key)
+        try:
+            return self._exchange(name, fields, timeout, signer)
+        except CommandRefused as e:
+            if e.code == C.ERR_UNAUTHORIZED:
+                raise self._unauthorized(name, e.nack, key is None) from None
+            raise
+
+    def use_key(self, key: bytes) -> None:
+        """Sign with ``key`` from now on (after ``pair`` changed the module's secret)."""
+        signer = self._make_signer(key)
+        with self._wlock:
+            self._key = bytes(key)
+            self._signer = signer
+            self.key_error = None
+            self._auth_rehello = False
+
+    def refresh_hello(self, timeout: float | None = None) -> bool | None:
+        """Re-read the module's hello (identity, nonce, key); returns its ``paired``."""
+        self._exchange("hello_request", None, timeout, None)
+        return self.paired
+
+    def _need_signer(self, name: str) -> Signer:
+        signer = self._signer
+        if signer is not None and self._nonce_stale:  # just rebooted: its nonce is due
+            if not self.wait_state(lambda lk: not lk._nonce_stale, REQUEST_TIMEOUT_S):
+                raise LinkDown(
+                    f"{self.port}: cannot send {name}: the module restarted and its "
+                    "new hello (the nonce to sign with) has not arrived yet"
+                )
+            signer = self._signer
+        if signer is None:
+            uid = self.status.module_id or "?"
+            why = self.key_error or not_paired_text(self.port, uid)
+            raise NotPaired(f"{self.port}: cannot send {name}: {why}")
+        return signer
+
+    def _make_signer(self, key: bytes) -> Signer:
+        signer = Signer(bytes(key), link_id=self.link_id)
+        signer.nonce = self.nonce
+        return signer
+
+    def _unauthorized(self, name: str, nack: Message, unsigned: bool = False) -> Unauthorized:
+        uid = self.status.module_id or "?"
+        if unsigned:
+            hint = "the module needs a signed command (is it paired? `modbridge pair`)"
+        else:
+            try:
+                where = self.keys.find(uid) or self.keys.path(uid)
+            except KeyStoreError:
+                where = self.keys.dir
+            hint = (
+                f"module {uid} does not accept our signature: the key in {where} is not "
+                f"its secret (or this host's clock went back); run "
+                f"`modbridge pair --force {self.port}`"
+            )
+        return Unauthorized(self.port, name, nack, hint)
+
+    def _exchange(self, name: str, fields: dict | None, timeout: float | None,
+                  signer: Signer | None):  # fmt: skip
         if timeout is None:
             timeout = _REQUEST_TIMEOUTS.get(name, REQUEST_TIMEOUT_S)
         if self.state != UP:
@@ -535,20 +685,16 @@ class ModuleLink:
             raise BadRequest(f"{self.port}: {name} is not a request modbridge can send")
         seq = self._next_seq()
         try:
-            frame = encode_frame(name, fields or {}, seq)
+            encode_frame(name, fields or {}, seq)  # validate before taking a timestamp
         except ProtocolError as e:
             raise BadRequest(f"{self.port}: {name}: {e}") from None
-        if len(_cobs_decode(frame[:-1]) or b"") > self.max_frame:
-            raise BadRequest(
-                f"{self.port}: {name} is larger than the module's {self.max_frame}-byte frames"
-            )
         p = _Pending(name, mdef[C.M_TYPE], _FINAL_REPLY.get(name))
         with self._plock:
             self._pending[seq] = p
         self._wake.set()  # the loop switches to fast polling until the answer is in
         try:
             try:
-                self._write(frame)
+                self._send(name, fields or {}, seq, signer)
             except (serial.SerialException, OSError) as e:
                 raise LinkDown(f"{self.port}: cannot send {name}: {e}") from None
             if not p.done.wait(timeout):
@@ -628,6 +774,10 @@ class ModuleLink:
             if now >= self._next_hb:
                 self._send_heartbeat(now)
             deadline = self._next_hb
+            if self._nonce_stale:  # a reset without its hello yet: ask (again)
+                if now >= self._hello_deadline:
+                    self._send_hello_request(now)
+                deadline = min(deadline, self._hello_deadline)
         elif state == HANDSHAKE:
             if now >= self._hello_deadline:
                 if self._hello_tries >= HELLO_TRIES:
@@ -699,21 +849,54 @@ class ModuleLink:
             self._seq = (s + 1) & 0xFFFF
             return s
 
+    def _send(self, name: str, fields: dict, seq: int, signer: Signer | None) -> None:
+        """Encode (signing with ``signer``) and write one frame.
+
+        The signature's timestamp is taken under the write lock: frames of one link
+        reach the module in timestamp order (a later timestamp sent first would make
+        the earlier frame a replay)."""
+        if signer is None:
+            frame = encode_frame(name, fields, seq)
+            self._check_size(name, frame)
+            self._write(frame)
+            return
+        if self._ser is None:
+            raise serial.SerialException("port is closed")
+        with self._wlock:
+            # one timestamp sequence per link id, whichever signer (key) signs
+            signer.last_ts = max(signer.last_ts, self._last_ts)
+            try:
+                frame = encode_frame(name, fields, seq, signer=signer)
+            except ProtocolError as e:
+                raise BadRequest(f"{self.port}: {name}: {e}") from None
+            self._last_ts = signer.last_ts
+            self._check_size(name, frame)
+            self._write_locked(frame)
+
+    def _check_size(self, name: str, frame: bytes) -> None:
+        if len(_cobs_decode(frame[:-1]) or b"") > self.max_frame:
+            raise BadRequest(
+                f"{self.port}: {name} is larger than the module's {self.max_frame}-byte frames"
+            )
+
     def _write(self, frame: bytes) -> None:
+        with self._wlock:
+            self._write_locked(frame)
+
+    def _write_locked(self, frame: bytes) -> None:
         ser = self._ser
         if ser is None:
             raise serial.SerialException("port is closed")
-        with self._wlock:
-            if self._flush_next:
-                frame = b"\x00" + frame
-                self._flush_next = False
-            try:
-                ser.write(frame)
-            except serial.SerialTimeoutException:
-                # The module is not reading (host_silence, a full pty): not a lost
-                # port. Start the next frame with a flush (the module resyncs).
-                self._flush_next = True
-                self._note_error(LinkError(f"{self.port}: write timed out: module not reading"))
+        if self._flush_next:
+            frame = b"\x00" + frame
+            self._flush_next = False
+        try:
+            ser.write(frame)
+        except serial.SerialTimeoutException:
+            # The module is not reading (host_silence, a full pty): not a lost
+            # port. Start the next frame with a flush (the module resyncs).
+            self._flush_next = True
+            self._note_error(LinkError(f"{self.port}: write timed out: module not reading"))
 
     def _send_hello_request(self, now: float) -> None:
         seq = self._next_seq()
@@ -760,7 +943,19 @@ class ModuleLink:
                 del fields[bad]
         else:  # pragma: no cover - every loop drops a field or breaks
             return
-        self._write(frame)
+        if not self.signing_supported:
+            self._write(frame)
+            self.heartbeats_sent += 1
+            return
+        signer = self._signer
+        if signer is None or self._nonce_stale:
+            self.heartbeats_withheld += 1  # an unsigned one would not count: not sent
+            return
+        try:
+            self._send("heartbeat", fields, seq, signer)
+        except BadRequest as e:
+            self._note_error(e)
+            return
         self.heartbeats_sent += 1
 
     # -- receiving -------------------------------------------------------------------
@@ -817,6 +1012,11 @@ class ModuleLink:
             self.status.module_resets += 1
             self._banner_reset = True
             log.info("%s: module restarted (firmware %s)", self.port, banner.fw_version)
+            if self.state == UP and self.signing_supported:
+                # a new boot, a new nonce: sign nothing until its hello is in (asked
+                # for too, in case the boot hello is lost)
+                self._nonce_stale = True
+                self._send_hello_request(self.clock())
 
     def _on_hello(self, msg: Message, now: float) -> None:
         f = msg.fields
@@ -843,6 +1043,7 @@ class ModuleLink:
         st.proto_version = f"{VERSION_MAJOR}.{f['proto_minor']}"
         self.max_frame = f["max_frame"]
         self.telemetry_ms = f.get("telemetry_ms")
+        self._on_nonce(uid, f.get("nonce"), f.get("paired"))
         if ref is not None:
             self._complete(ref, msg)
         if self.state != UP:
@@ -864,6 +1065,66 @@ class ModuleLink:
                 log.info(
                     "%s: module protocol minor %d, ours %d", self.port, msg.minor, VERSION_MINOR
                 )
+        if self.key_error is None:
+            if st.last_error is not None and st.last_error == self._key_error_shown:
+                st.last_error = None  # a key now: that error is over
+            self._key_error_shown = None
+        else:
+            st.last_error = self._key_error_shown = f"{self.port}: {self.key_error}"
+            key = f"key {self.key_error}"
+            if key not in self._logged:
+                self._logged.add(key)
+                log.warning(
+                    "%s: %s; no heartbeats until then (the module cools on its own, "
+                    "STANDALONE), commands refused",
+                    self.port,
+                    self.key_error,
+                )
+
+    def _on_nonce(self, uid: str, nonce: bytes | None, paired: bool | None) -> None:
+        """A hello's signing fields: (re)load the key, sign over the new nonce."""
+        self.paired = paired
+        if nonce is None:  # firmware from before signing: unsigned, as ever
+            with self._wlock:
+                self.signing_supported = False
+                self.nonce = None
+                self._signer = None
+                self._key = None
+                self.key_error = None
+            self._clear_stale()
+            return
+        try:
+            key = self.keys.load(uid, f"modbridge pair {self.port}")
+            why = None if key is not None else not_paired_text(self.port, uid)
+        except KeyStoreError as e:
+            key, why = None, f"module {uid}: {e}"
+        if key is not None and paired is False and f"unpaired {uid}" not in self._logged:
+            self._logged.add(f"unpaired {uid}")
+            log.warning(
+                "%s: module %s says it has no secret, the key store has a key for it: "
+                "run `modbridge pair %s` (its pairing window is the first %d s after "
+                "power-on)",
+                self.port, uid, self.port, PAIRING_WINDOW_S,
+            )  # fmt: skip
+        with self._wlock:
+            if nonce != self.nonce:
+                self._auth_rehello = False
+            self.signing_supported = True
+            self.nonce = bytes(nonce)
+            if key is None:
+                self._signer = None
+            elif key != self._key or self._signer is None:
+                self._signer = self._make_signer(key)
+            else:
+                self._signer.nonce = self.nonce
+            self._key = key
+            self.key_error = why
+        self._clear_stale()
+
+    def _clear_stale(self) -> None:
+        with self._up:
+            self._nonce_stale = False
+            self._up.notify_all()
 
     def _on_reply(self, msg: Message) -> None:
         f = msg.fields
@@ -871,7 +1132,31 @@ class ModuleLink:
         if msg.name == "nack" and f.get("code") == C.ERR_VERSION and ref in self._hello_seqs:
             self._incompatible(f"module refused protocol {VERSION_MAJOR}.{VERSION_MINOR}")
             return
+        if msg.name == "nack" and f.get("code") == C.ERR_UNAUTHORIZED:
+            self.auth_refusals += 1
+            if _ref_type(msg) == C.T_HEARTBEAT:
+                self._heartbeat_refused()
+                return
         self._complete(ref, msg)
+
+    def _heartbeat_refused(self) -> None:
+        """The module refused a signed heartbeat: first a fresh nonce (it may have
+        rebooted unseen); refused again over the same nonce: the key is wrong."""
+        if self.state != UP:
+            return
+        if not self._auth_rehello:
+            self._auth_rehello = True
+            self._send_hello_request(self.clock())
+            return
+        uid = self.status.module_id or "?"
+        msg = (
+            f"{self.port}: module {uid} refuses our signed heartbeats: the key in the store "
+            f"is not its secret; run `modbridge pair --force {self.port}`"
+        )
+        self.status.last_error = msg
+        if msg not in self._logged:
+            self._logged.add(msg)
+            log.warning("%s", msg)
 
     def _complete(self, ref: int, msg: Message) -> None:
         with self._plock:

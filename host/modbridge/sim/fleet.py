@@ -5,6 +5,12 @@ modules cooling N virtual GPUs, each reachable on a stable symlink
 (``<dir>/module-<i>``) like a udev rule would give a CH340. Every module gets a
 different seed (its noise and its MCU unique id differ) and its own flash directory.
 
+Every module is provisioned with its own signing key (``secret.key`` in its flash
+directory) and the fleet keeps the host copies in one :class:`~modbridge.keys.KeyStore`
+(``keys_dir``, else ``<state_dir>/keys``: temporary unless ``state_dir`` is given),
+attached for lookups while the fleet lives: a bridge in this process signs without
+being told where the keys are; another process gets the directory (``keys_dir``).
+
 Scheduled faults (``faults=["fan_stall:2@60s-90s", ...]``, see ``sim/faults.py``) need
 one clock for the whole fleet: ``run_for`` drives every module in lockstep from the
 caller's thread, in steps that end exactly where a fault is due, and paces the fleet
@@ -18,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..keys import KeyStore, attach_dir, detach_dir
 from .faults import FaultSchedule
 from .runner import VirtualModule
 from .world import World
@@ -35,6 +42,7 @@ class SimFleet:
         ambient_c: float | None = None,
         settle_duty: int | None = 19661,
         faults=(),
+        keys_dir: str | Path | None = None,
         **module_kw,
     ):
         if not 1 <= n <= 64:
@@ -50,6 +58,8 @@ class SimFleet:
             state_dir = self._tmp.name
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.keys = KeyStore(keys_dir if keys_dir is not None else self.state_dir / "keys")
+        attach_dir(self.keys.dir)
         self.modules: list[VirtualModule] = []
         for i in range(n):
             w = World(world, seed=seed + i, profile=profile, ambient_c=ambient_c)
@@ -69,6 +79,7 @@ class SimFleet:
                 seed=seed + i,
                 port_symlink=self.state_dir / f"module-{i}.tty",
                 instance=i,
+                keys=self.keys,
                 **module_kw,
             )
             self.modules.append(vm)
@@ -159,6 +170,7 @@ class SimFleet:
             self._driver = None
         for vm in self.modules:
             vm.stop()
+        detach_dir(self.keys.dir)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

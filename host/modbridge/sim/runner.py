@@ -33,6 +33,16 @@ duties on the fans while the world goes on, and a started watchdog that is no lo
 fed resets it. A process that does not answer within ``hang_timeout_s`` of wall time
 (an endless loop that never sleeps) is killed and treated the same way.
 
+Signing: before its first boot the module is provisioned like a paired board: a
+32-byte secret in ``secret.key`` in its flash directory (kept if one is there from an
+earlier run or a ``pair``) and the same key in a host :class:`~modbridge.keys.KeyStore`
+(``keys=``; by default one in ``<state_dir>/host-keys`` that is attached for lookups in
+this process, so a :class:`~modbridge.link.ModuleLink` or a bridge here finds it).
+``key`` is the module's current secret, ``host_key_path`` the host copy, ``nonce`` the
+one of the last hello, and :meth:`VirtualModule.encode` signs a frame the way a host
+does, for :meth:`~VirtualModule.host_write`. ``provision=False``: a module without a
+secret (in its pairing window for 60 s of world time after power-on).
+
 An internal tap decodes everything the firmware sends (``last_telemetry``,
 ``telemetry_count``, ``events``, ``hellos``, ``banners``, ``messages``), so tests and
 the CLI can follow the firmware's state without a host on the pty. From the link
@@ -60,9 +70,11 @@ import tty
 from pathlib import Path
 
 from protocol import catalog as C
-from protocol.frame import StreamDecoder
+from protocol.frame import StreamDecoder, encode_frame
+from protocol.sign import KEY_LEN, Signer, new_key
 
 from .. import mpy
+from ..keys import KeyStore, attach_dir, detach_dir, write_key_file
 from . import link as L
 
 log = logging.getLogger(__name__)
@@ -71,6 +83,10 @@ BOOTSTRAP = "from device.main import run; run('sim')"
 BANNER_PREFIX = b"MODULER READY v"
 TICKS_MASK = (1 << 30) - 1
 UID_LEN = 12  # bytes, like an STM32's 96-bit unique id
+SECRET_FILE = "secret.key"  # the firmware's signing secret, beside config.json
+HOST_LINK_ID = 1  # encode()'s signing link id (a ModuleLink's default is 0)
+#: host -> module messages the firmware takes unsigned (modbridge.link.OPEN_REQUESTS)
+OPEN_REQUESTS = ("hello_request", "config_get", "cal_read")
 
 
 def unique_id(seed: int, instance: int) -> bytes:
@@ -112,6 +128,8 @@ class VirtualModule:
         code_root=None,
         hang_timeout_s=10.0,
         record_tx=False,
+        keys=None,
+        provision=True,
     ):
         self.world = world
         self.state_dir = Path(state_dir)
@@ -183,6 +201,12 @@ class VirtualModule:
         self.tx_log = bytearray() if record_tx else None
         self._banner_tail = b""
 
+        self.keys: KeyStore | None = None
+        self._attached = None
+        self._signers: dict[int, tuple[bytes, Signer]] = {}
+        if provision:
+            self._provision(keys)
+
         self._open_pty()
         atexit.register(self.stop)
 
@@ -195,6 +219,71 @@ class VirtualModule:
     @property
     def plugged(self) -> bool:
         return self._master >= 0
+
+    # -- signing -----------------------------------------------------------------
+
+    @property
+    def key_path(self) -> Path:
+        """The module's secret (``secret.key`` in its flash directory)."""
+        return self.fs_dir / SECRET_FILE
+
+    @property
+    def key(self) -> bytes | None:
+        """The module's current secret (None: none, or not a key)."""
+        try:
+            data = self.key_path.read_bytes()
+        except OSError:
+            return None
+        return data if len(data) == KEY_LEN else None
+
+    @property
+    def host_key_path(self) -> Path | None:
+        """The host's copy of the key (None: not provisioned)."""
+        return None if self.keys is None else self.keys.path(self.uid.hex())
+
+    @property
+    def nonce(self) -> bytes | None:
+        """The nonce of the firmware's last hello (None: no hello yet, or no signing)."""
+        with self.lock:
+            for h in reversed(self.hellos):
+                return h.get("nonce")
+        return None
+
+    def encode(self, name, fields=None, seq=0, *, link_id=HOST_LINK_ID) -> bytes:
+        """A frame for ``host_write``, signed like a host signs it: every message but
+        the open reads, over the last hello's nonce, with the module's secret."""
+        if name in OPEN_REQUESTS:
+            return encode_frame(name, fields or {}, seq)
+        if self.nonce is None:
+            raise SimError("no hello from the firmware yet (its nonce signs): run it first")
+        key = self.key
+        if key is None:
+            raise SimError("the virtual module has no secret: nothing to sign with")
+        held = self._signers.get(link_id)
+        if held is None or held[0] != key:
+            held = self._signers[link_id] = (key, Signer(key, link_id=link_id))
+        signer = held[1]
+        signer.nonce = self.nonce
+        return encode_frame(name, fields or {}, seq, signer=signer)
+
+    def _provision(self, keys) -> None:
+        """The module's secret (kept if it has one) and the host's copy of it."""
+        key = self.key
+        if key is None:
+            key = new_key()
+            write_key_file(self.key_path, key)
+        if keys is None:
+            keys = KeyStore(self.state_dir / "host-keys")
+            attach_dir(keys.dir)
+            self._attached = keys.dir
+        uid = self.uid.hex()
+        try:
+            same = keys.load(uid) == key
+        except Exception:  # noqa: BLE001 - a broken host copy is replaced below
+            same = False
+        if not same:
+            keys.save(uid, key, overwrite=True)
+        self.keys = keys
 
     def stats(self) -> dict:
         return {
@@ -262,6 +351,9 @@ class VirtualModule:
             if self._link_file is not None:
                 self._link_file.close()
                 self._link_file = None
+        if self._attached is not None:
+            detach_dir(self._attached)
+            self._attached = None
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
 
