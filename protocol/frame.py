@@ -1,14 +1,17 @@
-"""Binary frames and the stream decoder.
+"""Binary frames, the stream decoder, and the allocation-free heartbeat path.
 
 A frame before byte stuffing::
 
-    +-------+-------+------+---------+-----------------+----------+
-    | major | minor | type | seq u16 | payload (CBOR)  | CRC u16  |
-    |  u8   |  u8   |  u8  |   BE    | map, or nothing |    BE    |
-    +-------+-------+------+---------+-----------------+----------+
+    +-------+-------+------+---------+-----------------+----------+-------------------+
+    | major | minor | type | seq u16 | payload (CBOR)  | CRC u16  | signed frames:    |
+    |  u8   |  u8   |  u8  |   BE    | map, or nothing |    BE    | link ts u48 sig 6 |
+    +-------+-------+------+---------+-----------------+----------+-------------------+
 
-CRC-16/IBM-3740 covers everything before it. The whole is COBS-encoded and followed by
-one 0x00 delimiter. ``MAX_FRAME`` bounds the unstuffed size.
+CRC-16/IBM-3740 covers header and payload. Bit 7 of byte 1 (``FLAG_SIGNED``) marks a
+signed frame: the minor version is ``byte1 & 0x7F`` and a 13-byte trailer follows the
+CRC (:mod:`protocol.sign`; SPEC.md section 14.1). The whole is COBS-encoded and
+followed by one 0x00 delimiter. ``MAX_FRAME`` bounds the unstuffed size, trailer
+included.
 
 :class:`StreamDecoder` takes bytes as they come from a serial port (any chunking) and
 returns :class:`~protocol.message.Message` and :class:`~protocol.message.BadFrame`
@@ -17,7 +20,13 @@ second byte of a run: a binary frame always carries its major version there (a c
 byte, 0x01 for v1; majors stay below 0x20), so any other second byte starts a text line
 that ends at the next LF, whatever it holds (a terminal's backspace or escape
 sequences cannot make the decoder stop listening for lines).
+
+On the module, ``feed(rx, n, sink)`` with a :class:`HeartbeatState` and a
+:class:`~protocol.sign.Verifier` receives the host's signed heartbeats without
+allocating anything: see :class:`HeartbeatState`.
 """
+
+from array import array
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, cbor, cobs, jsonl
 from protocol import catalog as C
@@ -38,9 +47,17 @@ from protocol.message import (
     BadFrame,
     Message,
     check_seq,
+    encode_payload,
     fields_from_keys,
     lookup,
     validate_fields,
+)
+from protocol.sign import (
+    AUTH_NONE,
+    AUTH_OK,
+    AUTH_UNCHECKED,
+    FLAG_SIGNED,
+    TRAILER_LEN,
 )
 
 try:
@@ -54,80 +71,97 @@ except ImportError:  # CPython
 HEADER_LEN = const(5)
 CRC_LEN = const(2)
 MIN_FRAME = const(7)
-MAX_FRAME = const(512)
+MAX_FRAME = const(512)  # unstuffed, trailer included
 MAX_LINE = const(1024)
 DELIMITER = const(0)
+MINOR_MASK = const(0x7F)  # byte 1 = minor | FLAG_SIGNED
+MIN_SIGNED = const(20)  # MIN_FRAME + TRAILER_LEN
 
 # ----------------------------------------------------------------------------
 # Encoding
 
 
-def encode_payload(mdef, fields):
-    """CBOR map with integer keys, in key order; empty bytes when there are no fields."""
-    if not fields:
-        return b""
-    keyed = {}
-    for fdef in mdef[C.M_FIELDS]:
-        name = fdef[C.F_NAME]
-        if name in fields:
-            keyed[fdef[C.F_KEY]] = fields[name]
-    return cbor.dumps(keyed)
-
-
-def encode_frame(type_or_name, fields=None, seq=0, minor=VERSION_MINOR, major=VERSION_MAJOR):
+def encode_frame(
+    type_or_name, fields=None, seq=0, minor=VERSION_MINOR, major=VERSION_MAJOR, signer=None
+):
     """Validate and encode one message; returns the COBS frame plus its 0x00 delimiter.
 
+    With ``signer`` (a :class:`protocol.sign.Signer` that has the module's nonce) the
+    frame is signed: FLAG_SIGNED in byte 1 and the 13-byte trailer after the CRC.
+    Without one, byte 1 is ``minor`` as given (a minor with bit 7 set then makes a
+    frame that claims a trailer it lacks: only hostile-input tests want that).
+
     Raises FieldError for a field that does not fit the catalog, UnknownTypeError for a
-    type not in it, OversizeError when the frame would exceed MAX_FRAME.
+    type not in it, OversizeError when the frame would exceed MAX_FRAME, SigningError
+    when the signer has no nonce yet.
     """
     mdef = lookup(type_or_name)
     fields = fields or {}
     check_seq(seq)
     validate_fields(mdef, fields)
+    if signer is not None and not 0 <= minor <= MINOR_MASK:
+        raise FieldError(
+            "minor %r does not fit beside the signed flag" % (minor,), C.ERR_OUT_OF_RANGE, "minor"
+        )
     payload = encode_payload(mdef, fields)
-    n = HEADER_LEN + len(payload) + CRC_LEN
+    body = HEADER_LEN + len(payload) + CRC_LEN
+    n = body if signer is None else body + TRAILER_LEN
     if n > MAX_FRAME:
         raise OversizeError("%s frame of %d bytes exceeds %d" % (mdef[C.M_NAME], n, MAX_FRAME))
     raw = bytearray(n)
     raw[0] = major
-    raw[1] = minor
+    raw[1] = minor if signer is None else minor | FLAG_SIGNED
     raw[2] = mdef[C.M_TYPE]
     raw[3] = (seq >> 8) & 0xFF
     raw[4] = seq & 0xFF
     raw[HEADER_LEN : HEADER_LEN + len(payload)] = payload
-    crc = crc16(raw, 0, n - CRC_LEN)
-    raw[n - 2] = crc >> 8
-    raw[n - 1] = crc & 0xFF
+    crc = crc16(raw, 0, body - CRC_LEN)
+    raw[body - 2] = crc >> 8
+    raw[body - 1] = crc & 0xFF
+    if signer is not None:
+        trailer = signer.trailer(bytes(raw[:body]))
+        if len(trailer) != TRAILER_LEN:  # pragma: no cover - Signer guarantees it
+            raise FrameError("signer returned a %d-byte trailer" % len(trailer))
+        raw[body:n] = trailer
     out = bytearray(cobs.max_encoded_len(n) + 1)
     end = cobs.encode_into(raw, n, out, 0)
     out[end] = DELIMITER
     return bytes(out[: end + 1])
 
 
-def encode_message(msg):
+def encode_message(msg, signer=None):
     """Encode a Message in its own format (binary frame or JSON line)."""
     if msg.fmt == FMT_JSON:
-        return jsonl.encode_line(msg.name, msg.fields, msg.seq)
-    return encode_frame(msg.type, msg.fields, msg.seq)
+        return jsonl.encode_line(msg.name, msg.fields, msg.seq, signer=signer)
+    return encode_frame(msg.type, msg.fields, msg.seq, signer=signer)
 
 
 # ----------------------------------------------------------------------------
 # Decoding
 
 
-def decode_raw(raw, n, accept=None):
+def decode_raw(raw, n, accept=None, verifier=None):
     """Decode an unstuffed frame ``raw[:n]``; returns a Message or raises ProtocolError.
 
     ``accept`` (C.H2D or C.D2H) refuses messages meant for the other direction.
+    ``verifier`` (a :class:`protocol.sign.Verifier`) checks the signature of a signed
+    frame right after the version; its outcome is ``Message.auth`` (or the ``auth``
+    of the error) and never rejects the frame by itself. Without a verifier a signed
+    frame is ``AUTH_UNCHECKED``.
     """
     if n < MIN_FRAME:
         raise FrameError("frame of %d bytes is shorter than %d" % (n, MIN_FRAME))
-    got = (raw[n - 2] << 8) | raw[n - 1]
-    want = crc16(raw, 0, n - CRC_LEN)
+    end = n  # end of the CRC
+    if raw[1] & FLAG_SIGNED:
+        end = n - TRAILER_LEN
+        if end < MIN_FRAME:
+            raise FrameError("signed frame of %d bytes is shorter than %d" % (n, MIN_SIGNED))
+    got = (raw[end - 2] << 8) | raw[end - 1]
+    want = crc16(raw, 0, end - CRC_LEN)
     if got != want:
         raise CRCError("CRC %04x, computed %04x" % (got, want))
     major = raw[0]
-    minor = raw[1]
+    minor = raw[1] & MINOR_MASK
     type_id = raw[2]
     seq = (raw[3] << 8) | raw[4]
     if major != VERSION_MAJOR:
@@ -139,42 +173,264 @@ def decode_raw(raw, n, accept=None):
         err.type_id = type_id
         err.seq = seq
         raise err
+    auth = AUTH_NONE
+    link = -1
+    if end != n:
+        link = raw[end]
+        auth = AUTH_UNCHECKED if verifier is None else verifier.verify(raw, n)
     mdef = C.by_type(type_id)
     if mdef is None:
         err = UnknownTypeError("unknown message type 0x%02x" % type_id)
         err.type_id = type_id
         err.seq = seq
+        err.auth = auth
+        err.link = link
         raise err
     try:
         if accept is not None and mdef[C.M_DIR] != accept:
             raise FieldError(
                 "%s is not accepted in this direction" % mdef[C.M_NAME], C.ERR_DIRECTION
             )
-        end = n - CRC_LEN
-        if end == HEADER_LEN:
+        pend = end - CRC_LEN
+        if pend == HEADER_LEN:
             raw_fields = {}
         else:
-            raw_fields, pos = cbor.decode_from(raw, HEADER_LEN, end)
-            if pos != end:
-                raise CBORDecodeError("%d bytes after the payload map" % (end - pos))
+            raw_fields, pos = cbor.decode_from(raw, HEADER_LEN, pend)
+            if pos != pend:
+                raise CBORDecodeError("%d bytes after the payload map" % (pend - pos))
             if not isinstance(raw_fields, dict):
                 raise CBORDecodeError("payload is not a map")
         fields = fields_from_keys(mdef, raw_fields)
     except ProtocolError as e:
         e.type_id = type_id
         e.seq = seq
+        e.auth = auth
+        e.link = link
         raise
-    return Message(type_id, mdef[C.M_NAME], seq, fields, minor, FMT_CBOR)
+    return Message(type_id, mdef[C.M_NAME], seq, fields, minor, FMT_CBOR, auth, link)
 
 
-def decode_frame(data, accept=None):
-    """Decode one COBS frame (with or without its trailing 0x00)."""
+def decode_frame(data, accept=None, verifier=None):
+    """Decode one COBS frame (with or without its trailing 0x00); see decode_raw."""
     n = len(data)
     if n and data[n - 1] == DELIMITER:
         n -= 1
     raw = bytearray(n)
     m = cobs.decode_into(data, n, raw)
-    return decode_raw(raw, m, accept)
+    return decode_raw(raw, m, accept, verifier)
+
+
+# ----------------------------------------------------------------------------
+# Heartbeats without allocation
+
+_HB_DEF = C.by_type(C.T_HEARTBEAT)
+_SMALL_MIN = -0x40000000  # a MicroPython small int on a 32-bit MCU: -2**30 ..
+_SMALL_MAX = 0x3FFFFFFF  # .. 2**30 - 1
+_INT_KINDS = (C.K_UINT, C.K_INT, C.K_ENUM)
+
+
+class HeartbeatState:
+    """The last authenticated heartbeat, filled by :class:`StreamDecoder` in place.
+
+    Give one to ``StreamDecoder(heartbeat=..., verifier=...)``: a binary heartbeat
+    frame whose payload is a CBOR map of small uint keys (< 24) to integers is then
+    parsed straight into this object, its signature checked by the verifier, and no
+    Message is made: nothing is allocated on MicroPython. After ``feed`` the
+    application looks at ``pending``:
+
+    - ``pending``: True after each heartbeat frame taken this way (the application
+      clears it); ``seq``, ``minor``, ``auth`` (``protocol.sign.AUTH_*``) and ``link``
+      (-1 unsigned) describe that frame, whatever its signature;
+    - ``values`` (``array('i')``, indexed like the catalog's heartbeat fields) and
+      ``present`` (bit i = field i) are updated ONLY when ``auth`` is ``AUTH_OK``:
+      a forged, replayed, stale-nonce or unsigned heartbeat leaves them untouched.
+      A field absent from the latest accepted heartbeat keeps a stale value in
+      ``values``; ``present`` says which are current;
+    - ``wide`` (bitmask): fields of the latest accepted heartbeat that were on the
+      wire but hold a value of 2**30 or more, which is not a small int on a 32-bit
+      MCU: they are valid (the range check passes) but SKIPPED, not stored, and their
+      ``present`` bit is clear. In practice this is ``host_time`` (Unix seconds,
+      > 2**30 since 2004); a module that wants it must take it off the fast path.
+    - counters: ``taken`` (frames this path handled), ``accepted`` (``AUTH_OK``),
+      ``refused`` (any other auth), ``fallbacks`` (heartbeat frames it passed on).
+
+    Everything the fast path does not handle (a CRC error, a key or value outside the
+    small-int encodings, duplicate keys, a value out of range, trailing bytes, ...)
+    goes to the normal decoder, which allocates and gives the same accept/reject
+    verdict as a Message or BadFrame item; the signature is checked exactly once
+    either way.
+    """
+
+    def __init__(self):
+        fields = _HB_DEF[C.M_FIELDS]
+        n = len(fields)
+        self.n_fields = n
+        self.values = array("i", [0] * n)
+        self.present = 0
+        self.wide = 0
+        self.seq = 0
+        self.minor = 0
+        self.auth = AUTH_NONE
+        self.link = -1
+        self.pending = False
+        self.taken = 0
+        self.accepted = 0
+        self.refused = 0
+        self.fallbacks = 0
+        self._scratch = array("i", [0] * n)
+        self._lo = array("i", [0] * n)
+        self._hi = array("i", [0] * n)
+        self._index = bytearray(24)  # CBOR key -> field index + 1 (0: not a field)
+        ints = 0
+        wide_ok = 0
+        required = 0
+        i = 0
+        while i < n:
+            f = fields[i]
+            if f[C.F_KEY] < 24:
+                self._index[f[C.F_KEY]] = i + 1
+            lo = f[C.F_LO]
+            hi = f[C.F_HI]
+            if f[C.F_KIND] in _INT_KINDS:
+                ints |= 1 << i
+            if f[C.F_KIND] == C.K_UINT and (lo is None or lo < 0):
+                lo = 0
+            self._lo[i] = _SMALL_MIN if lo is None or lo < _SMALL_MIN else lo
+            self._hi[i] = _SMALL_MAX if hi is None or hi > _SMALL_MAX else hi
+            if hi is None or hi >= 0xFFFFFFFF:
+                wide_ok |= 1 << i  # any 4-byte uint fits its range
+            if f[C.F_REQUIRED]:
+                required |= 1 << i
+            i += 1
+        self._ints = ints
+        self._wide_ok = wide_ok
+        self._required = required
+
+    def fields(self):
+        """The present values as a name -> value dict (allocates; tests and hosts)."""
+        out = {}
+        fields = _HB_DEF[C.M_FIELDS]
+        i = 0
+        while i < self.n_fields:
+            if self.present & (1 << i):
+                out[fields[i][C.F_NAME]] = self.values[i]
+            i += 1
+        return out
+
+    def take(self, raw, n, verifier, accept):
+        """Handle the unstuffed frame ``raw[:n]`` if it is a heartbeat this path can
+        parse; True when it did (the state describes it), False to decode it the
+        normal way. Allocates nothing."""
+        if n < MIN_FRAME or raw[2] != C.T_HEARTBEAT or raw[0] != VERSION_MAJOR:
+            return False
+        if accept is not None and accept != C.H2D:
+            return False
+        self.fallbacks += 1  # undone below when the frame is taken
+        end = n
+        if raw[1] & FLAG_SIGNED:
+            end = n - TRAILER_LEN
+            if end < MIN_FRAME:
+                return False
+        if crc16(raw, 0, end - CRC_LEN) != (raw[end - 2] << 8) | raw[end - 1]:
+            return False
+        p = HEADER_LEN
+        pend = end - CRC_LEN
+        present = 0
+        wide = 0
+        if p < pend:
+            ib = raw[p]
+            p += 1
+            if ib < 0xA0 or ib > 0xB7:  # a map with fewer than 24 pairs
+                return False
+            count = ib - 0xA0
+            index = self._index
+            scratch = self._scratch
+            lo = self._lo
+            hi = self._hi
+            seen = 0
+            while count:
+                if p + 2 > pend:
+                    return False
+                k = raw[p]
+                if k >= 24 or seen & (1 << k):  # not a one-byte uint key, or a duplicate
+                    return False
+                seen |= 1 << k
+                ib = raw[p + 1]
+                p += 2
+                info = ib & 0x1F
+                big = False
+                if ib >= 0x40:  # major type 2..7: not an integer
+                    return False
+                if info < 24:
+                    v = info
+                elif info == 24:
+                    if p + 1 > pend:
+                        return False
+                    v = raw[p]
+                    p += 1
+                elif info == 25:
+                    if p + 2 > pend:
+                        return False
+                    v = (raw[p] << 8) | raw[p + 1]
+                    p += 2
+                elif info == 26:
+                    if p + 4 > pend:
+                        return False
+                    if raw[p] >= 0x40:
+                        big = True  # >= 2**30: not a small int on the MCU
+                        v = 0
+                    else:
+                        v = (raw[p] << 24) | (raw[p + 1] << 16) | (raw[p + 2] << 8) | raw[p + 3]
+                    p += 4
+                else:
+                    return False  # 8-byte or reserved argument
+                if ib >= 0x20:
+                    v = -1 - v
+                fi = index[k] - 1
+                if fi >= 0:  # unknown keys (a newer minor's fields) are ignored
+                    bit = 1 << fi
+                    if not self._ints & bit:
+                        return False
+                    if big:
+                        if ib >= 0x20 or not self._wide_ok & bit:
+                            return False
+                        wide |= bit
+                    else:
+                        if v < lo[fi] or v > hi[fi]:
+                            return False
+                        scratch[fi] = v
+                        present |= bit
+                count -= 1
+            if p != pend:
+                return False
+        if self._required & ~(present | wide):
+            return False
+        # The frame is valid: the signature is checked now, exactly once.
+        self.fallbacks -= 1
+        if end != n:
+            self.link = raw[end]
+            self.auth = AUTH_UNCHECKED if verifier is None else verifier.verify(raw, n)
+        else:
+            self.link = -1
+            self.auth = AUTH_NONE
+        self.seq = (raw[3] << 8) | raw[4]
+        self.minor = raw[1] & MINOR_MASK
+        self.pending = True
+        self.taken += 1
+        if self.auth != AUTH_OK:
+            self.refused += 1
+            return True
+        values = self.values
+        scratch = self._scratch
+        i = 0
+        while i < self.n_fields:
+            if present & (1 << i):
+                values[i] = scratch[i]
+            i += 1
+        self.present = present
+        self.wide = wide
+        self.accepted += 1
+        return True
 
 
 # stream decoder states
@@ -203,22 +459,49 @@ ERROR_KINDS = (
 )
 
 
+class _Sink:
+    """Stands in for the output list when ``feed`` is given a sink: ``append`` hands
+    the item on, so the decoder's internals work the same either way."""
+
+    def __init__(self):
+        self.fn = None
+
+    def append(self, item):
+        self.fn(item)
+
+
 class StreamDecoder:
     """Turns a byte stream into messages; never raises on any input.
 
     ``feed(data)`` returns a list of Message (``.ok`` True) and BadFrame (``.ok``
     False) items in stream order. Every rejected frame is counted in ``errors`` by
-    kind; ``frames`` counts good ones. Memory is bounded: a frame longer than
-    ``max_frame`` (after stuffing) or a text line longer than ``max_line`` is dropped
-    up to the next delimiter and counted once as ``oversize``.
+    kind; ``frames`` counts good ones (heartbeats taken by the fast path included),
+    ``bytes`` the bytes fed (wrapping at 2**30, a small int on the MCU). Memory is
+    bounded: a frame longer than ``max_frame`` (after stuffing) or a text line longer
+    than ``max_line`` is dropped up to the next delimiter and counted once as
+    ``oversize``.
+
+    ``verifier`` (a :class:`protocol.sign.Verifier`, the module's) checks every signed
+    frame and line; without one a signed message is ``AUTH_UNCHECKED`` (the host, which
+    verifies nothing). ``heartbeat`` (a :class:`HeartbeatState`, which needs the
+    verifier) turns on the allocation-free heartbeat path.
     """
 
-    def __init__(self, max_frame=MAX_FRAME, max_line=MAX_LINE, accept=None):
+    def __init__(
+        self, max_frame=MAX_FRAME, max_line=MAX_LINE, accept=None, verifier=None, heartbeat=None
+    ):
+        if heartbeat is not None and verifier is None:
+            raise ValueError(
+                "a HeartbeatState needs a verifier: its values are used only when signed"
+            )
         self.max_encoded = cobs.max_encoded_len(max_frame)
         self.max_line = max_line
         self.accept = accept
+        self.verifier = verifier
+        self.heartbeat = heartbeat
         self._buf = bytearray(max(self.max_encoded, max_line) + 1)
         self._raw = bytearray(max_frame)
+        self._sink = _Sink()
         self._n = 0
         self._state = _IDLE
         self._discard_text = False
@@ -240,19 +523,35 @@ class StreamDecoder:
             t += self.errors[k]
         return t
 
-    def feed(self, data):
-        out = []
-        self.bytes += len(data)
+    def feed(self, data, n=None, sink=None):
+        """Decode ``data[:n]`` (all of it when ``n`` is None).
+
+        Without ``sink``: returns the list of items. With ``sink`` (a callable) each
+        item is passed to ``sink(item)`` as it is decoded and None is returned; this is
+        the module's mode: no list, no slicing, and with a :class:`HeartbeatState` a
+        signed heartbeat allocates nothing on MicroPython. Hand the same preallocated
+        receive buffer every time, and a sink bound once (``self._on_item =
+        self.on_item`` in ``__init__``: naming a bound method allocates it anew).
+        """
+        if sink is None:
+            out = []
+        else:
+            out = self._sink
+            out.fn = sink
+        end = len(data)
+        if n is not None and n < end:
+            end = n
+        room = 0x3FFFFFFF - self.bytes  # wrap without ever holding 2**30 (a big int)
+        self.bytes = end - room - 1 if end > room else self.bytes + end
         buf = self._buf
         i = 0
-        end = len(data)
         has_find = hasattr(data, "find")
         while i < end:
             state = self._state
             if state == _BIN:
                 # fast path: copy up to the next delimiter in one go
                 if has_find:
-                    stop = data.find(b"\x00", i)
+                    stop = data.find(b"\x00", i, end)
                     if stop < 0:
                         stop = end
                 else:
@@ -264,8 +563,16 @@ class StreamDecoder:
                     self._overflow(out, False)
                     i = stop
                     continue
-                buf[self._n : self._n + count] = data[i:stop]
-                self._n += count
+                if sink is None:
+                    buf[self._n : self._n + count] = data[i:stop]
+                    self._n += count
+                else:  # no slice: a slice allocates on MicroPython
+                    k = self._n
+                    while i < stop:
+                        buf[k] = data[i]
+                        k += 1
+                        i += 1
+                    self._n = k
                 i = stop
                 if i < end:  # at the delimiter
                     i += 1
@@ -327,7 +634,10 @@ class StreamDecoder:
                 continue
             buf[self._n] = b
             self._n += 1
-        return out
+        if sink is None:
+            return out
+        out.fn = None
+        return None
 
     def _overflow(self, out, text):
         self.errors["oversize"] += 1
@@ -339,23 +649,26 @@ class StreamDecoder:
 
     def _reject(self, out, err, fmt):
         kind = err.kind
-        if kind == "protocol":  # pragma: no cover - every subclass names its kind
+        if kind not in self.errors:  # pragma: no cover - every decode error has a kind
             kind = "undecodable"
         self.errors[kind] += 1
         code = getattr(err, "code", None)
         if code is None:
             code = _CODE_BY_KIND.get(kind, C.ERR_MALFORMED)
-        out.append(
-            BadFrame(
-                kind,
-                str(err),
-                code,
-                getattr(err, "type_id", 0),
-                getattr(err, "seq", 0),
-                getattr(err, "field", None),
-                fmt,
-            )
+        bad = BadFrame(
+            kind,
+            str(err),
+            code,
+            getattr(err, "type_id", 0),
+            getattr(err, "seq", 0),
+            getattr(err, "field", None),
+            fmt,
         )
+        auth = getattr(err, "auth", AUTH_NONE)
+        if auth != AUTH_NONE:
+            bad.auth = auth
+            bad.link = err.link
+        out.append(bad)
 
     def _end_binary(self, out):
         n = self._n
@@ -363,7 +676,11 @@ class StreamDecoder:
         self._state = _IDLE
         try:
             m = cobs.decode_into(self._buf, n, self._raw)
-            msg = decode_raw(self._raw, m, self.accept)
+            hb = self.heartbeat
+            if hb is not None and hb.take(self._raw, m, self.verifier, self.accept):
+                self.frames += 1
+                return
+            msg = decode_raw(self._raw, m, self.accept, self.verifier)
         except ProtocolError as e:
             self._reject(out, e, FMT_CBOR)
             return
@@ -391,7 +708,7 @@ class StreamDecoder:
             out.append(BadFrame("noise", "text line that is not a JSON object", fmt=FMT_JSON))
             return
         try:
-            msg = jsonl.decode_line(bytes(buf[s:e]), self.accept)
+            msg = jsonl.decode_line(bytes(buf[s:e]), self.accept, self.verifier)
         except ProtocolError as e:
             self._reject(out, e, FMT_JSON)
             return

@@ -4,7 +4,8 @@ One message per line, a flat JSON object, compact, ASCII only::
 
     {"type":"telemetry","v":"1.0","seq":7,"state":"HOSTED","temp_gpu":72.3,"fan1_rpm":2850,"v_in":11.92}
 
-``type``, ``v`` (protocol version "major.minor") and ``seq`` are the header; every
+``type``, ``v`` (protocol version "major.minor") and ``seq`` are the header, followed
+in a signed line by ``link``, ``ts`` and ``sig`` (:func:`binary_equivalent`); every
 other key is a field of the catalog. Values are in display units: fields with a
 fixed-point scale (milli-degC, mV, mA, mW, duty) appear as decimal numbers in degC, V,
 A, W and percent; enumerations appear as names. On input ``v`` and ``seq`` may be
@@ -16,10 +17,36 @@ interpreters emit the same bytes.
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, jsonparse
 from protocol import catalog as C
-from protocol.errors import CBORDecodeError, FieldError, UnknownTypeError, VersionError
-from protocol.message import FMT_JSON, Message, check_required, check_seq, check_value, lookup
+from protocol.crc import crc16
+from protocol.errors import (
+    CBORDecodeError,
+    CBOREncodeError,
+    FieldError,
+    UnknownTypeError,
+    VersionError,
+)
+from protocol.message import (
+    FMT_JSON,
+    Message,
+    check_required,
+    check_seq,
+    check_value,
+    encode_payload,
+    lookup,
+)
+from protocol.sign import (
+    AUTH_NONE,
+    AUTH_UNCHECKED,
+    FLAG_SIGNED,
+    SIG_LEN,
+    TRAILER_LEN,
+    TS_LEN,
+    TS_MAX,
+)
 
-HEADER_KEYS = ("type", "v", "seq")
+HEADER_KEYS = ("type", "v", "seq", "link", "ts", "sig")
+SIGNATURE_KEYS = ("link", "ts", "sig")
+_HEX = "0123456789abcdef"
 _POW10 = (1, 10, 100, 1000, 10000, 100000, 1000000)
 
 
@@ -167,8 +194,39 @@ def field_from_json(fdef, value):
     return value
 
 
-def encode_line(type_or_name, fields=None, seq=0, minor=VERSION_MINOR):
-    """One message as a JSON line (bytes, ending in a newline)."""
+def binary_equivalent(mdef, seq, minor, fields):
+    """The unstuffed signed frame, header through CRC, that a JSON line stands for.
+
+    A signed line's signature is the one its binary twin would carry: over
+    ``nonce || major, minor | FLAG_SIGNED, type, seq BE, canonical CBOR payload of the
+    wire values (exactly :func:`protocol.message.encode_payload`), CRC, link, ts BE``.
+    So a line and a frame with the same fields verify with the same Verifier.
+    Raises CBORDecodeError when the values have no CBOR form (nesting deeper than 8).
+    """
+    try:
+        payload = encode_payload(mdef, fields)
+    except CBOREncodeError as e:
+        raise CBORDecodeError("no binary equivalent to sign: %s" % (e,)) from None
+    n = 5 + len(payload)
+    raw = bytearray(n + 2)
+    raw[0] = VERSION_MAJOR
+    raw[1] = minor | FLAG_SIGNED
+    raw[2] = mdef[C.M_TYPE]
+    raw[3] = seq >> 8
+    raw[4] = seq & 0xFF
+    raw[5:n] = payload
+    crc = crc16(raw, 0, n)
+    raw[n] = crc >> 8
+    raw[n + 1] = crc & 0xFF
+    return raw
+
+
+def encode_line(type_or_name, fields=None, seq=0, minor=VERSION_MINOR, signer=None):
+    """One message as a JSON line (bytes, ending in a newline).
+
+    With ``signer`` (a :class:`protocol.sign.Signer` holding the module's nonce) the
+    line carries ``link``, ``ts`` and ``sig`` after ``seq``.
+    """
     mdef = lookup(type_or_name)
     fields = fields or {}
     check_seq(seq)
@@ -183,12 +241,81 @@ def encode_line(type_or_name, fields=None, seq=0, minor=VERSION_MINOR):
         _escape(mdef[C.M_NAME]),
         ',"v":"%d.%d","seq":%d' % (VERSION_MAJOR, minor, seq),
     ]
+    if signer is not None:
+        if not 0 <= minor <= 0x7F:
+            raise FieldError(
+                "minor %d does not fit beside the signed flag" % minor, C.ERR_OUT_OF_RANGE, "v"
+            )
+        t = signer.trailer(bytes(binary_equivalent(mdef, seq, minor, fields)))
+        ts = 0
+        i = 1
+        while i <= TS_LEN:
+            ts = (ts << 8) | t[i]
+            i += 1
+        parts.append(
+            ',"link":%d,"ts":%d,"sig":"%s"' % (t[0], ts, _hexstr(t, 1 + TS_LEN, TRAILER_LEN))
+        )
     for fdef in mdef[C.M_FIELDS]:
         name = fdef[C.F_NAME]
         if name in fields:
             parts.append(',"%s":%s' % (name, field_to_json(fdef, fields[name])))
     parts.append("}\n")
     return "".join(parts).encode()
+
+
+def _hexstr(b, start, end):
+    out = []
+    i = start
+    while i < end:
+        out.append("%02x" % b[i])
+        i += 1
+    return "".join(out)
+
+
+def _int_key(obj, key, hi):
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise FieldError("%s must be an integer" % key, C.ERR_BAD_TYPE, key)
+    if not 0 <= v <= hi:
+        raise FieldError("%s must be 0..%d" % (key, hi), C.ERR_OUT_OF_RANGE, key)
+    return v
+
+
+def _signature(obj):
+    """(link, ts, sig bytes) of a line with signature keys, else None; FieldError
+    (invalid) names the key that is missing or malformed."""
+    have = 0
+    for key in SIGNATURE_KEYS:
+        if key in obj:
+            have += 1
+    if not have:
+        return None
+    for key in SIGNATURE_KEYS:
+        if key not in obj:
+            raise FieldError(
+                "a signed line needs link, ts and sig: %s is missing" % key,
+                C.ERR_MISSING_FIELD,
+                key,
+            )
+    link = _int_key(obj, "link", 0xFF)
+    ts = _int_key(obj, "ts", TS_MAX)
+    sig = obj["sig"]
+    if not isinstance(sig, str) or len(sig) != 2 * SIG_LEN:
+        raise FieldError(
+            "sig must be %d lowercase hex digits" % (2 * SIG_LEN), C.ERR_BAD_TYPE, "sig"
+        )
+    raw = bytearray(SIG_LEN)
+    i = 0
+    while i < SIG_LEN:
+        hi = _HEX.find(sig[2 * i])
+        lo = _HEX.find(sig[2 * i + 1])
+        if hi < 0 or lo < 0:
+            raise FieldError(
+                "sig must be %d lowercase hex digits" % (2 * SIG_LEN), C.ERR_BAD_TYPE, "sig"
+            )
+        raw[i] = (hi << 4) | lo
+        i += 1
+    return link, ts, raw
 
 
 def _parse_version(v):
@@ -205,8 +332,13 @@ def _parse_version(v):
     raise FieldError('v must look like "1.0"', C.ERR_BAD_TYPE, "v")
 
 
-def decode_line(line, accept=None):
-    """Decode one JSON line (bytes or str, without the newline) into a Message."""
+def decode_line(line, accept=None, verifier=None):
+    """Decode one JSON line (bytes or str, without the newline) into a Message.
+
+    A line with ``link``/``ts``/``sig`` is signed: with ``verifier`` its signature is
+    checked over :func:`binary_equivalent` once the fields are validated (``auth`` of
+    the Message, an ``AUTH_*``); without one it is ``AUTH_UNCHECKED``.
+    """
     try:
         obj = jsonparse.loads(line)  # strict: depth 8, no duplicate keys (SPEC 7.4)
     except jsonparse.JSONError as e:
@@ -236,10 +368,17 @@ def decode_line(line, accept=None):
         err = UnknownTypeError("unknown message type %r" % (t,))
         err.seq = seq
         raise err
+    auth = AUTH_NONE
+    link = -1
     try:
         if accept is not None and mdef[C.M_DIR] != accept:
             raise FieldError(
                 "%s is not accepted in this direction" % mdef[C.M_NAME], C.ERR_DIRECTION
+            )
+        signature = _signature(obj)
+        if signature is not None and not 0 <= minor <= 0x7F:
+            raise FieldError(
+                "a signed line's minor version must be 0..127", C.ERR_OUT_OF_RANGE, "v"
             )
         fields = {}
         for fdef in mdef[C.M_FIELDS]:
@@ -249,8 +388,22 @@ def decode_line(line, accept=None):
                 check_value(fdef, value)
                 fields[name] = value
         check_required(mdef, fields)
-    except FieldError as e:
+        if signature is not None:
+            link = signature[0]
+            if verifier is None:
+                auth = AUTH_UNCHECKED
+            else:
+                raw = binary_equivalent(mdef, seq, minor, fields)
+                raw.append(link)
+                ts = signature[1]
+                i = TS_LEN - 1
+                while i >= 0:
+                    raw.append((ts >> (8 * i)) & 0xFF)
+                    i -= 1
+                raw.extend(signature[2])
+                auth = verifier.verify(raw, len(raw))
+    except (FieldError, CBORDecodeError) as e:
         e.type_id = mdef[C.M_TYPE]
         e.seq = seq
         raise
-    return Message(mdef[C.M_TYPE], mdef[C.M_NAME], seq, fields, minor, FMT_JSON)
+    return Message(mdef[C.M_TYPE], mdef[C.M_NAME], seq, fields, minor, FMT_JSON, auth, link)

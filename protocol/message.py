@@ -1,24 +1,34 @@
 """Decoded messages, rejected frames, and field validation against the catalog."""
 
 from protocol import catalog as C
+from protocol import cbor
 from protocol.errors import FieldError, UnknownTypeError
+from protocol.sign import AUTH_NONE
 
 FMT_CBOR = "cbor"
 FMT_JSON = "json"
 
 
 class Message:
-    """One valid message. ``fields`` maps field names to wire values (fixed point ints)."""
+    """One valid message. ``fields`` maps field names to wire values (fixed point ints).
+
+    ``auth`` is the outcome of its signature check (``protocol.sign.AUTH_*``:
+    ``AUTH_NONE`` when it was not signed) and ``link`` the signer's link id (-1 when
+    unsigned). A message with a bad or replayed signature is still a Message: the
+    application decides, and answers ``nack unauthorized`` with its seq and type.
+    """
 
     ok = True
 
-    def __init__(self, type_id, name, seq, fields, minor=0, fmt=FMT_CBOR):
+    def __init__(self, type_id, name, seq, fields, minor=0, fmt=FMT_CBOR, auth=AUTH_NONE, link=-1):
         self.type = type_id
         self.name = name
         self.seq = seq
         self.fields = fields
         self.minor = minor
         self.fmt = fmt
+        self.auth = auth
+        self.link = link
 
     def get(self, name, default=None):
         return self.fields.get(name, default)
@@ -40,9 +50,13 @@ class BadFrame:
 
     ``type`` and ``seq`` are filled in when the header could be read (so a NACK can
     reference the command), else they are 0. ``code`` is the NACK error code.
+    ``auth``/``link`` are the signature check's outcome when the frame got that far
+    (signatures are checked right after the version), else ``AUTH_NONE``/-1.
     """
 
     ok = False
+    auth = AUTH_NONE
+    link = -1
 
     def __init__(
         self, kind, detail, code=C.ERR_MALFORMED, type_id=0, seq=0, field=None, fmt=FMT_CBOR
@@ -146,6 +160,21 @@ def check_required(mdef, fields):
             raise FieldError(
                 "%s is required in %s" % (name, mdef[C.M_NAME]), C.ERR_MISSING_FIELD, name
             )
+
+
+def encode_payload(mdef, fields):
+    """CBOR map with integer keys, in key order; empty bytes when there are no fields.
+
+    The payload of a binary frame, and what a signed JSON line's signature covers.
+    """
+    if not fields:
+        return b""
+    keyed = {}
+    for fdef in mdef[C.M_FIELDS]:
+        name = fdef[C.F_NAME]
+        if name in fields:
+            keyed[fdef[C.F_KEY]] = fields[name]
+    return cbor.dumps(keyed)
 
 
 def fields_from_keys(mdef, raw):

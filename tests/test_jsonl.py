@@ -373,7 +373,7 @@ def test_decode_line_direction_unknown_keys_and_ranges():
 
 
 def test_header_keys_never_collide_with_fields():
-    assert jsonl.HEADER_KEYS == ("type", "v", "seq")
+    assert jsonl.HEADER_KEYS == ("type", "v", "seq", "link", "ts", "sig")
     for mdef in C.MESSAGES:
         for fdef in mdef[C.M_FIELDS]:
             assert fdef[C.F_NAME] not in jsonl.HEADER_KEYS, (mdef[C.M_NAME], fdef[C.F_NAME])

@@ -237,10 +237,15 @@ def test_unknown_fields_ignored_on_decode():
 
 
 def test_higher_minor_accepted():
-    for minor in (1, 7, 255):
+    for minor in (1, 7, 127):
         data = F.encode_frame("heartbeat", {"gpu_temp": 50000}, 1, minor=minor)
         msg = F.decode_frame(data)
         assert msg.minor == minor and msg.fields == {"gpu_temp": 50000}
+    # bit 7 of byte 1 is the signed flag, not part of the minor: an unsigned frame
+    # with it set claims a trailer it does not have
+    data = F.encode_frame("heartbeat", {"gpu_temp": 50000}, 1, minor=0xFF)
+    with raises((CRCError, FrameError)):
+        F.decode_frame(data)
 
 
 def test_other_major_refused():

@@ -1,0 +1,323 @@
+"""SHA-256 (FIPS 180-4) in pure Python that allocates nothing on MicroPython.
+
+Written for the module's signature check (:mod:`protocol.sign`), which runs inside the
+receive path of the control loop. The same file runs unchanged on CPython (where the
+host uses it in tests; ``hashlib`` is faster there) and on MicroPython.
+
+Why it looks the way it does: on a 32-bit MCU a MicroPython small int holds 31 bits
+(+-2**30); a 32-bit word would silently become a heap-allocated big int. So every
+32-bit word is kept as two 16-bit halves (``hi``, ``lo``) and every intermediate stays
+below 2**20:
+
+- the state (8 words) and the message schedule (64 words) live in ``array('H')``
+  buffers allocated once in ``__init__``; the round constants in a module-level one;
+- a right rotation by ``n`` of ``(hi, lo)`` is ``lo' = (lo >> n) | ((hi & (2**n-1))
+  << (16-n))`` (and the same with hi/lo swapped): the mask comes BEFORE the left
+  shift, so nothing grows past 16 bits; a rotation by 16 + n swaps the halves;
+- additions are done on the halves, the low sum's carry added to the high sum, then
+  both masked to 16 bits;
+- no slicing, no ``bytes()``, no tuples, no floats, no generators on the hot path:
+  ``update_from`` reads whole 64-byte blocks straight from the caller's buffer and
+  copies only a partial block into a preallocated 64-byte buffer.
+
+>>> h = Sha256()
+>>> h.update_from(b"abc", 0, 3)
+>>> out = bytearray(32)
+>>> h.digest_into(out, 0)
+>>> bytes(out).hex()[:16]
+'ba7816bf8f01cfea'
+"""
+
+from array import array
+
+DIGEST_LEN = 32
+BLOCK_LEN = 64
+
+# Round constants K[0..63] as (hi, lo) halves, interleaved: K[t] = _K[2t] << 16 | _K[2t+1].
+_K = array(
+    "H",
+    [
+        0x428A, 0x2F98, 0x7137, 0x4491, 0xB5C0, 0xFBCF, 0xE9B5, 0xDBA5,
+        0x3956, 0xC25B, 0x59F1, 0x11F1, 0x923F, 0x82A4, 0xAB1C, 0x5ED5,
+        0xD807, 0xAA98, 0x1283, 0x5B01, 0x2431, 0x85BE, 0x550C, 0x7DC3,
+        0x72BE, 0x5D74, 0x80DE, 0xB1FE, 0x9BDC, 0x06A7, 0xC19B, 0xF174,
+        0xE49B, 0x69C1, 0xEFBE, 0x4786, 0x0FC1, 0x9DC6, 0x240C, 0xA1CC,
+        0x2DE9, 0x2C6F, 0x4A74, 0x84AA, 0x5CB0, 0xA9DC, 0x76F9, 0x88DA,
+        0x983E, 0x5152, 0xA831, 0xC66D, 0xB003, 0x27C8, 0xBF59, 0x7FC7,
+        0xC6E0, 0x0BF3, 0xD5A7, 0x9147, 0x06CA, 0x6351, 0x1429, 0x2967,
+        0x27B7, 0x0A85, 0x2E1B, 0x2138, 0x4D2C, 0x6DFC, 0x5338, 0x0D13,
+        0x650A, 0x7354, 0x766A, 0x0ABB, 0x81C2, 0xC92E, 0x9272, 0x2C85,
+        0xA2BF, 0xE8A1, 0xA81A, 0x664B, 0xC24B, 0x8B70, 0xC76C, 0x51A3,
+        0xD192, 0xE819, 0xD699, 0x0624, 0xF40E, 0x3585, 0x106A, 0xA070,
+        0x19A4, 0xC116, 0x1E37, 0x6C08, 0x2748, 0x774C, 0x34B0, 0xBCB5,
+        0x391C, 0x0CB3, 0x4ED8, 0xAA4A, 0x5B9C, 0xCA4F, 0x682E, 0x6FF3,
+        0x748F, 0x82EE, 0x78A5, 0x636F, 0x84C8, 0x7814, 0x8CC7, 0x0208,
+        0x90BE, 0xFFFA, 0xA450, 0x6CEB, 0xBEF9, 0xA3F7, 0xC671, 0x78F2,
+    ],
+)  # fmt: skip
+
+# Initial hash value H(0), as (hi, lo) halves.
+_H0 = array(
+    "H",
+    [
+        0x6A09, 0xE667, 0xBB67, 0xAE85, 0x3C6E, 0xF372, 0xA54F, 0xF53A,
+        0x510E, 0x527F, 0x9B05, 0x688C, 0x1F83, 0xD9AB, 0x5BE0, 0xCD19,
+    ],
+)  # fmt: skip
+
+
+class Sha256:
+    """Incremental SHA-256 over caller-owned buffers; no allocation after ``__init__``.
+
+    ``update_from(buf, start, end)`` hashes ``buf[start:end]`` (bytes, bytearray or
+    memoryview, any length); ``digest_into(out, off)`` writes the 32-byte digest into
+    ``out[off:off+32]`` and finalises the object (``reset()`` or ``copy_from()``
+    before the next message). ``copy_from(other)`` copies another hash's state, e.g.
+    an HMAC key's precomputed inner and outer states. The total message length is
+    limited to 2**26 bytes (its bit count must stay a small int on the MCU).
+    """
+
+    def __init__(self):
+        self._h = array("H", _H0)  # state: 8 words as hi, lo halves
+        self._wh = array("H", bytes(128))  # schedule W[0..63], high halves
+        self._wl = array("H", bytes(128))  # ... low halves
+        self._block = bytearray(BLOCK_LEN)  # a partial block waiting for more bytes
+        self._n = 0  # bytes in _block
+        self._count = 0  # message bytes hashed so far
+        self._done = False
+
+    def reset(self):
+        """Start a new message."""
+        h = self._h
+        i = 0
+        while i < 16:
+            h[i] = _H0[i]
+            i += 1
+        self._n = 0
+        self._count = 0
+        self._done = False
+
+    def copy_from(self, other):
+        """Make this hash a copy of ``other``'s state (no allocation)."""
+        h = self._h
+        oh = other._h
+        i = 0
+        while i < 16:
+            h[i] = oh[i]
+            i += 1
+        n = other._n
+        blk = self._block
+        ob = other._block
+        i = 0
+        while i < n:
+            blk[i] = ob[i]
+            i += 1
+        self._n = n
+        self._count = other._count
+        self._done = other._done
+
+    def update_from(self, buf, start, end):
+        """Hash ``buf[start:end]``; whole blocks are read in place, never copied."""
+        if self._done:
+            raise ValueError("digest_into() finalised this hash: reset() it first")
+        if end <= start:
+            return
+        self._count += end - start
+        if self._count > 0x3FFFFFF:
+            raise ValueError("message longer than 2**26 bytes")
+        i = start
+        n = self._n
+        blk = self._block
+        if n:
+            while n < BLOCK_LEN and i < end:
+                blk[n] = buf[i]
+                n += 1
+                i += 1
+            if n < BLOCK_LEN:
+                self._n = n
+                return
+            self._compress(blk, 0)
+            n = 0
+        while end - i >= BLOCK_LEN:
+            self._compress(buf, i)
+            i += BLOCK_LEN
+        while i < end:
+            blk[n] = buf[i]
+            n += 1
+            i += 1
+        self._n = n
+
+    def digest_into(self, out, off):
+        """Pad, finish, and write the 32-byte digest at ``out[off]``; finalises."""
+        if self._done:
+            raise ValueError("digest_into() finalised this hash: reset() it first")
+        blk = self._block
+        n = self._n
+        blk[n] = 0x80
+        n += 1
+        if n > 56:
+            while n < BLOCK_LEN:
+                blk[n] = 0
+                n += 1
+            self._compress(blk, 0)
+            n = 0
+        while n < 56:
+            blk[n] = 0
+            n += 1
+        # the message length in bits, u64 big-endian; count < 2**26 so bits < 2**29
+        c = self._count
+        blk[56] = 0
+        blk[57] = 0
+        blk[58] = 0
+        blk[59] = 0
+        blk[60] = (c >> 21) & 0xFF
+        blk[61] = (c >> 13) & 0xFF
+        blk[62] = (c >> 5) & 0xFF
+        blk[63] = (c << 3) & 0xFF
+        self._compress(blk, 0)
+        h = self._h
+        i = 0
+        while i < 16:
+            v = h[i]
+            out[off] = v >> 8
+            out[off + 1] = v & 0xFF
+            off += 2
+            i += 1
+        self._n = 0
+        self._done = True
+
+    def _compress(self, buf, off):
+        """One 64-byte block ``buf[off:off+64]`` into the state."""
+        wh = self._wh
+        wl = self._wl
+        t = 0
+        while t < 16:
+            wh[t] = (buf[off] << 8) | buf[off + 1]
+            wl[t] = (buf[off + 2] << 8) | buf[off + 3]
+            off += 4
+            t += 1
+        while t < 64:
+            # s0 = rotr7(x) ^ rotr18(x) ^ shr3(x), x = W[t-15]
+            xh = wh[t - 15]
+            xl = wl[t - 15]
+            s0h = ((xh >> 7) | ((xl & 0x7F) << 9)) ^ ((xl >> 2) | ((xh & 0x3) << 14)) ^ (xh >> 3)
+            s0l = (
+                ((xl >> 7) | ((xh & 0x7F) << 9))
+                ^ ((xh >> 2) | ((xl & 0x3) << 14))
+                ^ ((xl >> 3) | ((xh & 0x7) << 13))
+            )
+            # s1 = rotr17(x) ^ rotr19(x) ^ shr10(x), x = W[t-2]
+            xh = wh[t - 2]
+            xl = wl[t - 2]
+            s1h = ((xl >> 1) | ((xh & 0x1) << 15)) ^ ((xl >> 3) | ((xh & 0x7) << 13)) ^ (xh >> 10)
+            s1l = (
+                ((xh >> 1) | ((xl & 0x1) << 15))
+                ^ ((xh >> 3) | ((xl & 0x7) << 13))
+                ^ ((xl >> 10) | ((xh & 0x3FF) << 6))
+            )
+            lo = s1l + wl[t - 7] + s0l + wl[t - 16]
+            wh[t] = (s1h + wh[t - 7] + s0h + wh[t - 16] + (lo >> 16)) & 0xFFFF
+            wl[t] = lo & 0xFFFF
+            t += 1
+
+        hs = self._h
+        ah = hs[0]
+        al = hs[1]
+        bh = hs[2]
+        bl = hs[3]
+        ch = hs[4]
+        cl = hs[5]
+        dh = hs[6]
+        dl = hs[7]
+        eh = hs[8]
+        el = hs[9]
+        fh = hs[10]
+        fl = hs[11]
+        gh = hs[12]
+        gl = hs[13]
+        hh = hs[14]
+        hl = hs[15]
+        k = _K
+        t = 0
+        while t < 64:
+            # S1 = rotr6(e) ^ rotr11(e) ^ rotr25(e)
+            s1h = (
+                ((eh >> 6) | ((el & 0x3F) << 10))
+                ^ ((eh >> 11) | ((el & 0x7FF) << 5))
+                ^ ((el >> 9) | ((eh & 0x1FF) << 7))
+            )
+            s1l = (
+                ((el >> 6) | ((eh & 0x3F) << 10))
+                ^ ((el >> 11) | ((eh & 0x7FF) << 5))
+                ^ ((eh >> 9) | ((el & 0x1FF) << 7))
+            )
+            # T1 = h + S1 + Ch(e, f, g) + K[t] + W[t], halves not yet carried/masked
+            t1l = hl + s1l + (gl ^ (el & (fl ^ gl))) + k[2 * t + 1] + wl[t]
+            t1h = hh + s1h + (gh ^ (eh & (fh ^ gh))) + k[2 * t] + wh[t]
+            # S0 = rotr2(a) ^ rotr13(a) ^ rotr22(a)
+            s0h = (
+                ((ah >> 2) | ((al & 0x3) << 14))
+                ^ ((ah >> 13) | ((al & 0x1FFF) << 3))
+                ^ ((al >> 6) | ((ah & 0x3F) << 10))
+            )
+            s0l = (
+                ((al >> 2) | ((ah & 0x3) << 14))
+                ^ ((al >> 13) | ((ah & 0x1FFF) << 3))
+                ^ ((ah >> 6) | ((al & 0x3F) << 10))
+            )
+            # T2 = S0 + Maj(a, b, c)
+            t2l = s0l + ((al & bl) | (cl & (al | bl)))
+            t2h = s0h + ((ah & bh) | (ch & (ah | bh)))
+            hh = gh
+            hl = gl
+            gh = fh
+            gl = fl
+            fh = eh
+            fl = el
+            lo = dl + t1l
+            eh = (dh + t1h + (lo >> 16)) & 0xFFFF
+            el = lo & 0xFFFF
+            dh = ch
+            dl = cl
+            ch = bh
+            cl = bl
+            bh = ah
+            bl = al
+            lo = t1l + t2l
+            ah = (t1h + t2h + (lo >> 16)) & 0xFFFF
+            al = lo & 0xFFFF
+            t += 1
+
+        lo = hs[1] + al
+        hs[0] = (hs[0] + ah + (lo >> 16)) & 0xFFFF
+        hs[1] = lo & 0xFFFF
+        lo = hs[3] + bl
+        hs[2] = (hs[2] + bh + (lo >> 16)) & 0xFFFF
+        hs[3] = lo & 0xFFFF
+        lo = hs[5] + cl
+        hs[4] = (hs[4] + ch + (lo >> 16)) & 0xFFFF
+        hs[5] = lo & 0xFFFF
+        lo = hs[7] + dl
+        hs[6] = (hs[6] + dh + (lo >> 16)) & 0xFFFF
+        hs[7] = lo & 0xFFFF
+        lo = hs[9] + el
+        hs[8] = (hs[8] + eh + (lo >> 16)) & 0xFFFF
+        hs[9] = lo & 0xFFFF
+        lo = hs[11] + fl
+        hs[10] = (hs[10] + fh + (lo >> 16)) & 0xFFFF
+        hs[11] = lo & 0xFFFF
+        lo = hs[13] + gl
+        hs[12] = (hs[12] + gh + (lo >> 16)) & 0xFFFF
+        hs[13] = lo & 0xFFFF
+        lo = hs[15] + hl
+        hs[14] = (hs[14] + hh + (lo >> 16)) & 0xFFFF
+        hs[15] = lo & 0xFFFF
+
+
+def sha256(data):
+    """Digest of ``data`` as bytes (allocates; for tests and tools)."""
+    h = Sha256()
+    h.update_from(data, 0, len(data))
+    out = bytearray(DIGEST_LEN)
+    h.digest_into(out, 0)
+    return bytes(out)

@@ -1,0 +1,312 @@
+"""Signed commands: HMAC-SHA256 truncated to 48 bits, the MAVLink 2 signing model.
+
+A signed frame carries a 13-byte trailer after its CRC (SPEC.md section 14.1)::
+
+    link u8 | timestamp u48 BE | signature 6 bytes
+
+    signature = first 6 bytes of HMAC-SHA256(key, nonce || frame[0 : n-6])
+
+where ``frame[0 : n-6]`` is every unstuffed byte from the header (with the signed
+flag) through the timestamp, and ``nonce`` is the 8 random bytes the module drew at
+boot and announced in ``hello.nonce``: a frame recorded in an earlier boot never
+verifies again. The timestamp counts 10 microsecond units since 2015-01-01 00:00 UTC
+(MAVLink's); per link (``link & 7``) the module accepts only a timestamp greater than
+the last one it accepted, so a replay in the same boot is refused too.
+
+Module side, allocation-free (the receive path runs inside the control loop):
+:class:`Mac` (HMAC with the key's inner and outer states precomputed once) and
+:class:`Verifier` (``verify(raw, n)`` returns one of the ``AUTH_*`` codes). Host
+side, free to allocate: :class:`Signer`, :func:`new_key`, :func:`load_key_file`.
+"""
+
+from protocol.errors import ProtocolError
+from protocol.sha256 import BLOCK_LEN, DIGEST_LEN, Sha256
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+FLAG_SIGNED = const(0x80)  # in frame byte 1 (minor): a 13-byte trailer follows the CRC
+KEY_LEN = const(32)  # bytes of a signing secret
+NONCE_LEN = const(8)  # bytes of the module's per-boot nonce
+LINK_LEN = const(1)
+TS_LEN = const(6)  # u48, big-endian, 10 us units since 2015-01-01 00:00 UTC
+SIG_LEN = const(6)  # truncated HMAC-SHA256
+TRAILER_LEN = const(13)  # LINK_LEN + TS_LEN + SIG_LEN
+N_LINKS = const(8)  # replay slots: link & 7
+
+# Outcome of a signature check (``Message.auth``, ``HeartbeatState.auth``).
+AUTH_NONE = const(0)  # not signed
+AUTH_OK = const(1)  # signed with the receiver's key, timestamp newer than the link's last
+AUTH_BAD = const(2)  # wrong signature, or the receiver has no key
+AUTH_REPLAY = const(3)  # right signature, timestamp not newer than the link's last
+AUTH_UNCHECKED = const(4)  # signed, but this receiver verifies nothing (a host)
+AUTH_NAMES = ("none", "ok", "bad", "replay", "unchecked")
+
+TS_MAX = 0xFFFFFFFFFFFF  # 2**48 - 1
+TS_UNIX_EPOCH = 1420070400  # 2015-01-01 00:00:00 UTC in Unix seconds
+TS_PER_S = 100000  # timestamp units per second (10 us each)
+
+_IPAD = const(0x36)
+_OPAD = const(0x5C)
+
+
+class SigningError(ProtocolError):
+    """A frame cannot be signed: no nonce from the module yet, or timestamps exhausted."""
+
+    kind = "signing"
+
+
+def _check_key(key):
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_LEN:
+        raise ValueError("a signing key is exactly %d bytes" % KEY_LEN)
+
+
+class Mac:
+    """HMAC-SHA256 with a fixed 32-byte key, truncated to 48 bits.
+
+    The key's inner (key ^ ipad) and outer (key ^ opad) hash states are computed once
+    here; :meth:`mac48_into` then costs two or three SHA-256 blocks for a short frame
+    and allocates nothing on MicroPython.
+    """
+
+    def __init__(self, key):
+        _check_key(key)
+        pad = bytearray(BLOCK_LEN)
+        self._inner = Sha256()
+        self._outer = Sha256()
+        i = 0
+        while i < BLOCK_LEN:
+            pad[i] = (key[i] if i < KEY_LEN else 0) ^ _IPAD
+            i += 1
+        self._inner.update_from(pad, 0, BLOCK_LEN)
+        i = 0
+        while i < BLOCK_LEN:
+            pad[i] = (key[i] if i < KEY_LEN else 0) ^ _OPAD
+            i += 1
+        self._outer.update_from(pad, 0, BLOCK_LEN)
+        self._h = Sha256()
+        self._d = bytearray(DIGEST_LEN)
+
+    def mac48_into(self, nonce, buf, start, end, out, off):
+        """Write the first 6 bytes of HMAC(key, nonce || buf[start:end]) into
+        ``out[off:off+6]``. ``nonce`` is any buffer (8 bytes in this protocol)."""
+        h = self._h
+        d = self._d
+        h.copy_from(self._inner)
+        h.update_from(nonce, 0, len(nonce))
+        h.update_from(buf, start, end)
+        h.digest_into(d, 0)
+        h.copy_from(self._outer)
+        h.update_from(d, 0, DIGEST_LEN)
+        h.digest_into(d, 0)
+        i = 0
+        while i < SIG_LEN:
+            out[off + i] = d[i]
+            i += 1
+
+
+class Verifier:
+    """The module's signature check; ``verify`` allocates nothing on MicroPython.
+
+    ``Verifier(key=None)``: without a key every signed frame is ``AUTH_BAD`` (a module
+    that was never paired). ``set_nonce(nonce8)`` must be called at boot with the
+    nonce the module announces in ``hello.nonce``; until then signed frames are
+    ``AUTH_BAD`` too. The last accepted timestamp of each of the ``N_LINKS`` slots is
+    kept as 6 bytes and compared bytewise (a 48-bit int would be a big int on the MCU).
+    Counters: ``ok``, ``bad``, ``replayed``.
+    """
+
+    def __init__(self, key=None):
+        self._mac = None
+        self.nonce = None
+        self._last = bytearray(N_LINKS * TS_LEN)
+        self._sig = bytearray(SIG_LEN)
+        self.ok = 0
+        self.bad = 0
+        self.replayed = 0
+        self.set_key(key)
+
+    @property
+    def has_key(self):
+        return self._mac is not None
+
+    def set_key(self, key):
+        """Use ``key`` (32 bytes) from now on, or None to verify nothing as good.
+
+        A new key keeps the per-link timestamps: frames signed before the change
+        cannot come back either way (they fail the MAC under the new key)."""
+        self._mac = None if key is None else Mac(key)
+
+    def set_nonce(self, nonce):
+        """Install this boot's nonce (8 bytes) and forget every link's last timestamp."""
+        if len(nonce) != NONCE_LEN:
+            raise ValueError("a nonce is exactly %d bytes" % NONCE_LEN)
+        self.nonce = bytes(nonce)
+        last = self._last
+        i = 0
+        while i < N_LINKS * TS_LEN:
+            last[i] = 0
+            i += 1
+
+    def verify(self, raw, n):
+        """Check the trailer of the unstuffed signed frame ``raw[:n]``; an ``AUTH_*``.
+
+        On ``AUTH_OK`` the frame's timestamp becomes its link's last. The caller has
+        checked the CRC and that ``n`` leaves room for a header and the trailer.
+        """
+        mac = self._mac
+        if mac is None or self.nonce is None or n < TRAILER_LEN:
+            self.bad += 1
+            return AUTH_BAD
+        body = n - SIG_LEN
+        sig = self._sig
+        mac.mac48_into(self.nonce, raw, 0, body, sig, 0)
+        diff = 0
+        i = 0
+        while i < SIG_LEN:  # no early exit: the time taken does not depend on the data
+            diff |= sig[i] ^ raw[body + i]
+            i += 1
+        if diff:
+            self.bad += 1
+            return AUTH_BAD
+        ts = n - SIG_LEN - TS_LEN
+        last = self._last
+        slot = (raw[n - TRAILER_LEN] & (N_LINKS - 1)) * TS_LEN
+        i = 0
+        while i < TS_LEN:
+            a = raw[ts + i]
+            b = last[slot + i]
+            if a != b:
+                break
+            i += 1
+        if i == TS_LEN or raw[ts + i] < last[slot + i]:
+            self.replayed += 1
+            return AUTH_REPLAY
+        i = 0
+        while i < TS_LEN:
+            last[slot + i] = raw[ts + i]
+            i += 1
+        self.ok += 1
+        return AUTH_OK
+
+
+def ts_from_unix(seconds):
+    """Timestamp (10 us units since 2015-01-01 UTC) for Unix time ``seconds``."""
+    return int((seconds - TS_UNIX_EPOCH) * TS_PER_S)
+
+
+def _default_clock():
+    import time
+
+    ns = getattr(time, "time_ns", None)
+    if ns is not None:
+        return (ns() - TS_UNIX_EPOCH * 1000000000) // 10000
+    return ts_from_unix(time.time())
+
+
+class _HashlibMac:
+    """HMAC-SHA256 through ``hmac``/``hashlib`` (CPython: ~50x faster than :class:`Mac`)."""
+
+    def __init__(self, key, hmac, hashlib):
+        _check_key(key)
+        self._hmac = hmac.new(bytes(key), digestmod=hashlib.sha256)
+
+    def mac48_into(self, nonce, buf, start, end, out, off):
+        h = self._hmac.copy()
+        h.update(bytes(nonce))
+        h.update(bytes(buf[start:end]))
+        out[off : off + SIG_LEN] = h.digest()[:SIG_LEN]
+
+
+def _host_mac(key):
+    try:
+        import hashlib
+        import hmac
+    except ImportError:  # MicroPython: no hmac module
+        return Mac(key)
+    return _HashlibMac(key, hmac, hashlib)
+
+
+class Signer:
+    """Host side: signs frames for one module and one link (may allocate).
+
+    ``nonce`` must be set from the module's ``hello.nonce`` before signing (a
+    :class:`SigningError` says so otherwise) and again after every module reboot.
+    ``link_id`` (0..255) names this sender; a module keeps one replay slot per
+    ``link_id & 7``, so two senders to one module need different links. ``clock()``
+    returns the current timestamp in 10 us units since 2015-01-01 UTC (default: from
+    ``time.time_ns()``); :meth:`next_ts` never repeats or goes back, whatever the clock
+    does. ``last_ts`` is the last timestamp used (0 before the first).
+    """
+
+    def __init__(self, key, link_id=0, clock=None):
+        if not isinstance(link_id, int) or isinstance(link_id, bool) or not 0 <= link_id <= 255:
+            raise ValueError("link_id must be an integer 0..255, got %r" % (link_id,))
+        self._mac = _host_mac(key)
+        self.link_id = link_id
+        self.clock = clock or _default_clock
+        self.nonce = None
+        self.last_ts = 0
+
+    def next_ts(self):
+        """A timestamp greater than every one this signer returned: max(clock, last+1)."""
+        ts = self.clock()
+        if ts <= self.last_ts:
+            ts = self.last_ts + 1
+        if ts > TS_MAX:
+            raise SigningError("timestamp past 2**48 - 1: check the signer's clock")
+        self.last_ts = ts
+        return ts
+
+    def trailer(self, data):
+        """The 13-byte trailer for ``data``: the unstuffed frame from its header (with
+        the signed flag set) through its CRC."""
+        nonce = self.nonce
+        if nonce is None:
+            raise SigningError(
+                "no nonce from the module yet: read its hello before sending signed frames"
+            )
+        if len(nonce) != NONCE_LEN:
+            raise SigningError("the module's nonce must be %d bytes" % NONCE_LEN)
+        ts = self.next_ts()
+        n = len(data)
+        buf = bytearray(n + TRAILER_LEN)
+        buf[0:n] = data
+        buf[n] = self.link_id
+        i = 0
+        while i < TS_LEN:
+            buf[n + 1 + i] = (ts >> (8 * (TS_LEN - 1 - i))) & 0xFF
+            i += 1
+        body = n + LINK_LEN + TS_LEN
+        self._mac.mac48_into(nonce, buf, 0, body, buf, body)
+        return bytes(buf[n:])
+
+
+def new_key():
+    """A fresh random signing secret (host: ``os.urandom``)."""
+    import os
+
+    return os.urandom(KEY_LEN)
+
+
+def check_key_bytes(data, where="key"):
+    """``data`` as a key (bytes), or ValueError that says what is wrong."""
+    if len(data) != KEY_LEN:
+        raise ValueError(
+            "%s: a key file holds exactly %d raw bytes, this one has %d"
+            % (where, KEY_LEN, len(data))
+        )
+    return bytes(data)
+
+
+def load_key_file(path):
+    """The key in ``path``: exactly 32 raw bytes (ValueError otherwise; OSError if
+    the file cannot be read)."""
+    with open(path, "rb") as f:
+        data = f.read(KEY_LEN + 1)
+    return check_key_bytes(data, path)
