@@ -84,7 +84,6 @@ def _wrap_tap(i: int, vm, last_tx: list) -> None:
 
 def run_fleet(args: dict) -> None:
     from modbridge.sim.fleet import SimFleet
-    from protocol.frame import encode_frame
 
     n = int(args.get("n", 8))
     tel = args.get("telemetry_ms") or [None] * n
@@ -95,7 +94,7 @@ def run_fleet(args: dict) -> None:
     fleet.start()
     for i, vm in enumerate(fleet.modules):
         if tel[i] is not None:
-            frame = encode_frame("config_set", {"values": {"control.telemetry_ms": tel[i]}}, 1)
+            frame = vm.encode("config_set", {"values": {"control.telemetry_ms": tel[i]}}, 1)
             vm.host_write(b"\x00" + frame)
     deadline = time.monotonic() + 10.0
     for i, vm in enumerate(fleet.modules):

@@ -53,7 +53,6 @@ from modbridge.sim import gpu as G
 from modbridge.sim.profiles import Profile
 from modbridge.sim.runner import VirtualModule
 from protocol import catalog as C
-from protocol.frame import encode_frame
 
 # --- the plant ---------------------------------------------------------------------
 # h200_2u with two changes (docs/control-benchmark.md has the runs without them):
@@ -121,7 +120,7 @@ class Host:
         self.seq = (self.seq + 1) & 0xFFFF
         self.pending[self.seq] = name
         self.commands += 1
-        self.vm.host_write(encode_frame(name, fields or {}, self.seq))
+        self.vm.host_write(self.vm.encode(name, fields or {}, self.seq))
 
     def heartbeat(self):
         gpu = self.vm.world.gpu
@@ -134,7 +133,7 @@ class Host:
         if mem is not None:
             fields["gpu_mem_temp"] = int(mem) * 1000
         self.seq = (self.seq + 1) & 0xFFFF
-        self.vm.host_write(encode_frame("heartbeat", fields, self.seq))
+        self.vm.host_write(self.vm.encode("heartbeat", fields, self.seq))
 
     def check_replies(self):
         """After the exchange that carried the commands: each must have been acked."""

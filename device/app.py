@@ -515,7 +515,7 @@ class App:
             fan.update(now)
             if fan.stalled:
                 stall |= 1 << i
-            if fan.implausible:
+            if fan.implausible and not fan.stalled:  # a stall is the stronger verdict
                 tach |= 1 << i
             i += 1
         bad = open_m | short_m

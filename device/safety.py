@@ -19,6 +19,8 @@ S3 **Monotone under transitions.** When a fault cause appears, the host is lost 
    mode/state changes, each fan's duty is held at least at what it was commanding the
    tick before (``hold``); while a fault cause or host loss lasts the hold stays;
    otherwise (and after the cause clears) it ramps down at ``RAMP_DOWN_PER_S``.
+   Leaving BOOT is the one transition without a hold: BOOT is not a fault, only the
+   time before the first sensor verdicts, and the control law takes over from it.
 S4 **Critical means 100 %.** Any channel above its critical limit, or a protection
    reading at the hot floor's full temperature, drives both fans to 100 %.
 
@@ -91,14 +93,18 @@ class Safety:
         self.f_over = F.FLOOR_OVER_TEMP
         self.f_manual = F.FLOOR_MANUAL
         self.crit_mc = array("i", [F.HOT_FULL_MC[i] or 0x3FFFFFFF for i in range(n_ch)])
-        self.hold = array("i", [_DUTY_FULL] * _N_FAN)  # boot: the fans start at 100 %
+        self.hold = array("i", [0] * _N_FAN)
+        # the Fan drivers start at 100 % (their initial duty): what "the tick before"
+        # the first tick commanded
         self.applied = array("i", [_DUTY_FULL] * _N_FAN)
         self.floor = array("i", [_DUTY_FULL] * _N_FAN)  # the floor in effect, per fan
         self.nominal_mc = array("i", [_INVALID] * n_ch)
         self.prot_mc = array("i", [_INVALID] * n_ch)  # protection readings
         self.nominal_bad = 0  # channels whose code is outside the nominal table
         self.clamped = 0  # channels whose calibrated reading was clamped this tick
-        self._key = -1  # (causes, mode, state) of the previous tick
+        # (causes, mode, state) of the previous tick; before the first one: BOOT, with
+        # the fans at their initial 100 % (a fault already there holds that)
+        self._key = CAUSE_BOOT
         self.causes = 0
         self.hot = 0  # hot floor of the last tick
 
@@ -187,7 +193,10 @@ class Safety:
         hold = self.hold
         applied = self.applied
         if key != self._key:
-            if self._key >= 0:
+            # leaving BOOT is not leaving a fault: the control law takes over at once;
+            # a fault that appears (during BOOT too) holds what the fans were doing
+            prev = self._key & 0xFF
+            if causes & ~prev & ~CAUSE_BOOT or not prev & CAUSE_BOOT:
                 if applied[0] > hold[0]:
                     hold[0] = applied[0]
                 if applied[1] > hold[1]:

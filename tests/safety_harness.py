@@ -40,7 +40,7 @@ HB_MS = 1000
 _DETECT_SENSOR_MS = 1500
 _DETECT_STALL_MS = 6000  # stall_ms 3 s + an RPM window + margin
 _DETECT_HOST_MS = 6500  # host_timeout_ms 5 s + margin
-_BOOT_MS = 400
+_BOOT_MS = 100  # BOOT lasts 5 ticks: 100 ms at the shortest period (20 ms)
 _NOMINAL = F.NTC_NOMINAL
 _ADC_FS = 65535
 
@@ -49,9 +49,14 @@ class InvariantError(AssertionError):
     pass
 
 
+UNSURE = "unsure"  # a code at the edge of the nominal table: the oracle abstains
+
+
 def nominal_mc(code):
-    """Nominal NTC temperature (milli-degC) of an ADC code, or None outside the
-    nominal table: the oracle's own float math, independent of the firmware's LUT."""
+    """Nominal NTC temperature (milli-degC) of an ADC code, None when it is certainly
+    outside the nominal table (-55..200 degC: an open or short circuit), or UNSURE
+    within 3 degC of the table's ends. The oracle's own float math, independent of
+    the firmware's lookup table."""
     beta, r0, t0_mc, r_fixed, low = _NOMINAL
     if code <= 0 or code >= _ADC_FS:
         return None
@@ -60,8 +65,10 @@ def nominal_mc(code):
         return None
     t_k = calib.beta_temp_k(r, beta, r0, t0_mc / 1000.0 + 273.15)
     t_mc = (t_k - 273.15) * 1000
-    if t_mc < -50000 or t_mc > 195000:
+    if t_mc < -58000 or t_mc > 203000:
         return None
+    if t_mc < -52000 or t_mc > 197000:
+        return UNSURE
     return int(t_mc)
 
 
@@ -283,8 +290,8 @@ class Harness:
             if t1 <= self.now - window_ms:
                 continue
             v = nominal_mc(code)
-            if v is None:
-                return None
+            if v is None or v is UNSURE:
+                return v
             if lo is None or v < lo:
                 lo = v
         return lo
@@ -294,7 +301,10 @@ class Harness:
         hist = self.code_hist[ch]
         since = None
         for t0, code in hist:
-            if nominal_mc(code) is None:
+            v = nominal_mc(code)
+            if v is UNSURE:
+                return 0
+            if v is None:
                 if since is None:
                     since = t0
             else:
@@ -315,18 +325,21 @@ class Harness:
             up(F.FLOOR_BOOT, "boot")
         for ch in range(4):
             t = self._min_temp(ch, 1000)
+            if t is UNSURE:
+                continue
             if t is not None:
                 prot = t - F.CAL_BAND_MC - 500  # the firmware's LUT interpolates
                 up(F.hot_floor(ch, prot, F.fan_model(None)[F.FM_MIN_SPIN]), "hot%d" % ch)
                 full = F.HOT_FULL_MC[ch]
                 if full is not None and prot >= full + 1000:
                     up(65535, "critical%d" % ch)
-            elif ch < 3 and self._fault_since(ch) >= _DETECT_SENSOR_MS:
+            elif ch < 3 and min(self._fault_since(ch), self.now - self.boot_at) >= _DETECT_SENSOR_MS:
                 up(F.FLOOR_SENSOR, "sensor%d" % ch)
         for i in range(2):
             # (a noisy tach is caught only at a duty where its reading is implausible:
             # tests/test_app_safety.py covers it; the oracle asks only for stalls)
-            if self.fan_state[i] == "stalled" and self.now - self.fan_since[i] >= _DETECT_STALL_MS:
+            since = max(self.fan_since[i], self.boot_at)  # a new boot detects anew
+            if self.fan_state[i] == "stalled" and self.now - since >= _DETECT_STALL_MS:
                 up(F.FLOOR_STALL, "stall%d" % i)
         if (
             self.host_seen_at is not None

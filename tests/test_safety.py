@@ -45,7 +45,7 @@ def feed(sf, temps_c=(45, 50, 55, 25)):
 def test_min_spin_floor_whatever_is_requested():
     sf, fans = make()
     feed(sf)
-    for t in range(300):  # the boot hold (100 %) ramps down first
+    for t in range(20):
         sf.apply(0, 0, 0, ALL, AUTO, C.STATE_HOSTED, 100 * t, 100)
     assert sf.applied[0] == F.FAN_MODELS["pwm4"][F.FM_MIN_SPIN], sf.applied[0]
     assert fans[0].duty >= sf.applied[0] and fans[1].duty >= sf.applied[1]
@@ -168,6 +168,16 @@ def test_mode_change_never_steps_down():
     assert sf.applied[0] == 50000  # the tick of the change: held
     sf.apply(20000, 20000, 0, ALL, MANUAL, C.STATE_MANUAL, 30100, 100)
     assert 50000 - F.RAMP_DOWN_PER_S // 10 - 1 <= sf.applied[0] < 50000
+
+
+def test_leaving_boot_has_no_hold():
+    sf, fans = make()
+    feed(sf)
+    for t in range(5):
+        sf.apply(0, 0, S.CAUSE_BOOT, ALL, AUTO, C.STATE_BOOT, 100 * t, 100)
+    assert sf.applied[0] == F.FLOOR_BOOT
+    sf.apply(20000, 20000, 0, ALL, AUTO, C.STATE_STANDALONE, 500, 100)
+    assert sf.applied[0] == 20000 and sf.hold[0] == 0
 
 
 def test_critical_reading_forces_full():

@@ -141,9 +141,7 @@ class Run:
         if t % 1000 == 0 and t < self.heartbeat_until:
             self._hb_seq += 1
             vm.host_write(
-                frame.encode_frame(
-                    "heartbeat", {"gpu_temp": 60000, "gpu_power": 300000}, self._hb_seq
-                )
+                vm.encode("heartbeat", {"gpu_temp": 60000, "gpu_power": 300000}, self._hb_seq)
             )
 
     def until(self, t_ms):
@@ -211,6 +209,7 @@ def test_ntc_open_and_short(sim, kind, ch):
     assert t["state"] == C.STATE_STANDALONE and t["faults"] == 0, t
     assert f"temp_{ch}" in t
     assert [e["active"] for e in r.events(reason, since=3000, index=i)] == [True, False]
+    t = r.until(24000)  # the hold ramps down at 5 %/s once the fault is gone
     assert max(_duties(t)) < FLOOR_SENSOR, t  # the floor went with the fault
 
 
@@ -225,11 +224,16 @@ def test_fan_stall(sim):
     stall = r.events(C.REASON_FAN_STALL, index=1)
     assert [e["active"] for e in stall] == [True], r.ev
     assert stall[0]["severity"] == C.SEV_ALARM
-    trans = r.events(C.REASON_FAN_STALL, state=C.STATE_FAILSAFE, prev_state=C.STATE_STANDALONE)
-    assert len(trans) == 1, r.ev
+    # the coasting rotor first reads too slow for its duty (tach_implausible, also
+    # FAILSAFE at 100 %), then its tach goes quiet: the stall
+    first = [e for _, e in r.ev if e.get("state") == C.STATE_FAILSAFE and e.get("prev_state") == C.STATE_STANDALONE]
+    assert len(first) == 1 and first[0]["code"] in (C.REASON_TACH_IMPLAUSIBLE, C.REASON_FAN_STALL), r.ev
+    trans = [e for e in r.events(C.REASON_FAN_STALL, state=C.STATE_FAILSAFE) if "index" not in e]
+    assert len(trans) == 1, r.ev  # the state change (the fault edge carries the index)
     t = r.until(48000)  # freed at 40 s: driven at 100 %, it spins up and clears
     assert t["state"] == C.STATE_STANDALONE and t["faults"] == 0, t
     assert [e["active"] for e in r.events(C.REASON_FAN_STALL, index=1)] == [True, False]
+    t = r.until(70000)  # 100 % ramps down at 5 %/s once the stall is gone
     assert max(_duties(t)) < FLOOR_SENSOR, t
 
 
@@ -306,8 +310,8 @@ def test_host_silence(sim):
 def test_mcu_reset_keeps_the_config(sim):
     r = sim("mcu_reset@6s")
     r.until(2000)
-    r.vm.host_write(frame.encode_frame("setpoints", {"sp_gpu": 65000}, 1))
-    r.vm.host_write(frame.encode_frame("config_save", {}, 2))
+    r.vm.host_write(r.vm.encode("setpoints", {"sp_gpu": 65000}, 1))
+    r.vm.host_write(r.vm.encode("config_save", {}, 2))
     r.until(3000)
     assert [f["ref"] for n, f in r.vm.messages if n == "ack"] == [1, 2]
     t = r.until(10000)
