@@ -191,6 +191,7 @@ def simulate(
         try:
             host = Host(vm)
             vm.power_on()
+            vm.run_for(100)  # the boot hello: its nonce signs the commands
             _setup(host, controller, gains)
             high = False
             wall = time.perf_counter()

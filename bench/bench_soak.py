@@ -32,6 +32,10 @@ message carries these):
 ``soak_telemetry_missing``       telemetry frames due (one per second) minus received
 ``soak_resets``                  MCU resets (must be 0); ``soak_internal_errors`` the
                                  firmware's "internal error" events (must be 0)
+``soak_invariant_ticks``, ``soak_invariant_violations``   firmware ticks whose commanded
+                                 duties were checked against the safety floor computed
+                                 from the raw ADC samples (class Invariants), and how
+                                 many fell below it (must be 0)
 ``soak_sim_hours``, ``soak_wall_s``, ``soak_sim_speedup``, ``soak_max_die_c``
 """
 
@@ -69,6 +73,54 @@ def soak_hours() -> float:
     return hours
 
 
+class Invariants:
+    """The safety floor of docs/safety.md checked on every firmware tick of the soak.
+
+    Each request of the firmware carries the duties it commands; the oracle computes
+    the floor from the raw ADC samples of the steps it acted on, through the board's
+    *nominal* NTC curve alone (tests/safety_harness.nominal_mc): the fan model's
+    minimum spin, the hot floor of the lowest reading of the last 10 steps minus the
+    calibration band, 100 % past the compiled critical end."""
+
+    def __init__(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tests"))
+        from safety_harness import UNSURE, nominal_mc
+
+        from device import floors
+
+        self.F = floors
+        self.nominal_mc = nominal_mc
+        self.unsure = UNSURE
+        self.min_spin = floors.fan_model("sim")[floors.FM_MIN_SPIN]
+        self.recent = [[] for _ in range(4)]
+        self.ticks = 0
+        self.violations = 0
+        self.first = None
+
+    def __call__(self, now_ms, duty, adc):
+        F = self.F
+        fl = self.min_spin
+        for ch in range(4):
+            code = sum(adc[ch]) // len(adc[ch])
+            r = self.recent[ch]
+            r.append(code)
+            if len(r) > 10:
+                del r[0]
+            temps = [self.nominal_mc(c) for c in r]
+            if any(t is None or t is self.unsure for t in temps):
+                continue
+            prot = min(temps) - F.CAL_BAND_MC - 500
+            fl = max(fl, F.hot_floor(ch, prot, self.min_spin))
+            full = F.HOT_FULL_MC[ch]
+            if full is not None and prot >= full + 1000:
+                fl = 65535
+        self.ticks += 1
+        if min(duty) < fl:
+            self.violations += 1
+            if self.first is None:
+                self.first = (now_ms, tuple(duty), fl)
+
+
 def soak(hours=None, ambient_c=AMBIENT_C, seed=SEED, progress=True) -> dict:
     hours = soak_hours() if hours is None else hours
     total_s = round(hours * 3600)
@@ -85,7 +137,10 @@ def soak(hours=None, ambient_c=AMBIENT_C, seed=SEED, progress=True) -> dict:
         vm = VirtualModule(world, tmp, speed=0, seed=seed)
         try:
             host = Host(vm)
+            check = Invariants()
+            vm.on_exchange = check
             vm.power_on()
+            vm.run_for(100)  # the boot hello: its nonce signs the heartbeats
             start = time.perf_counter()
             base = None  # (world ms, feeds, telemetry count) after the warm-up
             for s in range(1, total_s + 1):
@@ -134,6 +189,8 @@ def soak(hours=None, ambient_c=AMBIENT_C, seed=SEED, progress=True) -> dict:
         "soak_wall_s": round(wall, 1),
         "soak_sim_speedup": round(total_s / wall, 1),
         "soak_max_die_c": round(max_die, 2),
+        "soak_invariant_ticks": check.ticks,
+        "soak_invariant_violations": check.violations,
     }
 
 

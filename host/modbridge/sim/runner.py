@@ -179,6 +179,11 @@ class VirtualModule:
 
         # observability
         self.exchanges = 0
+        # Observers: ``on_exchange(now_ms, duty, adc)`` after every firmware request,
+        # with the duties it asked for and the ADC samples of the step it acted on
+        # (the soak checks the safety invariants there); None: nobody watches.
+        self.on_exchange = None
+        self.last_adc = None
         self.bytes_to_host = 0
         self.bytes_from_host = 0
         self.host_bytes_dropped = 0
@@ -465,6 +470,8 @@ class VirtualModule:
         if req.tx:
             self._relay_tx(req.tx)
         self._duty = req.duty
+        if self.on_exchange is not None and self.last_adc is not None:
+            self.on_exchange(self.world.now_ms, req.duty, self.last_adc)
         kind = req.kind
         if kind == L.REQ_TX:
             return
@@ -536,6 +543,7 @@ class VirtualModule:
         if pulses is None:
             pulses = w.tach_pulses()
         adc = [[min(65535, max(0, int(c))) for c in ch] for ch in w.adc_codes(self.adc_samples)]
+        self.last_adc = adc
         return L.Step(
             self._ticks(),
             flags,
