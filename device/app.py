@@ -73,9 +73,6 @@ _HB_DEF = C.by_type(C.T_HEARTBEAT)[C.M_FIELDS]
 _N_HB = len(_HB_DEF)
 _HB_TEMP = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_temp")
 _HB_POWER = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_power")
-_TEL_FLASH = T.index("flash_writes")
-_TEL_AUTH = T.index("auth_failures")
-_TEL_INTERNAL = T.index("internal_errors")
 
 BANNER = "MODULER READY v" + FW_VERSION
 
@@ -462,9 +459,9 @@ class App:
             enc.set(T.TARGET, self.worst_out[1])
         else:
             enc.clear(T.TARGET)
-        enc.set(_TEL_FLASH, self.flash_writes)
-        enc.set(_TEL_AUTH, self.auth_failures)
-        enc.set(_TEL_INTERNAL, self.internal_errors)
+        enc.set(T.FLASH_WRITES, self.flash_writes)
+        enc.set(T.AUTH_FAILURES, self.auth_failures)
+        enc.set(T.INTERNAL_ERRORS, self.internal_errors)
         seq = self._next_seq()
         if self.fmt == FMT_JSON:
             n = enc.encode_json(seq)

@@ -8,6 +8,9 @@ Everything in this package runs unchanged on both interpreters:
 - :mod:`protocol.catalog` message types, field keys, units, codes
 - :mod:`protocol.frame`   frame encode/decode and the resynchronising stream decoder
 - :mod:`protocol.jsonl`   the same messages as JSON lines for a human on a terminal
+- :mod:`protocol.jsonparse` the strict JSON parser (bounded depth, no duplicate keys)
+- :mod:`protocol.sha256`  SHA-256 that allocates nothing on MicroPython
+- :mod:`protocol.sign`    HMAC-SHA256/48 signing of commands (MAVLink 2 model)
 - :mod:`protocol.telemetry` the allocation-free telemetry encoder used in the control tick
 
 See protocol/SPEC.md for the normative description.

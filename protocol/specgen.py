@@ -82,6 +82,14 @@ _REASON_NOTES = {
     "cleared": "the condition named in `value` is gone",
     "selftest": "self-test ran (value = 1 pass, 0 fail)",
     "calibration": "calibration coefficients changed (index = channel)",
+    "manual_expired": "MANUAL lease ended (value 0 time, 1 host lost, 2 a safety cause)",
+    "tach_implausible": "tach reading does not fit the commanded duty (index = fan)",
+    "sensor_stuck": "NTC reading frozen while the load swings (index = channel)",
+    "sensor_implausible": "NTC colder than ambient or jumping (index = channel)",
+    "config_fallback": "saved config did not configure: value 1 last good, 0 factory",
+    "unauthorized": "unsigned, forged or replayed command refused (value = its type)",
+    "internal_error": "a handler hit a firmware bug: answered nack internal",
+    "paired": "a new signing secret was provisioned",
 }
 
 _ERROR_NOTES = {
@@ -98,6 +106,8 @@ _ERROR_NOTES = {
     "unsupported": "valid request this module cannot do",
     "internal": "firmware error (a bug: please report it)",
     "direction": "message only valid in the other direction",
+    "unauthorized": "needs a valid signature (unsigned, forged or replayed)",
+    "rate_limited": "too many requests of this kind: wait and retry",
 }
 
 _STATE_NOTES = {
@@ -105,7 +115,7 @@ _STATE_NOTES = {
     "HOSTED": "host heartbeats arriving; normal regulation",
     "STANDALONE": "host heartbeat missing past the timeout; regulating on local sensors",
     "FAILSAFE": "sensor/fan/temperature fault; floor duty per cause, the maximum wins",
-    "MANUAL": "host override, still floored by the safety floor",
+    "MANUAL": "host override, still floored by the safety floor; a lease of 10 minutes",
 }
 
 # enumerations carried as text on the wire (K_STR fields), not as numbers

@@ -51,6 +51,9 @@ V_IN = index("v_in")
 I_IN = index("i_in")
 P_IN = index("p_in")
 TARGET = index("target")
+FLASH_WRITES = index("flash_writes")
+AUTH_FAILURES = index("auth_failures")
+INTERNAL_ERRORS = index("internal_errors")
 
 _POW10 = (1, 10, 100, 1000, 10000, 100000, 1000000)
 _KIND_PLAIN = 0

@@ -33,7 +33,7 @@ def _candidates(fdef, rng):
 def test_index_constants_match_catalog_order():
     mdef = C.by_type(C.T_TELEMETRY)
     assert T.FIELDS is mdef[C.M_FIELDS]
-    assert T.N_FIELDS == len(mdef[C.M_FIELDS]) == 16
+    assert T.N_FIELDS == len(mdef[C.M_FIELDS]) == 19
     for i in range(T.N_FIELDS):
         name = T.FIELDS[i][C.F_NAME]
         assert T.index(name) == i

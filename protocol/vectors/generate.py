@@ -12,7 +12,8 @@ same bytes (sorted keys, ASCII, no floats anywhere).
 
     {"name", "message", "type", "seq", "fields", "cbor_hex", "json_line"}
 
-``fields`` are wire values (fixed-point ints, enums as numbers), ``cbor_hex`` is the
+``fields`` are wire values (fixed-point ints, enums as numbers; a byte string is
+``{"hex": "..."}``), ``cbor_hex`` is the
 complete frame (COBS plus the 0x00 delimiter), ``json_line`` the JSON line with its
 newline. ``bad``: ``{"name", "hex", "expect_kind"}``; fed to a fresh StreamDecoder
 the bytes give exactly one BadFrame of that kind.
@@ -53,6 +54,8 @@ GOOD = (
             "max_frame": 512,
             "telemetry_ms": 500,
             "state": C.STATE_BOOT,
+            "nonce": bytes.fromhex("a1b2c3d4e5f60718"),
+            "paired": True,
         },
     ),
     (
@@ -91,6 +94,9 @@ GOOD = (
             "i_in": 1534,
             "p_in": 18285,
             "target": -2700,
+            "flash_writes": 12,
+            "auth_failures": 0,
+            "internal_errors": 0,
         },
     ),
     ("telemetry_state_only", "telemetry", 0, {"state": C.STATE_BOOT}),
@@ -295,6 +301,7 @@ GOOD = (
     ("reboot", "reboot", 32, {}),
     ("repl", "repl", 33, {}),
     ("selftest", "selftest", 34, {}),
+    ("pair", "pair", 35, {"key": bytes(range(32))}),
     (
         "selftest_report_pass",
         "selftest_report",
@@ -337,6 +344,15 @@ def _raw(
 
 def _stuffed(raw):
     return bytes(cobs.encode(raw)) + b"\x00"
+
+
+def _jsonable(fields):
+    """Byte-string fields as ``{"hex": "..."}`` (JSON has no bytes); readers turn
+    them back (tests/test_vectors.py ``_fields``)."""
+    out = {}
+    for k, v in fields.items():
+        out[k] = {"hex": v.hex()} if isinstance(v, (bytes, bytearray)) else v
+    return out
 
 
 def _bad():
@@ -440,7 +456,7 @@ def build():
                 "message": message,
                 "type": mdef[C.M_TYPE],
                 "seq": seq,
-                "fields": fields,
+                "fields": _jsonable(fields),
                 "cbor_hex": frame.hex(),
                 "json_line": line.decode("ascii"),
             }
