@@ -86,8 +86,9 @@ def walk(steps=STEPS):
 def hostile():
     """Feed the hostile corpus to a fresh module item by item; count crashes."""
     _path()
-    from bench.hostile import corpus
     from safety_harness import Harness
+
+    from bench.hostile import corpus
 
     h = Harness()
     crashes = 0

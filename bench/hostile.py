@@ -98,11 +98,11 @@ def corpus(h, seed: int = 1) -> list[bytes]:
                     text = _json_value(v)
                 except ValueError:
                     continue
-                items.append(('{"type":"%s","%s":%s}\n' % (name, fname, text)).encode())
+                items.append(f'{{"type":"{name}","{fname}":{text}}}\n'.encode())
             # duplicated key, both orders
-            items.append(('{"type":"%s","%s":1,"%s":2}\n' % (name, fname, fname)).encode())
-        items.append(('{"type":"%s","type":"config_reset"}\n' % name).encode())
-        items.append(('{"type":"%s","seq":1,"seq":2}\n' % name).encode())
+            items.append(f'{{"type":"{name}","{fname}":1,"{fname}":2}}\n'.encode())
+        items.append(f'{{"type":"{name}","type":"config_reset"}}\n'.encode())
+        items.append(f'{{"type":"{name}","seq":1,"seq":2}}\n'.encode())
         # CBOR structure attacks, signed so they reach the decoder's deeper checks
         for payload in (
             b"\xc1\xa0",  # a tag

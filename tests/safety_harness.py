@@ -30,14 +30,13 @@ from device import calib, config
 from device import floors as F
 from device import safety as S
 from device.app import MODE_MANUAL, App
-from protocol import catalog as C
 from protocol import frame, jsonl, sign
 
 KEY = bytes([0x5A ^ i for i in range(32)])
 TICK_MS = 100
 STEP_MS = 50
 HB_MS = 1000
-_DETECT_SENSOR_MS = 1500
+_DETECT_SENSOR = 1500  # ms
 _DETECT_STALL_MS = 6000  # stall_ms 3 s + an RPM window + margin
 _DETECT_HOST_MS = 6500  # host_timeout_ms 5 s + margin
 _BOOT_MS = 100  # BOOT lasts 5 ticks: 100 ms at the shortest period (20 ms)
@@ -333,7 +332,7 @@ class Harness:
                 full = F.HOT_FULL_MC[ch]
                 if full is not None and prot >= full + 1000:
                     up(65535, "critical%d" % ch)
-            elif ch < 3 and min(self._fault_since(ch), self.now - self.boot_at) >= _DETECT_SENSOR_MS:
+            elif ch < 3 and min(self._fault_since(ch), self.now - self.boot_at) >= _DETECT_SENSOR:
                 up(F.FLOOR_SENSOR, "sensor%d" % ch)
         for i in range(2):
             # (a noisy tach is caught only at a duty where its reading is implausible:
@@ -381,7 +380,9 @@ class Harness:
             if age > F.MANUAL_LEASE_MS + 2 * TICK_MS:
                 self._fail("I4: MANUAL for %d ms" % age)
         if app.failures or (app.internal_errors and not self.allow_internal):
-            self._fail("I5: %d failed ticks, %d internal errors" % (app.failures, app.internal_errors))
+            self._fail(
+                "I5: %d failed ticks, %d internal errors" % (app.failures, app.internal_errors)
+            )
 
     def _fail(self, text):
         self.violations += 1

@@ -5,7 +5,7 @@ docstring (docs/safety.md). DUAL: runs on CPython and under MicroPython.
 """
 
 from fakehal import run
-from mpcompat import IS_MICROPYTHON, heap_locked
+from mpcompat import heap_locked
 from safety_harness import KEY, Harness, _deep_line
 
 from device import config
@@ -33,7 +33,11 @@ def run_collect(h, ms):
 
 
 def nacks(items, code=None):
-    return [m for m in items if m.ok and m.name == "nack" and (code is None or m.fields["code"] == code)]
+    return [
+        m
+        for m in items
+        if m.ok and m.name == "nack" and (code is None or m.fields["code"] == code)
+    ]
 
 
 def events(items, code):

@@ -4,8 +4,8 @@ critical (S4); zero allocation. See docs/safety.md.
 DUAL: runs on CPython and under MicroPython.
 """
 
-from fakes import FakePin, FakePWM
 from fakehal import adc_code
+from fakes import FakePin, FakePWM
 from mpcompat import heap_locked
 
 from device import config

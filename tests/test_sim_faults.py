@@ -226,8 +226,13 @@ def test_fan_stall(sim):
     assert stall[0]["severity"] == C.SEV_ALARM
     # the coasting rotor first reads too slow for its duty (tach_implausible, also
     # FAILSAFE at 100 %), then its tach goes quiet: the stall
-    first = [e for _, e in r.ev if e.get("state") == C.STATE_FAILSAFE and e.get("prev_state") == C.STATE_STANDALONE]
-    assert len(first) == 1 and first[0]["code"] in (C.REASON_TACH_IMPLAUSIBLE, C.REASON_FAN_STALL), r.ev
+    first = [
+        e
+        for _, e in r.ev
+        if e.get("state") == C.STATE_FAILSAFE and e.get("prev_state") == C.STATE_STANDALONE
+    ]
+    assert len(first) == 1, r.ev
+    assert first[0]["code"] in (C.REASON_TACH_IMPLAUSIBLE, C.REASON_FAN_STALL), r.ev
     trans = [e for e in r.events(C.REASON_FAN_STALL, state=C.STATE_FAILSAFE) if "index" not in e]
     assert len(trans) == 1, r.ev  # the state change (the fault edge carries the index)
     t = r.until(48000)  # freed at 40 s: driven at 100 %, it spins up and clears

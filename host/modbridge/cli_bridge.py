@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,7 +54,24 @@ def _backend_option(f):
     )(f)
 
 
+def _set_keys_dir(ctx, param, value):
+    # the process-wide override modbridge.keys.default_dir() reads first after an
+    # explicit argument, so every link this command opens signs with these keys
+    if value is not None:
+        os.environ["MODBRIDGE_KEYS_DIR"] = value
+    return value
+
+
 def _config_option(f):
+    f = click.option(
+        "--keys-dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        expose_value=False,
+        callback=_set_keys_dir,
+        help="The modules' signing keys (default: [bridge] keys_dir, the state dir; "
+        "docs/pairing.md).",
+    )(f)
     return click.option(
         "--config",
         "config_path",
