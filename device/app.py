@@ -267,17 +267,7 @@ class App:
             Fan.from_config(
                 _ShadowPWM(), _ShadowPin(), hal.IRQ_FALLING, fans[i], model=b.fan_model
             )
-        ina = cfg["ina226"]
-        dev = INA226(
-            _ShadowI2C(),
-            ina["addr"],
-            ina["shunt_uohm"],
-            ina["max_current_ma"],
-            ina["avg"],
-            ina["ct_us"],
-            ina["ct_us"],
-        )
-        dev.set_under_voltage_alert(ina["uv_mv"])
+        _ina226(_ShadowI2C(), cfg["ina226"])
         p = cfg["pid"]
         b.pid = PID(
             p["kp"],
@@ -352,19 +342,9 @@ class App:
     def open_ina(self):
         """(Re)connect the INA226; a missing or wrong chip is a power-monitor fault,
         retried every ``_INA_RETRY_MS`` from the tick (a loose cable at boot heals)."""
-        ina = self.ina_cfg
         self.ina_tried_ms = self.hal.ticks_ms()
         try:
-            dev = INA226(
-                self.hal.i2c,
-                ina["addr"],
-                ina["shunt_uohm"],
-                ina["max_current_ma"],
-                ina["avg"],
-                ina["ct_us"],
-                ina["ct_us"],
-            )
-            dev.set_under_voltage_alert(ina["uv_mv"])
+            dev = _ina226(self.hal.i2c, self.ina_cfg)
         except OSError:
             self.ina = None
             self.pm_fault = True
@@ -1045,6 +1025,22 @@ class App:
             C.REASON_CALIBRATION, C.SEV_INFO, True, ch, 0, self.sup.state, self.sup.state
         )
         self.ack(msg)
+
+
+def _ina226(i2c, ina):
+    """The INA226 driver configured from the ``ina226`` config section (on the real
+    bus, or on a stand-in one when a candidate config is checked)."""
+    dev = INA226(
+        i2c,
+        ina["addr"],
+        ina["shunt_uohm"],
+        ina["max_current_ma"],
+        ina["avg"],
+        ina["ct_us"],
+        ina["ct_us"],
+    )
+    dev.set_under_voltage_alert(ina["uv_mv"])
+    return dev
 
 
 def _hb_values(fields, out):
