@@ -192,8 +192,25 @@ def ticks(app, hal, n, hb=None):
         k += 1
 
 
+class _Last:
+    exc = None
+
+
+def _keep_failure(app):
+    """Remember the exception of a failed tick (storing a reference allocates nothing)."""
+    fail_hard = app.fail_hard
+
+    def keep(exc):
+        _Last.exc = exc
+        fail_hard(exc)
+
+    app.fail_hard = keep
+
+
 def check(app, n_before, n):
     if app.failures or app.missed:
+        if _Last.exc is not None:
+            sys.print_exception(_Last.exc)
         raise RuntimeError(f"ticks failed: failures={app.failures} missed={app.missed}")
     if app.ticks - n_before != n:
         raise RuntimeError(f"{n} steps ran {app.ticks - n_before} control ticks")
@@ -240,10 +257,11 @@ def mode_alloc(hosted):
     and must keep the module HOSTED, else the host is frozen (standalone-like)."""
     fakehal, hal = make_board()
     app = boot(fakehal, hal)
+    _keep_failure(app)
     host = warm_up(fakehal, hal, app, hosted)
     n_hb = STEADY_TICKS // 10 + 1
-    hb = host.frames(n_hb) if hosted else None
     ticks(app, hal, 10, host.frames(1) if hosted else None)
+    hb = host.frames(n_hb) if hosted else None  # signed after the warm-up's: newer
     n0 = app.ticks
     gc.collect()
     gc.disable()
@@ -257,7 +275,7 @@ def mode_alloc(hosted):
     locked = 1
     n0 = app.ticks
     hb = host.frames(n_hb) if hosted else None
-    hb_before = app.hb.received if hosted else 0
+    hb_before = app.hb.accepted if hosted else 0
     try:
         micropython.heap_lock()
         try:
@@ -270,7 +288,7 @@ def mode_alloc(hosted):
         check(app, n0, STEADY_TICKS)
     out = {"alloc_per_tick": (after - before) / STEADY_TICKS, "heap_locked": locked}
     if hosted:
-        out["heartbeats"] = app.hb.received - hb_before
+        out["heartbeats"] = app.hb.accepted - hb_before
         out["state"] = app.sup.state
     return out
 

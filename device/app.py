@@ -195,11 +195,14 @@ class App:
         self.flash_writes = writes
         why = ""
         for source, cfg, detail in cands:
-            try:
-                built = self._build(cfg)
-            except Exception as e:  # noqa: BLE001 - any failure: try the next one
-                why = "%s config does not configure: %s" % (source, e)
-                continue
+            if source == "factory":
+                built = self._build(cfg)  # must configure: a failure here is a bug or OOM
+            else:
+                try:
+                    built = self._build(cfg)
+                except Exception as e:  # noqa: BLE001 - any failure: try the next one
+                    why = "%s config does not configure: %s" % (source, e)
+                    continue
             self._commit(built, cfg)
             self.cfg = cfg
             self.config_source = source
