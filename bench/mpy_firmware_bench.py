@@ -33,6 +33,7 @@ signing them is the host's work).
 
 The fake board's transmit buffer is shrunk from 64 KB to 1 KB (``fakehal._TX_SIZE``,
 read at construction and on every write; bytes beyond it are counted and dropped),
+and its receive ring from 16 KB to 1 KB (``fakehal._RX_SIZE``),
 and it is emptied after every tick, so the heap numbers are the firmware's plus a
 small board. The unix port is 64-bit: pointers, object headers and small-int-sized
 array items ('l') are 8 bytes, so heap numbers are roughly 1.5-2x what the same code
@@ -122,6 +123,7 @@ def make_board():
     import fakehal
 
     fakehal._TX_SIZE = TX_SIZE
+    fakehal._RX_SIZE = TX_SIZE  # the receive ring too: a heartbeat is 57 bytes
     hal = fakehal.FakeHal()
     with open(hal.fs_dir.rstrip("/") + "/secret.key", "wb") as f:
         f.write(KEY)

@@ -29,8 +29,14 @@ def events():
 
 
 @pytest.fixture
-def limiter(nv, events):
-    lim = PowerLimiter(NvmlBackend(nvml=nv), UUID, log=events.append, clock=lambda: 1234.5)
+def mono():
+    return [100.0]  # the limiter's monotonic clock (back-off), advanced by hand
+
+
+@pytest.fixture
+def limiter(nv, events, mono):
+    lim = PowerLimiter(NvmlBackend(nvml=nv), UUID, log=events.append, clock=lambda: 1234.5,
+                       monotonic=lambda: mono[0])  # fmt: skip
     lim.start()
     return lim
 
@@ -109,11 +115,13 @@ def test_refusal_is_counted_and_not_raised(nv, limiter, events):
     assert events[-1]["level"] == "alert" and events[-1]["action"] == "refused"
 
 
-def test_invalid_argument_refusal(nv, limiter):
+def test_invalid_argument_refusal(nv, limiter, mono):
     nv.fail("nvmlDeviceSetPowerManagementLimit", "NVMLError_InvalidArgument", times=1)
     r = limiter.apply(450, "hot")
     assert r.action == "refused" and "Invalid Argument" in r.error
-    assert limiter.apply(450, "hot").action == "lower"  # the next cycle tries again
+    assert limiter.apply(450, "hot").action == "backoff"  # not at once: backing off
+    mono[0] += 1.0
+    assert limiter.apply(450, "hot").action == "lower"  # after 1 s it tries again
 
 
 def test_lost_gpu_is_a_failed_action_not_an_exception(nv, limiter, events):
@@ -146,7 +154,7 @@ def test_start_below_default_warns(nv, events):
     lim = PowerLimiter(NvmlBackend(nvml=nv), UUID, log=events.append)
     lim.start()
     assert lim.original_w == 400.0
-    assert events[0]["level"] == "alert" and "previous run" in events[0]["message"]
+    assert events[0]["level"] == "alert" and "no journal entry" in events[0]["message"]
 
 
 def test_restore_is_idempotent(nv, limiter):

@@ -31,10 +31,13 @@ def run(*args):
 
 @pytest.fixture(autouse=True)
 def no_default_config_or_ports(monkeypatch, tmp_path):
-    """Tests never read the machine's config or find its real serial adapters."""
+    """Tests never read the machine's config or state dir, or find its real serial
+    adapters."""
     from modbridge import config
 
     monkeypatch.setattr(config, "DEFAULT_PATHS", (tmp_path / "absent.toml",))
+    monkeypatch.setenv("MODBRIDGE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     monkeypatch.setattr(discovery, "_default_lister", lambda: [])
     yield
     assert not [t for t in threading.enumerate() if t.name.startswith("modbridge-link")]

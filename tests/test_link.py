@@ -1177,3 +1177,176 @@ def test_against_the_virtual_module(links, tmp_path):
         assert link.auth_refusals <= 1  # at most a heartbeat that crossed the reset
     finally:
         vm.stop()
+
+
+# ----------------------------------------------------------------------------- supervision
+
+
+def _break_service(link, failures, exc=RuntimeError("service bug")):
+    """Make the next ``failures`` service steps raise ``exc``; returns their times."""
+    real = link._service
+    times = []
+
+    def broken():
+        if len(times) < failures:
+            times.append(time.monotonic())
+            raise exc
+        return real()
+
+    link._service = broken
+    return times
+
+
+def _errors(caplog, text="link thread failed"):
+    return [r for r in caplog.records if r.levelname == "ERROR" and text in r.getMessage()]
+
+
+def test_a_dead_link_thread_is_restarted_with_backoff_and_reported_once(links, caplog):
+    with PtyPeer() as peer:
+        link = links(peer.path).start()
+        assert link.wait_up(WAIT)
+        thread = link._thread
+        with caplog.at_level("DEBUG", logger="modbridge.link"):
+            times = _break_service(link, 4)
+            assert wait_for(lambda: len(times) == 4, 2 * WAIT)
+            assert wait_for(lambda: link.link_up)
+        assert link._thread is thread and thread.is_alive()  # the loop, restarted
+        assert (link.thread_restarts, link.thread_episodes) == (4, 1)
+        assert link.thread_failing and link.thread_error == "RuntimeError: service bug"
+        (err,) = _errors(caplog)  # one ERROR for the episode, with the traceback
+        assert err.exc_info is not None and "service bug" in err.getMessage()
+        # back-off doubles (jitter +-20 %)
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        for i, gap in enumerate(gaps):
+            assert gap >= L.THREAD_BACKOFF_MIN_S * 2 ** (i + 1) * (1 - L.BACKOFF_JITTER) - 0.01
+        assert gaps[0] < gaps[1] < gaps[2]
+        assert link.status.reconnects == 4  # each restart reopened the port
+        assert link.request("config_save").name == "ack"  # and it works again
+
+
+def test_a_request_pending_when_the_thread_dies_fails_at_once(links):
+    with PtyPeer(ignore=("selftest",)) as peer:
+        link = links(peer.path).start()
+        assert link.wait_up(WAIT)
+        got = []
+
+        def ask():
+            try:
+                link.request("selftest", timeout=WAIT)
+            except LinkError as e:
+                got.append(e)
+
+        t = threading.Thread(target=ask)
+        t.start()
+        time.sleep(0.05)
+        _break_service(link, 1)
+        t.join(WAIT)
+        assert got and isinstance(got[0], LinkDown), got
+
+
+def test_a_new_episode_after_a_healthy_spell_is_reported_again(links, caplog, monkeypatch):
+    monkeypatch.setattr(L, "THREAD_HEALTHY_S", 0.3)
+    with PtyPeer() as peer:
+        link = links(peer.path).start()
+        assert link.wait_up(WAIT)
+        with caplog.at_level("INFO", logger="modbridge.link"):
+            times = _break_service(link, 1)
+            assert wait_for(lambda: times and link.link_up)
+            assert wait_for(lambda: not link.thread_failing)  # healthy for 0.3 s
+            assert "link thread running again" in caplog.text
+            times = _break_service(link, 1, KeyError("another bug"))
+            assert wait_for(lambda: times and link.link_up)
+        assert (link.thread_restarts, link.thread_episodes) == (2, 2)
+        assert len(_errors(caplog)) == 2
+        assert link._thread_backoff == L.THREAD_BACKOFF_MIN_S  # reset per episode
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), GeneratorExit(), KeyboardInterrupt()])
+def test_even_a_base_exception_does_not_end_the_thread(links, exc):
+    with PtyPeer() as peer:
+        link = links(peer.path).start()
+        assert link.wait_up(WAIT)
+        times = _break_service(link, 2, exc)
+        assert wait_for(lambda: len(times) == 2 and link.link_up)
+        assert link._thread.is_alive() and link.thread_restarts == 2
+
+
+def test_a_failure_in_the_lost_port_handler_is_restarted_too(links, caplog):
+    """The old loop caught the service's exceptions, but one raised while handling
+    them (here: in ``_lost``) ended the thread for good."""
+    with PtyPeer() as peer:
+        link = links(peer.path).start()
+        assert link.wait_up(WAIT)
+        real_lost = link._lost
+        calls = []
+
+        def lost(e):
+            calls.append(e)
+            if len(calls) == 1:
+                raise RuntimeError("handler bug")
+            real_lost(e)
+
+        link._lost = lost
+        _break_service(link, 1, serial.SerialException("gone"))
+        assert wait_for(lambda: calls and link.link_up)
+        assert link._thread.is_alive() and link.thread_restarts == 1
+        assert "handler bug" in link.thread_error
+
+
+def test_stop_during_the_restart_backoff_is_prompt(links, monkeypatch):
+    monkeypatch.setattr(L, "THREAD_BACKOFF_MIN_S", 30.0)
+    with PtyPeer() as peer:
+        link = links(peer.path).start()
+        assert link.wait_up(WAIT)
+        times = _break_service(link, 1)
+        assert wait_for(lambda: times)
+        t0 = time.monotonic()
+        link.stop()
+        assert time.monotonic() - t0 < 2.0
+        assert not link._thread.is_alive() and link.state == L.STOPPED
+
+
+# ----------------------------------------------------------------------------- wire strings
+
+EVIL = "e661\x1b]0;pwned\x07\x1b[2J\u202egnp.exe\x9b31m"
+
+
+def _raw(text: str) -> bool:
+    return any(c in text for c in ("\x1b", "\x07", "\u202e", "\x9b"))
+
+
+def test_wire_strings_in_log_lines_are_sanitised(links, caplog):
+    with PtyPeer(uid=EVIL, fw_version="1\x1b[5m", board="b\u202eoard") as peer:
+        with caplog.at_level("DEBUG", logger="modbridge.link"):
+            link = links(peer.path).start()
+            assert link.wait_up(WAIT)
+            assert link.status.module_id == EVIL  # the status keeps the raw value
+        up = [r.getMessage() for r in caplog.records if " up (firmware" in r.getMessage()]
+        assert up and not any(_raw(m) for m in up)
+        assert "e661\\x1b]0;pwned\\x07\\x1b[2J\\u202egnp.exe\\x9b31m" in up[0]
+        assert "1\\x1b[5m" in up[0] and "b\\u202eoard" in up[0]
+        assert not _raw(caplog.text)
+
+
+def test_a_nack_text_from_the_wire_is_sanitised_in_the_error(links):
+    rules = {"config_save": (C.ERR_BUSY, "k\x1b[2J", "busy\x1b]0;x\x07\nforged line")}
+    with PtyPeer(nack_rules=rules) as peer:
+        link = links(peer.path).start()
+        assert link.wait_up(WAIT)
+        with pytest.raises(CommandRefused) as e:
+            link.request("config_save")
+        assert not _raw(str(e.value)) and "\n" not in str(e.value)
+        assert "busy\\x1b]0;x\\x07\\nforged line" in str(e.value)
+        assert e.value.text == "busy\x1b]0;x\x07\nforged line"  # raw, for matching
+
+
+def test_not_paired_and_key_errors_are_sanitised(links, store, caplog):
+    with PtyPeer(uid=EVIL, nonce=True) as peer:
+        with caplog.at_level("DEBUG", logger="modbridge.link"):
+            link = links(peer.path, keys=store).start()
+            assert link.wait_up(WAIT)
+            with pytest.raises(L.NotPaired) as e:
+                link.request("config_save")
+        assert not _raw(str(e.value))
+        assert not _raw(link.status.last_error or "") and not _raw(link.key_error or "")
+        assert not _raw(caplog.text)
