@@ -238,3 +238,95 @@ def test_config_validate_missing_file_and_no_default(tmp_path):
     assert res.exit_code == 2 and "no such file" in res.output
     res = run("config", "validate")
     assert res.exit_code == 2 and "give FILE" in res.output
+
+
+# -- restore ----------------------------------------------------------------------------
+H200 = "GPU-5e1f0c2a-7b3d-4c8e-9a61-2d0f4b8e7c13"
+
+
+def _lowered(nv, watts=490):
+    for name in ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"):
+        nv.set_answer(name, int(watts * 1000))
+
+
+def _journal(state_dir, original_w=700.0):
+    from modbridge.journal import LimitJournal
+
+    LimitJournal(state_dir).record(H200, original_w, 490.0)
+
+
+def test_restore_puts_every_journaled_gpu_back(fake_nvml, tmp_path):
+    _journal(tmp_path / "state")  # MODBRIDGE_STATE_DIR (the autouse fixture)
+    _lowered(fake_nvml)
+    res = run("restore", "--dry-run", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["dry_run"] is True and out["gpus"][0]["action"] == "would_restore"
+    assert fake_nvml.writes == []
+    res = run("restore", "--json")
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.output)["gpus"]
+    assert (row["uuid"], row["action"], row["before_w"], row["after_w"]) == (
+        H200, "restored", 490.0, 700.0)  # fmt: skip
+    assert [w["value_mw"] for w in fake_nvml.writes] == [700000]
+    res = run("restore")
+    assert res.exit_code == 0 and "no journaled GPU" in res.output
+
+
+def test_restore_refused_exits_1_and_keeps_the_entry(fake_nvml, tmp_path):
+    other = tmp_path / "elsewhere"
+    _journal(other)
+    _lowered(fake_nvml)
+    fake_nvml.read_only = True
+    res = run("restore", "--state-dir", str(other))
+    assert res.exit_code == 1
+    assert f"{H200}  refused" in res.output and "root" in res.output
+    assert (other / "limits" / f"{H200}.json").exists()
+
+
+def test_restore_ignores_a_foreign_limit_above_the_default(fake_nvml, tmp_path):
+    _journal(tmp_path / "state", original_w=2000.0)
+    _lowered(fake_nvml)
+    res = run("restore", "--json")
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.output)["gpus"]
+    assert row["after_w"] == 700.0 and "2000 W" in row["message"]
+    assert [w["value_mw"] for w in fake_nvml.writes] == [700000]
+
+
+def test_run_restores_a_journaled_gpu_before_the_modules_and_locks_it(fake_nvml, tmp_path,
+                                                                      monkeypatch):  # fmt: skip
+    from modbridge import link
+
+    def denied(port, open_fn=None, timeout=0):
+        raise link.open_error(port, PermissionError(13, "Permission denied"))
+
+    monkeypatch.setattr(link, "open_port", denied)
+    state = tmp_path / "run-state"
+    _journal(state)
+    _lowered(fake_nvml)
+    res = run("run", "--state-dir", str(state), "--port", "/dev/ttyUSB0", "--no-metrics",
+              "--once")  # fmt: skip
+    assert res.exit_code == 1 and "dialout" in res.output  # the port, after the restore
+    assert [w["value_mw"] for w in fake_nvml.writes] == [700000]
+    assert not (state / "limits" / f"{H200}.json").exists()
+    assert (state / "locks" / f"{H200}.lock").exists()
+
+
+def test_run_when_another_bridge_owns_the_gpu_exits_1_naming_it(fake_nvml, tmp_path):
+    import os
+
+    from modbridge.gpulock import GpuLock
+
+    with GpuLock(tmp_path / "state", H200):
+        res = run("run", "--port", "/dev/ttyUSB0", "--no-metrics", "--once")
+    assert res.exit_code == 1
+    assert f"owned by another modbridge (pid {os.getpid()}" in res.output
+    assert fake_nvml.writes == []
+
+
+def test_run_with_an_unusable_state_dir_exits_1(fake_nvml, tmp_path):
+    (tmp_path / "file").write_text("")
+    res = run("run", "--state-dir", str(tmp_path / "file" / "state"), "--port", "/dev/ttyUSB0",
+              "--no-metrics", "--once")  # fmt: skip
+    assert res.exit_code == 1 and "--state-dir" in res.output

@@ -1,24 +1,44 @@
 """The power-limit actuator: the only code in modbridge that changes a GPU setting.
 
-    limiter = PowerLimiter(backend, uuid, log=events.append)
-    limiter.start()                      # saves the original limit and the constraints
+    journal = LimitJournal(state_dir)     # modbridge.journal: the originals, on disk
+    limiter = PowerLimiter(backend, uuid, log=events.append, journal=journal)
+    limiter.start()                      # the original (journaled one first), constraints;
+                                         # a GPU found below its journaled original is
+                                         # restored here, before anything else
+    limiter.observe(sample)              # every tick: the current limit is the truth
     limiter.apply(450, "module over-temperature", {"gpu_c": 84.0})
     limiter.restore("module healthy")    # back to the original (idempotent)
     limiter.close()                      # on_exit="restore" (default) or "keep"
-    install_signal_handlers([limiter])   # SIGTERM/SIGINT/exit restore too
+    install_signal_handlers([limiter])   # SIGTERM/SIGINT/SIGHUP/SIGQUIT/exit restore too
+
+Crash safety (docs/bridge.md, "Power limits: journal, restore, ownership"): before any
+write that takes the limit below the original, the original and the intended limit
+are journaled and fsync'd; a journal that cannot be written means no write. The entry
+is cleared only once the original is read back as enforced. A journaled original is
+never trusted above ``min(default limit, max constraint)``.
+
+The current limit is the truth: the limit is re-read before every write, and
+:meth:`observe` compares every tick's reading with what the limiter believes. An
+external change (``nvidia-smi -pl 400``) is an ``external`` event; the operator's value
+becomes the original (the restore target). While a lowered limit is held, the lower of
+the two is kept (the next decision writes the hold again if the operator raised it).
+A target is never above the original, so a "lower" can never raise the limit.
 
 Targets are clamped to the GPU's constraints, a write within 1 W of the current limit
 is skipped, and the enforced limit is read back after every write. A refused write
 (PowerLimitRefused, GpuNoPermission) is an alert event and a count, never an exception
-for the caller: the bridge keeps running and the module keeps cooling. ``dry_run``
-logs every decision and writes nothing.
+for the caller: the bridge keeps running and the module keeps cooling. Refusals back
+off exponentially (1 s doubling to 5 min) with one alert per episode; the first write
+that works ends the episode (a ``recovered`` event). ``dry_run`` logs every decision
+and writes nothing (not even the journal).
 
 Events go to ``log``: an :class:`modbridge.eventlog.EventLog` (``write("power_limit",
 **fields)``) or any callable taking a dict (``{"event": "power_limit", **fields}``).
 Fields: ``gpu_uuid``, ``level`` (``info``/``alert``), ``action`` (lower, restore,
-refused, dry_run, failed, keep, start), ``reason``, ``message``, ``dry_run`` and the
-numbers (``requested_w``, ``clamped_w``, ``current_w``, ``original_w``, ``enforced_w``,
-``values``). Everything is also logged through :mod:`logging`.
+refused, dry_run, failed, keep, start, journal, external, recovered), ``reason``,
+``message``, ``dry_run`` and the numbers (``requested_w``, ``clamped_w``,
+``current_w``, ``original_w``, ``enforced_w``, ``values``). Everything is also logged
+through :mod:`logging`.
 """
 
 from __future__ import annotations
@@ -31,18 +51,23 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from .gpu.base import GpuBackend, GpuError, GpuNoPermission, PowerLimitRefused
+from .gpu.base import GpuBackend, GpuError, GpuNoPermission, GpuSample, PowerLimitRefused
+from .journal import JournalError, LimitJournal
 
 _log = logging.getLogger(__name__)
 
 SKIP_BAND_W = 1.0  # a target within this of the current limit is not written
 ON_EXIT = ("restore", "keep")
+BACKOFF_FIRST_S = 1.0  # a refused write or restore is tried again after this...
+BACKOFF_MAX_S = 300.0  # ...doubling up to this, until one works
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 @dataclass
 class ApplyResult:
     """What one ``apply``/``restore`` did. ``action``: lower, restore, refused, dry_run,
-    failed (the GPU could not be reached) or skip (already there)."""
+    failed (the GPU could not be reached, or the journal not written), backoff (a
+    refusal a moment ago: not tried) or skip (already there)."""
 
     requested_w: float | None
     clamped_w: float | None
@@ -63,6 +88,10 @@ class PowerLimiter:
         on_exit="restore",
         log=None,
         clock=time.time,
+        journal: LimitJournal | None = None,
+        monotonic=time.monotonic,
+        backoff_first_s: float = BACKOFF_FIRST_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
     ):
         if on_exit not in ON_EXIT:
             raise ValueError(f"on_exit must be one of {ON_EXIT}, got {on_exit!r}")
@@ -72,6 +101,14 @@ class PowerLimiter:
         self.on_exit = on_exit
         self._emit = log
         self._clock = clock
+        self.journal = journal
+        self._mono = monotonic
+        self.backoff_first_s = backoff_first_s
+        self.backoff_max_s = backoff_max_s
+        self.backoff_s = 0.0  # the current back-off delay (0: not in a refusal episode)
+        self._retry_at: float | None = None
+        self.episode_refusals = 0  # refusals in the current episode
+        self.external_changes = 0
         self._lock = threading.RLock()  # the signal handler may restore mid-apply
         self.original_w: float | None = None
         self.min_w: float | None = None
@@ -81,7 +118,7 @@ class PowerLimiter:
         self.last_write_ts: float | None = None  # wall clock of the last successful write
         self.actions_total: Counter = Counter()
         self.refused_total = 0
-        self._touched = False  # a write of ours changed the limit since the last restore
+        self._touched = False  # we hold a limit below the original
         self._dry_target_w: float | None = None
         self._closed = False
 
@@ -111,8 +148,11 @@ class PowerLimiter:
     # ------------------------------------------------------------------ life cycle
 
     def start(self) -> None:
-        """Save the original enforced limit and the constraints. Raises GpuError when
-        the GPU cannot be read (nothing can be restored without the original)."""
+        """Save the constraints and the original limit: the journaled one (clamped to
+        ``min(default, max)``) if there is one, else the enforced limit now. A GPU
+        found below its journaled original is restored first; the entry is cleared
+        once the restore reads back as enforced. Raises GpuError when the GPU cannot
+        be read (nothing can be restored without the original)."""
         with self._lock:
             sample = self.backend.sample(self.uuid)
             if sample.enforced_limit_w is None:
@@ -120,21 +160,101 @@ class PowerLimiter:
                     f"GPU {self.uuid} does not report its power limit: the power-limit "
                     "actuator cannot run (use --dry-run, or a GPU with power management)"
                 )
-            self.original_w = self.current_w = sample.enforced_limit_w
+            self.current_w = sample.enforced_limit_w
             self.min_w, self.max_w = sample.min_limit_w, sample.max_limit_w
             self.default_w = sample.default_limit_w
             self._closed = False
-            if self.default_w is not None and self.original_w < self.default_w - SKIP_BAND_W:
-                self._event(
-                    "alert",
-                    "start",
-                    "start",
-                    f"the limit is {self.original_w:g} W, below the default "
-                    f"{self.default_w:g} W: a previous run may have died without restoring "
-                    f"(reset with `nvidia-smi -i {self.uuid} -pl {self.default_w:g}`)",
-                    original_w=self.original_w,
-                    default_w=self.default_w,
-                )
+            journaled = self._journaled_original()
+            if journaled is None:
+                self.original_w = self.current_w
+                self._touched = False
+                self._warn_below_default()
+                return
+            if self.current_w >= journaled - SKIP_BAND_W:
+                # at (or above: the operator raised it meanwhile) the journaled original
+                self.original_w = self.current_w
+                self._touched = False
+                self._clear_journal()
+                return
+            self.original_w = journaled
+            self._touched = True
+            self._event(
+                "alert",
+                "start",
+                "start",
+                f"the limit is {self.current_w:g} W, below the journaled original "
+                f"{journaled:g} W (a previous run died holding it): restoring first",
+                original_w=journaled,
+                current_w=self.current_w,
+            )
+            if not self.dry_run:
+                self.restore("start: journaled original", force=True)
+            else:
+                self._dry_target_w = self.current_w
+
+    def _ceiling_w(self) -> float | None:
+        """The highest limit a journal may restore: ``min(default, max constraint)``."""
+        caps = [w for w in (self.default_w, self.max_w) if w is not None]
+        return min(caps) if caps else None
+
+    def _journaled_original(self) -> float | None:
+        """The journal's original for this GPU, checked (None: none usable)."""
+        if self.journal is None:
+            return None
+        try:
+            entry, problem = self.journal.read(self.uuid, quarantine=not self.dry_run)
+        except JournalError as e:
+            entry, problem = None, str(e)
+        if problem is not None:
+            self._event("alert", "journal", "start", f"journal entry ignored: {problem}")
+        if entry is None:
+            return None
+        original = entry.original_w
+        ceiling = self._ceiling_w()
+        if ceiling is not None and original > ceiling + SKIP_BAND_W:
+            self._event(
+                "alert",
+                "journal",
+                "start",
+                f"journaled original {original:g} W (pid {entry.pid}) is above the GPU's "
+                f"default/maximum {ceiling:g} W: ignored, {ceiling:g} W used instead",
+                journaled_w=original,
+                ceiling_w=ceiling,
+            )
+            original = ceiling
+        if self.min_w is not None and original < self.min_w:
+            self._event(
+                "alert",
+                "journal",
+                "start",
+                f"journaled original {original:g} W is below the GPU's minimum "
+                f"{self.min_w:g} W: {self.min_w:g} W used instead",
+                journaled_w=original,
+            )
+            original = self.min_w
+        return original
+
+    def _warn_below_default(self) -> None:
+        if self.default_w is not None and self.original_w < self.default_w - SKIP_BAND_W:
+            self._event(
+                "alert",
+                "start",
+                "start",
+                f"the limit is {self.original_w:g} W, below the default "
+                f"{self.default_w:g} W, and no journal entry says why (set by an operator, "
+                "or by a run without a state directory); it is kept as the original "
+                f"(reset with `nvidia-smi -i {self.uuid} -pl {self.default_w:g}`)",
+                original_w=self.original_w,
+                default_w=self.default_w,
+            )
+
+    def _clear_journal(self) -> None:
+        if self.journal is None or self.dry_run:
+            return
+        try:
+            self.journal.clear(self.uuid)
+        except JournalError as e:
+            self._event("alert", "journal", "clear", str(e))
 
     def clamp(self, watts: float) -> float:
         if self.min_w is not None and watts < self.min_w:
@@ -143,20 +263,101 @@ class PowerLimiter:
             watts = self.max_w
         return watts
 
+    @property
+    def holding(self) -> bool:
+        """A limit of ours below the original is in force (or was, in a dry run)."""
+        return self._touched
+
+    def observe(self, sample: GpuSample | None) -> None:
+        """Compare a fresh reading with what we believe; adopt an external change.
+
+        Not holding: the operator's value becomes the original. Holding a lowered
+        limit: the operator's value becomes the restore target; the lower of the two
+        is kept (a later decision writes the hold again if it is the lower)."""
+        with self._lock:
+            if sample is None or sample.state != "ok" or sample.enforced_limit_w is None:
+                return
+            if self.original_w is None:
+                return
+            enforced = sample.enforced_limit_w
+            believed = self.current_w
+            if believed is None or abs(enforced - believed) <= SKIP_BAND_W:
+                self.current_w = enforced
+                return
+            self.external_changes += 1
+            old = self.original_w
+            held = believed if self._touched else None
+            self.current_w = enforced
+            self.original_w = enforced
+            if held is not None and enforced > held + SKIP_BAND_W and not self.dry_run:
+                what = (
+                    f"held {held:g} W; the original is now {enforced:g} W, "
+                    f"and {held:g} W is kept while the cause lasts"
+                )
+                self._journal_write(enforced, held)
+            else:
+                what = f"the original is now {enforced:g} W"
+                self._touched = False
+                self._dry_target_w = None
+                self._clear_journal()
+            self._event(
+                "alert" if held is not None else "info",
+                "external",
+                "external change",
+                f"the power limit changed outside modbridge: {believed:g} W -> "
+                f"{enforced:g} W (was original {old:g} W); {what}",
+                current_w=enforced,
+                believed_w=believed,
+                previous_original_w=old,
+                original_w=enforced,
+            )
+
+    def _reread(self) -> GpuError | None:
+        """Read the limit now (the truth) before a decision; the error if it cannot."""
+        try:
+            sample = self.backend.sample(self.uuid)
+        except GpuError as e:
+            return e
+        self.observe(sample)
+        return None
+
+    def _journal_write(self, original_w, intended_w) -> JournalError | None:
+        if self.journal is None or self.dry_run:
+            return None
+        try:
+            self.journal.record(self.uuid, original_w, intended_w)
+        except JournalError as e:
+            return e
+        return None
+
+    def _backing_off(self, requested, clamped) -> ApplyResult | None:
+        if self._retry_at is not None and self._mono() < self._retry_at:
+            return ApplyResult(requested, clamped, self.current_w, False, None, "backoff")
+        return None
+
     def apply(self, target_w: float, reason: str, values: dict | None = None) -> ApplyResult:
-        """Set the limit to ``target_w`` (clamped). Never raises a GpuError."""
+        """Set the limit to ``target_w`` (clamped to the constraints, never above the
+        original). Never raises a GpuError."""
         with self._lock:
             if self.original_w is None:
                 try:
                     self.start()
                 except GpuError as e:
                     return self._failed(target_w, None, reason, e, values)
-            clamped = self.clamp(float(target_w))
+            clamped = min(self.clamp(float(target_w)), self.original_w)
+            waiting = self._backing_off(target_w, clamped)
+            if waiting is not None:
+                return waiting
+            err = self._reread()
+            if err is not None:
+                return self._failed(target_w, clamped, reason, err, values)
+            clamped = min(clamped, self.original_w)  # the original may have moved
             action = "restore" if clamped >= self.original_w - SKIP_BAND_W else "lower"
             return self._write(target_w, clamped, action, reason, values)
 
-    def restore(self, reason: str = "restore") -> ApplyResult | None:
-        """Write the original limit back if a write of ours changed it (idempotent)."""
+    def restore(self, reason: str = "restore", force=False) -> ApplyResult | None:
+        """Write the original limit back if we hold a lower one (idempotent).
+        ``force``: also while backing off (exit, start)."""
         with self._lock:
             if self.original_w is None:
                 return None
@@ -165,6 +366,14 @@ class PowerLimiter:
             )
             if not (self._touched or dry_moved):
                 return None
+            if not force:
+                waiting = self._backing_off(self.original_w, self.original_w)
+                if waiting is not None:
+                    return waiting
+            if not self.dry_run:
+                self._reread()  # unreadable: try the write anyway, it is the way back
+                if not self._touched:
+                    return None  # an operator's change put it back (or lower) meanwhile
             result = self._write(self.original_w, self.original_w, "restore", reason, None)
             if result.error is None:
                 self._touched = False
@@ -177,13 +386,14 @@ class PowerLimiter:
                 return None
             self._closed = True
             if self.on_exit == "restore":
-                return self.restore(reason)
+                return self.restore(reason, force=True)
             if self._touched:
                 self._event(
                     "info",
                     "keep",
                     reason,
-                    f"keeping the power limit at {self.current_w} W (on_exit=keep)",
+                    f"keeping the power limit at {self.current_w} W (on_exit=keep; the "
+                    "journal keeps the original for the next start or `modbridge restore`)",
                     current_w=self.current_w,
                     original_w=self.original_w,
                 )
@@ -215,6 +425,10 @@ class PowerLimiter:
                 **numbers,
             )
             return ApplyResult(requested, clamped, self.current_w, False, None, "dry_run")
+        if action == "lower":
+            jerr = self._journal_write(self.original_w, clamped)
+            if jerr is not None:  # no journal, no write: a crash would lose the original
+                return self._failed(requested, clamped, reason, jerr, values)
         try:
             enforced = self.backend.set_power_limit_w(self.uuid, clamped)
         except (PowerLimitRefused, GpuNoPermission) as e:
@@ -222,20 +436,32 @@ class PowerLimiter:
             self.actions_total["refused"] += 1
             if isinstance(e, PowerLimitRefused) and e.enforced_w is not None:
                 self.current_w = e.enforced_w
-            self._event(
-                "alert",
-                "refused",
-                reason,
-                f"power limit {clamped:g} W refused ({reason}): {e}",
-                **numbers,
-            )
+                self._touched = e.enforced_w < self.original_w - SKIP_BAND_W
+            first = self._refused_backoff()
+            if first:
+                self._event(
+                    "alert",
+                    "refused",
+                    reason,
+                    f"power limit {clamped:g} W refused ({reason}): {e}; retrying after "
+                    f"{self.backoff_s:g} s, doubling up to {self.backoff_max_s:g} s "
+                    "(one alert per episode)",
+                    backoff_s=self.backoff_s,
+                    **numbers,
+                )
+            else:
+                _log.debug("%s: refused again (%d in this episode, next try in %g s)",
+                           self.uuid, self.episode_refusals, self.backoff_s)  # fmt: skip
             return ApplyResult(requested, clamped, self.current_w, False, str(e), "refused")
         except GpuError as e:
             return self._failed(requested, clamped, reason, e, values)
         self.current_w = enforced
         self.last_write_ts = self._clock()
-        self._touched = abs(enforced - self.original_w) > SKIP_BAND_W
+        self._touched = enforced < self.original_w - SKIP_BAND_W
+        if not self._touched and abs(enforced - self.original_w) <= SKIP_BAND_W:
+            self._clear_journal()  # the original reads back as enforced
         self.actions_total[action] += 1
+        self._end_episode(reason)
         self._event(
             "info",
             action,
@@ -245,6 +471,29 @@ class PowerLimiter:
             **numbers,
         )
         return ApplyResult(requested, clamped, enforced, True, None, action)
+
+    def _refused_backoff(self) -> bool:
+        """Count a refusal and push the next try out; True for an episode's first."""
+        first = self.episode_refusals == 0
+        self.episode_refusals += 1
+        self.backoff_s = (
+            self.backoff_first_s if first else min(self.backoff_max_s, self.backoff_s * 2)
+        )
+        self._retry_at = self._mono() + self.backoff_s
+        return first
+
+    def _end_episode(self, reason) -> None:
+        if self.episode_refusals:
+            self._event(
+                "info",
+                "recovered",
+                reason,
+                f"power-limit writes work again after {self.episode_refusals} refusal(s)",
+                refusals=self.episode_refusals,
+            )
+        self.episode_refusals = 0
+        self.backoff_s = 0.0
+        self._retry_at = None
 
     def _failed(self, requested, clamped, reason, err, values) -> ApplyResult:
         self.actions_total["failed"] += 1
@@ -256,7 +505,7 @@ class PowerLimiter:
             f"written ({reason}): {err}",
             requested_w=requested,
             clamped_w=clamped,
-            state=err.state,
+            state=getattr(err, "state", "journal"),
             **({"values": values} if values else {}),
         )
         return ApplyResult(requested, clamped, self.current_w, False, str(err), "failed")
@@ -276,11 +525,15 @@ class PowerLimiter:
             "actions_total": dict(self.actions_total),
             "refused_total": self.refused_total,
             "dry_run": self.dry_run,
+            "holding": self._touched,
+            "backoff_s": self.backoff_s,
+            "external_changes": self.external_changes,
         }
 
 
-def install_signal_handlers(limiters, signals=(signal.SIGTERM, signal.SIGINT)):
-    """Close every limiter (restoring, unless on_exit="keep") on SIGTERM/SIGINT, then
+def install_signal_handlers(limiters, signals=SIGNALS):
+    """Close every limiter (restoring, unless on_exit="keep") on SIGTERM/SIGINT/SIGHUP/
+    SIGQUIT, then
     exit with 128 + the signal number; and at interpreter exit. Main thread only.
     Returns a function that puts the previous handlers back."""
     limiters = list(limiters)
@@ -305,3 +558,65 @@ def install_signal_handlers(limiters, signals=(signal.SIGTERM, signal.SIGINT)):
         atexit.unregister(close_all)
 
     return uninstall
+
+
+def restore_journaled(backend: GpuBackend, state_dir, dry_run=False, log=None) -> list[dict]:
+    """``modbridge restore``: put every journaled GPU back to its original limit,
+    without the loop. Each GPU is locked first (a running bridge owns its GPUs: its
+    own stop restores them). Returns one dict per journal file: ``uuid``,
+    ``original_w``, ``before_w``, ``after_w``, ``action`` (restored, would_restore,
+    at_original, refused, busy, missing, ignored) and ``ok``, ``message``."""
+    from .gpulock import GpuBusy, GpuLock
+
+    journal = LimitJournal(state_dir)
+    out = []
+    for uuid in journal.uuids():
+        row = {"uuid": uuid, "original_w": None, "before_w": None, "after_w": None}
+        events: list[dict] = []
+
+        def sink(ev, events=events):
+            events.append(ev)
+            if log is not None:
+                (log.write("power_limit", **{k: v for k, v in ev.items() if k != "event"})
+                 if hasattr(log, "write") else log(ev))  # fmt: skip
+
+        lock = GpuLock(state_dir, uuid)
+        try:
+            lock.acquire()
+        except GpuBusy as e:
+            out.append({**row, "action": "busy", "ok": False, "message": str(e)})
+            continue
+        try:
+            lim = PowerLimiter(backend, uuid, dry_run=dry_run, log=sink, journal=journal)
+            try:
+                before = backend.sample(uuid).enforced_limit_w
+                row["before_w"] = before
+                lim.start()
+            except GpuError as e:
+                out.append({**row, "action": "missing", "ok": False,
+                            "message": f"GPU {uuid} cannot be read ({e}): not restored; "
+                                       "the journal entry is kept"})  # fmt: skip
+                continue
+            row["original_w"] = lim.original_w
+            row["after_w"] = lim.current_w
+            problems = [e["message"] for e in events if e.get("action") == "journal"]
+            if problems and not any("used instead" in p for p in problems):
+                out.append({**row, "action": "ignored", "ok": False,
+                            "message": "; ".join(problems)})  # fmt: skip
+            elif dry_run and lim.holding:
+                out.append({**row, "action": "would_restore", "ok": True,
+                            "message": f"would restore {lim.original_w:g} W "
+                                       f"(now {lim.current_w:g} W)"})  # fmt: skip
+            elif lim.holding:
+                msg = next((e["message"] for e in reversed(events)
+                            if e.get("level") == "alert"), "restore refused")  # fmt: skip
+                out.append({**row, "action": "refused", "ok": False, "message": msg})
+            else:
+                restored = before is not None and before < lim.original_w - SKIP_BAND_W
+                out.append({**row, "action": "restored" if restored else "at_original",
+                            "ok": True,
+                            "message": "; ".join([*problems,
+                                                  f"{lim.original_w:g} W enforced"])})  # fmt: skip
+        finally:
+            lock.release()
+    return out

@@ -13,10 +13,19 @@ hello) or ports to GPU UUIDs / PCI bus ids; with one module and one GPU and no
 mapping, they pair automatically. An unmapped module still gets heartbeats (without
 GPU values) and metrics; its policy acts on no GPU.
 
+Power limits (docs/bridge.md, "Power limits: journal, restore, ownership"): with a
+state directory (``state_dir``; the CLI always gives one) every GPU the bridge may
+act on is locked (:mod:`modbridge.gpulock`: a second bridge fails to start, naming
+the first one's pid) and its limiter journals originals there
+(:mod:`modbridge.journal`); a GPU found below its journaled original is restored at
+start, before any module is opened. Without one (library use, tests) there is no
+journal and no lock. Dry runs (``status``, ``monitor``) read the journal, never lock.
+
 Stopping: :meth:`Bridge.request_stop` only sets flags (safe from a signal handler);
 the loop returns and the caller runs :meth:`Bridge.stop`, which stops the links and
 puts every power limit back (``on_exit``). :meth:`Bridge.install_signal_handlers`
-wires SIGTERM/SIGINT to that; a second signal restores at once and exits 128+n.
+wires SIGTERM/SIGINT/SIGHUP/SIGQUIT to that; a second signal restores at once and
+exits 128+n.
 
 Also here, for the CLI (docs/bridge.md): :func:`probe_modules` (``modbridge list``),
 :func:`report` (the one object ``status`` prints as a table or as JSON, and the
@@ -34,11 +43,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .actuator import PowerLimiter
+from .actuator import SIGNALS, PowerLimiter
 from .config import BridgeConfig, ModuleMapping, match_gpu
 from .errors import ModbridgeError
 from .eventlog import EventLog
 from .gpu.base import GpuBackend, GpuError, GpuSample
+from .gpulock import GpuLock
+from .journal import LimitJournal
 from .keys import KeyStore
 from .link import LinkError, ModuleLink
 from .model import BridgeSnapshot, ModuleStatus, PairState
@@ -96,8 +107,13 @@ class Bridge:
         link_factory: Callable[..., ModuleLink] = ModuleLink,
         clock: Callable[[], float] = time.monotonic,
         keys: KeyStore | None = None,
+        state_dir: str | os.PathLike | None = None,
     ):
         self.config = config
+        # the journal of original limits and the GPU locks; None: the config's (or none)
+        self.state_dir = state_dir if state_dir is not None else config.state_dir
+        self.journal: LimitJournal | None = None
+        self.locks: dict[str, GpuLock] = {}
         # the modules' signing keys (docs/pairing.md); None: the config's, else the default
         self.keys = keys if keys is not None else KeyStore.for_config(config)
         self.backend = backend
@@ -126,20 +142,68 @@ class Bridge:
         self.signal_received: int | None = None
 
     # -- life cycle -----------------------------------------------------------------
-    def start(self) -> Bridge:
-        """Save every GPU's power limit, read the GPUs once, open every module link.
+    def _owned_gpus(self) -> list:
+        """The GPUs this bridge may act on: those the config maps (all of them when a
+        mapping names no GPU, or there is no mapping)."""
+        infos = self.backend.devices()
+        specs = [m.gpu for m in self.config.modules]
+        if not specs or any(g is None for g in specs):
+            return infos
+        return [i for i in infos if any(match_gpu(g, i.uuid, i.pci_bus_id) for g in specs)]
 
-        A port that cannot be opened for good (busy, permission) raises its
+    def _open_state(self, infos) -> None:
+        """The journal and (not in a dry run) one lock per GPU; on GpuBusy or
+        JournalError the locks already taken are released and the error raised."""
+        if self.state_dir is None:
+            log.warning("no state directory: power-limit originals are not journaled")
+            return
+        self.journal = LimitJournal(self.state_dir)
+        if self.config.dry_run:
+            return
+        try:
+            self.journal.ensure()
+            for info in infos:
+                self.locks[info.uuid] = GpuLock(self.state_dir, info.uuid).acquire()
+        except ModbridgeError:
+            self._release_locks()
+            raise
+        present = {i.uuid for i in self.backend.devices()}
+        for uuid in self.journal.uuids():
+            if uuid not in present:
+                msg = (
+                    f"GPU {uuid} has a journaled original limit but is not present: it "
+                    "cannot be restored now (`modbridge restore` once it is back)"
+                )
+                log.warning("%s", msg)
+                self._write_event("power_limit", gpu_uuid=uuid, level="alert",
+                                  action="journal", message=msg)  # fmt: skip
+
+    def _release_locks(self) -> None:
+        for lock in self.locks.values():
+            lock.release()
+        self.locks.clear()
+
+    def start(self) -> Bridge:
+        """Lock and journal (with a state dir), save every GPU's power limit (restoring
+        a journaled original first), read the GPUs once, open every module link.
+
+        Another bridge owning a GPU raises :class:`~modbridge.gpulock.GpuBusy`, an
+        unusable state dir :class:`~modbridge.journal.JournalError`, before anything is
+        written. A port that cannot be opened for good (busy, permission) raises its
         :class:`~modbridge.link.LinkError` after the links already started are
         stopped again; a missing port is retried by its link (plug it in later).
         """
-        for info in self.backend.devices():
+        infos = self._owned_gpus()
+        self._open_state(infos)
+        for info in infos:
             lim = PowerLimiter(
                 self.backend,
                 info.uuid,
                 dry_run=self.config.dry_run,
                 on_exit=self.config.on_exit,
                 log=self.event_log,
+                journal=self.journal,
+                monotonic=self.clock,
             )
             try:
                 lim.start()
@@ -219,6 +283,9 @@ class Bridge:
                 continue
             if res is not None and res.error is not None:
                 ok = False
+            if lim.holding and lim.on_exit == "restore" and not lim.dry_run:
+                ok = False
+        self._release_locks()
         self._write_event("bridge", action="stop", reason=reason, limits_restored=ok)
         return ok
 
@@ -230,10 +297,11 @@ class Bridge:
             except Exception:  # noqa: BLE001 - restore the others whatever one does
                 log.exception("restoring the power limit of %s failed", lim.uuid)
 
-    def install_signal_handlers(self, signals=(signal.SIGTERM, signal.SIGINT)) -> Callable:
-        """SIGTERM/SIGINT: :meth:`request_stop` (the caller's :meth:`stop` restores the
-        limits and the process exits 0). A second signal before that: restore now and
-        exit 128 + n. Main thread only; returns a function putting the old ones back."""
+    def install_signal_handlers(self, signals=SIGNALS) -> Callable:
+        """SIGTERM/SIGINT/SIGHUP/SIGQUIT: :meth:`request_stop` (the caller's
+        :meth:`stop` restores the limits and the process exits 0). A second signal
+        before that: restore now and exit 128 + n. Main thread only; returns a function
+        putting the old ones back."""
 
         def handler(signum, frame):
             name = signal.Signals(signum).name
@@ -377,6 +445,8 @@ class Bridge:
         ):
             return None  # refused a moment ago: not again every tick
         res = lim.apply(d.target_limit_w, ",".join(d.reasons), d.values)
+        if res.action == "backoff":
+            return None
         if res.action == "refused":
             self._refused[uuid] = (d.target_limit_w, now)
         else:
@@ -387,6 +457,8 @@ class Bridge:
         now = self.clock()
         self.ticks += 1
         self._refresh_gpus()
+        for uuid, lim in self.limiters.items():
+            lim.observe(self.samples.get(uuid))  # the current limit is the truth
         self._note_links()
         inputs = []
         for port, link in self.links.items():
@@ -426,7 +498,7 @@ class Bridge:
                 continue
             if d.can_actuate:
                 res = self._act(inp.gpu_uuid, lim, d, now)
-                if res is not None and res.action != "skip":
+                if res is not None and res.action not in ("skip", "backoff"):
                     self.decision_at[inp.gpu_uuid] = self.clock()
             pair.actions_total = lim.actions_total
             pair.limit_writes_refused = lim.refused_total

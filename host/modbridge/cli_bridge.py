@@ -1,4 +1,4 @@
-"""`modbridge list/status/run/monitor/config`: the bridge commands (docs/bridge.md).
+"""`modbridge list/status/run/monitor/restore/config`: the bridge commands (docs/bridge.md).
 
 Thin: parse options, call :mod:`modbridge.bridge` / :mod:`modbridge.monitor`, format.
 Exit codes: 0 ok, 1 runtime error, 2 usage or config error, 3 no module / no GPU.
@@ -81,6 +81,16 @@ def _config_option(f):
     )(f)
 
 
+def _state_dir_option(f):
+    return click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Journal of original power limits and GPU locks (default: [bridge] "
+        "state_dir, $STATE_DIRECTORY, /var/lib/modbridge; --sim: a temporary one).",
+    )(f)
+
+
 def _sim_options(f):
     for opt in reversed(
         [
@@ -108,6 +118,7 @@ class _Setup:
     backend: object
     ports: list
     fleet: object = None
+    state_dir: object = None  # the journal and the GPU locks (docs/bridge.md)
 
 
 def _load_config(path: str | None):
@@ -151,9 +162,11 @@ def _module_ports(given, cfg) -> list[str]:
 
 @contextlib.contextmanager
 def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile, sim_speed,
-           sim_faults=()):  # fmt: skip
-    """The config, the GPU backend and the module ports: real, or a started SimFleet."""
+           sim_faults=(), state_dir=None):  # fmt: skip
+    """The config, the GPU backend and the module ports: real, or a started SimFleet;
+    and the state directory (given, the config's, the default; --sim: the fleet's)."""
     from modbridge import bridge as br
+    from modbridge.journal import default_state_dir
 
     cfg = _load_config(config_path)
     if sim_faults and not sim:
@@ -178,7 +191,8 @@ def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile
             cfg.backend = "sim"
             cfg.heartbeat_period_s = br.sim_heartbeat_period_s(cfg.heartbeat_period_s, sim_speed)
             gpu_backend = _open_backend("sim", sim_gpus=fleet.gpus)
-            yield _Setup(cfg, gpu_backend, fleet.ports, fleet)
+            where = state_dir or cfg.state_dir or (fleet.state_dir / "bridge")
+            yield _Setup(cfg, gpu_backend, fleet.ports, fleet, where)
         finally:
             fleet.stop()
         return
@@ -187,7 +201,8 @@ def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile
         _fail('backend "sim" needs --sim', EXIT_USAGE)
     gpu_backend = _open_backend(kind)
     try:
-        yield _Setup(cfg, gpu_backend, _module_ports(ports, cfg))
+        yield _Setup(cfg, gpu_backend, _module_ports(ports, cfg), None,
+                     state_dir or default_state_dir(cfg))  # fmt: skip
     finally:
         gpu_backend.close()
 
@@ -246,6 +261,7 @@ def list_cmd(ports, backend, config_path, as_json, timeout):
 
 
 @click.command("status")
+@_state_dir_option
 @_port_option
 @_backend_option
 @_config_option
@@ -288,10 +304,13 @@ def _start_bridge(s: _Setup, event_log=None):
     from modbridge.bridge import Bridge
     from modbridge.link import LinkError
 
-    b = Bridge(s.config, s.backend, s.ports, event_log=event_log)
+    b = Bridge(s.config, s.backend, s.ports, event_log=event_log, state_dir=s.state_dir)
     try:
         return b.start()
     except LinkError as e:
+        b.stop("start failed")
+        _fail(e, EXIT_RUNTIME)
+    except ModbridgeError as e:  # another bridge owns a GPU (GpuBusy), no state dir
         b.stop("start failed")
         _fail(e, EXIT_RUNTIME)
 
@@ -300,6 +319,7 @@ def _start_bridge(s: _Setup, event_log=None):
 
 
 @click.command("run")
+@_state_dir_option
 @_config_option
 @_port_option
 @_sim_options
@@ -338,7 +358,9 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
             event_log, once, status_every, live, duration, ticks, **sim):  # fmt: skip
     """The service: modules + GPUs + policy + power limits + Prometheus exporter.
 
-    SIGTERM or SIGINT: the power limits go back (per on_exit) and the exit code is 0.
+    SIGTERM, SIGINT, SIGHUP or SIGQUIT: the power limits go back (per on_exit) and
+    the exit code is 0. Originals are journaled in --state-dir before every write; a
+    GPU found below its journaled original is restored at start.
     """
     from modbridge import bridge as br
     from modbridge import exporter, monitor
@@ -407,6 +429,7 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
 
 
 @click.command("monitor")
+@_state_dir_option
 @_port_option
 @_backend_option
 @_config_option
@@ -435,6 +458,48 @@ def monitor_cmd(ports, backend, config_path, interval, count, **sim):
             b.stop("monitor")
     if view.tty:
         click.echo("")
+
+
+# ----------------------------------------------------------------------------- restore
+
+
+@click.command("restore")
+@_state_dir_option
+@_backend_option
+@_config_option
+@click.option("--dry-run", is_flag=True, help="Say what would be restored, write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per journaled GPU.")
+def restore_cmd(state_dir, backend, config_path, dry_run, as_json):
+    """Put every journaled GPU back to its original power limit, without the loop.
+
+    Exit 0 when every GPU is at its original (or would be, with --dry-run), 1 if a
+    restore was refused (or a GPU is owned by a running bridge, missing, or its
+    journal entry unusable), 3 without a GPU backend.
+    """
+    from modbridge.actuator import restore_journaled
+    from modbridge.journal import JournalError, default_state_dir
+
+    cfg = _load_config(config_path)
+    kind = backend or cfg.backend
+    if kind == "sim":
+        _fail('backend "sim" has nothing to restore outside `run --sim`', EXIT_USAGE)
+    where = state_dir or default_state_dir(cfg)
+    gb = _open_backend(kind)
+    try:
+        rows = restore_journaled(gb, where, dry_run=dry_run)
+    except JournalError as e:
+        _fail(e, EXIT_RUNTIME)
+    finally:
+        gb.close()
+    if as_json:
+        _dump({"state_dir": str(where), "dry_run": dry_run, "gpus": rows})
+    else:
+        if not rows:
+            click.echo(f"{where}: no journaled GPU (nothing to restore)")
+        for r in rows:
+            click.echo(f"{r['uuid']}  {r['action']}  {r['message']}")
+    if not all(r["ok"] for r in rows):
+        sys.exit(EXIT_RUNTIME)
 
 
 # ----------------------------------------------------------------------------- config
@@ -476,5 +541,5 @@ def config_example():
 
 def register(group):
     """Add the bridge commands to the CLI group."""
-    for cmd in (list_cmd, status_cmd, run_cmd, monitor_cmd, config_group):
+    for cmd in (list_cmd, status_cmd, run_cmd, monitor_cmd, restore_cmd, config_group):
         group.add_command(cmd)

@@ -8,6 +8,7 @@ Example (``docs/bridge.md`` has every key)::
     on_exit = "restore"         # restore | keep
     dry_run = false
     event_log = "/var/log/modbridge/events.jsonl"
+    state_dir = "/var/lib/modbridge"       # journal of original limits, GPU locks
     keys_dir = "/var/lib/modbridge/keys"   # the modules' signing keys (docs/pairing.md)
 
     [exporter]
@@ -78,6 +79,9 @@ class BridgeConfig:
     dry_run: bool = False
     event_log: str | None = None
     keys_dir: str | None = None  # None: modbridge.keys.default_dir()
+    # the journal of original power limits and the GPU locks; None: the default
+    # (modbridge.journal.default_state_dir: $STATE_DIRECTORY, else /var/lib/modbridge)
+    state_dir: str | None = None
     exporter_address: str = "127.0.0.1"
     exporter_port: int = 9659
     exporter_enabled: bool = True
@@ -98,6 +102,7 @@ _SECTIONS = {
         "dry_run": (bool,),
         "event_log": (str,),
         "keys_dir": (str,),
+        "state_dir": (str,),
     },
     "exporter": {
         "address": (str,),
