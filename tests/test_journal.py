@@ -381,3 +381,21 @@ def test_restore_journaled_refused_and_busy(tmp_path):
         (row,) = restore_journaled(FileGpuBackend(gpu.path), state)
     assert row["action"] == "busy" and "pid" in row["message"]
     assert gpu.limit_w == 455.0
+
+
+def test_every_bridge_tick_reads_the_limit_and_adopts_an_external_change(tmp_path):
+    from modbridge.eventlog import EventLog
+
+    gpu = FileGpu.create(tmp_path / "gpu.json", limit_w=700.0)
+    lines = []
+    b = Bridge(BridgeConfig(), FileGpuBackend(gpu.path), [], state_dir=tmp_path / "state",
+               event_log=EventLog(lines)).start()  # fmt: skip
+    lim = b.limiters[FILE_UUID]
+    lim.apply(490, "warn")
+    gpu.update(limit_w=400.0)  # nvidia-smi -pl 400, below the hold
+    b.tick()
+    assert (lim.original_w, lim.current_w, lim.holding) == (400.0, 400.0, False)
+    ext = [json.loads(x) for x in lines if '"action":"external"' in x]
+    assert len(ext) == 1 and ext[0]["previous_original_w"] == 700.0
+    assert LimitJournal(tmp_path / "state").uuids() == []
+    assert b.stop() is True and gpu.limit_w == 400.0  # the operator's value stays
