@@ -1182,8 +1182,9 @@ def test_against_the_virtual_module(links, tmp_path):
 # ----------------------------------------------------------------------------- supervision
 
 
-def _break_service(link, failures, exc=RuntimeError("service bug")):
+def _break_service(link, failures, exc=None):
     """Make the next ``failures`` service steps raise ``exc``; returns their times."""
+    exc = exc if exc is not None else RuntimeError("service bug")
     real = link._service
     times = []
 
@@ -1218,7 +1219,7 @@ def test_a_dead_link_thread_is_restarted_with_backoff_and_reported_once(links, c
         # back-off doubles (jitter +-20 %)
         gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
         for i, gap in enumerate(gaps):
-            assert gap >= L.THREAD_BACKOFF_MIN_S * 2 ** (i + 1) * (1 - L.BACKOFF_JITTER) - 0.01
+            assert gap >= L.THREAD_BACKOFF_MIN_S * 2**i * (1 - L.BACKOFF_JITTER) - 0.01
         assert gaps[0] < gaps[1] < gaps[2]
         assert link.status.reconnects == 4  # each restart reopened the port
         assert link.request("config_save").name == "ack"  # and it works again
@@ -1321,8 +1322,13 @@ def test_wire_strings_in_log_lines_are_sanitised(links, caplog):
             link = links(peer.path).start()
             assert link.wait_up(WAIT)
             assert link.status.module_id == EVIL  # the status keeps the raw value
-        up = [r.getMessage() for r in caplog.records if " up (firmware" in r.getMessage()]
-        assert up and not any(_raw(m) for m in up)
+
+            def up():  # logged just after the state changes: wait for it
+                return [r.getMessage() for r in caplog.records if " up (firmware" in r.getMessage()]
+
+            assert wait_for(up)
+        up = up()
+        assert not any(_raw(m) for m in up)
         assert "e661\\x1b]0;pwned\\x07\\x1b[2J\\u202egnp.exe\\x9b31m" in up[0]
         assert "1\\x1b[5m" in up[0] and "b\\u202eoard" in up[0]
         assert not _raw(caplog.text)

@@ -100,3 +100,76 @@ def test_doctests():
 
     result = doctest.testmod(mod)
     assert result.failed == 0 and result.attempted > 0
+
+
+# --- through the monitor: what reaches the terminal --------------------------------------
+EVIL = "e661\x1b]0;pwned\x07\x1b[2J\u202egnp.exe\x9b31m\x00\nforged"
+
+
+def _raw(text: str) -> bool:
+    """A control character, an escape or a bidi override that came from the wire."""
+    return any(not c.isprintable() for c in text)
+
+
+def _report(link_up=True):
+    module = {
+        "port": "/dev/ttyACM0",
+        "module_id": EVIL,
+        "link_up": link_up,
+        "fw_version": "1.0\x1b[5m",
+        "board": "b\u202eoard",
+        "protocol": "1.0",
+        "state": "HOSTED",
+        "reason": None,
+        "faults": [],
+        "temperatures_c": {"gpu": 60.0},
+        "fans": [{"rpm": 1200}],
+        "last_frame_age_s": 0.1,
+        "last_error": f"/dev/ttyACM0: module {EVIL} is not paired",
+        "gpu": {
+            "uuid": "GPU-0",
+            "name": "NVIDIA \x1b[8mH100",
+            "temperature_c": 60.0,
+            "power_w": 300.0,
+            "enforced_limit_w": 700.0,
+        },
+        "policy": {"level": "NORMAL", "reasons": [], "target_limit_w": None},
+    }
+    gpu_err = {"uuid": "GPU-1", "state": "lost", "error": "gone\x1b[2J"}
+    return {"backend": "virtual\x1b[31m", "modules": [module], "gpus": [module["gpu"], gpu_err]}
+
+
+@pytest.mark.parametrize("link_up", [True, False])
+def test_the_monitor_never_prints_a_wire_string_raw(link_up):
+    from modbridge import monitor
+
+    rep = _report(link_up)
+    lines = monitor.table(rep)
+    assert lines and not any(_raw(line) for line in lines)
+    text = "\n".join(lines)
+    assert "e661\\x1b]0;pwned\\x07\\x1b[2J\\u202egnp.exe\\x9b31m\\x00\\nforged" in text
+    assert "1.0\\x1b[5m" in text and "b\\u202eoard" in text and "gone\\x1b[2J" in text
+    if not link_up:
+        assert "is not paired" in text
+    line = monitor.status_line(rep, clock=lambda: 0)
+    assert not _raw(line) and line.count("\n") == 0
+    assert line.split()[1] == "e661\\x1b]0;p.."  # the short id is cut after escaping
+
+
+def test_the_live_view_sends_only_its_own_escape_codes():
+    import io
+
+    from modbridge import monitor
+
+    out = io.StringIO()
+    view = monitor.LiveView(out, tty=True)
+    view.draw(_report())
+    view.draw(_report(link_up=False))
+    text = out.getvalue()
+    for own in (monitor.CLEAR_SCREEN, monitor.HOME, monitor.CLEAR_EOL, monitor.CLEAR_EOS):
+        text = text.replace(own, "")
+    assert "\x1b" not in text
+    assert not any(_raw(line) for line in text.splitlines())
+    pipe = io.StringIO()
+    monitor.LiveView(pipe, tty=False).draw(_report())
+    assert pipe.getvalue().count("\n") == 1 and not _raw(pipe.getvalue().rstrip("\n"))

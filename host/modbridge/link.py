@@ -26,6 +26,25 @@ and cools on its own), and ``status.last_error`` says to run ``modbridge pair``.
 module without a nonce in its hello (firmware from before signing) gets unsigned
 frames, as it always did.
 
+Supervision. The thread runs its loop under a supervisor: an exception that escapes
+the loop (a bug in decoding, a handler, a callback path not already guarded) never
+ends the thread. The port is closed, pending requests fail with :class:`LinkDown`,
+and the loop starts over (reopen, hello) after a back-off that doubles per failure
+from ``THREAD_BACKOFF_MIN_S`` to ``THREAD_BACKOFF_MAX_S``. The first failure of an
+episode is logged at ERROR with its traceback and put in ``status.last_error``; the
+rest of the episode at DEBUG. The episode ends (INFO "running again", back-off
+reset) once the loop has run ``THREAD_HEALTHY_S`` without failing. Counters for the
+status and the exporter: ``thread_restarts`` (every restart), ``thread_episodes``,
+``thread_failing`` (in an episode now) and ``thread_error`` (the last failure, one
+line). A lost port (``SerialException``/``OSError``) is not a failure: it is the
+ordinary reconnect path.
+
+Strings from the wire (the module's id, firmware version and board, a NACK's field
+and text) go through :func:`modbridge.sanitize.sanitize` wherever they reach a log
+line, ``status.last_error`` or an exception's message; the status fields
+(``module_id``, ``fw_version``, ``board``) and :class:`CommandRefused`'s ``field``
+and ``text`` keep the raw values, for matching, and whoever prints them sanitises.
+
 The link only reports: deciding that a silent module is a problem (``last_frame_at``
 too old) is the policy's job.
 
@@ -66,6 +85,7 @@ from protocol.sign import Signer
 from .errors import ModbridgeError
 from .keys import PAIRING_WINDOW_S, KeyStore, KeyStoreError
 from .model import ModuleStatus
+from .sanitize import sanitize
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +100,9 @@ BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
 BACKOFF_JITTER = 0.2  # +-20 %
 STOP_TIMEOUT_S = 2.0
+THREAD_BACKOFF_MIN_S = 0.1  # first restart of the loop after an escaped exception
+THREAD_BACKOFF_MAX_S = 5.0
+THREAD_HEALTHY_S = 30.0  # this long without a failure ends an episode
 RECENT_EVENTS = 32
 BANNER_PREFIX = b"MODULER READY v"
 DEFAULT_MAX_FRAME = 512  # until the module's hello says otherwise
@@ -157,8 +180,8 @@ class CommandRefused(LinkError):
         self.field = nack.fields.get("field")
         self.text = nack.fields.get("text")
         self.nack = nack
-        where = f" ({self.field})" if self.field else ""
-        detail = f": {self.text}" if self.text else ""
+        where = f" ({sanitize(self.field)})" if self.field else ""
+        detail = f": {sanitize(self.text)}" if self.text else ""
         super().__init__(f"{port}: module refused {request}: {self.code_name}{where}{detail}")
 
 
@@ -172,7 +195,7 @@ class Unauthorized(CommandRefused):
 
 def not_paired_text(port: str, uid: str, why: str | None = None) -> str:
     detail = f" ({why})" if why else ""
-    return f"module {uid} is not paired{detail}: run `modbridge pair {port}`"
+    return f"module {sanitize(uid)} is not paired{detail}: run `modbridge pair {port}`"
 
 
 def version_error_text(major: int, minor: int | None = None) -> str:
@@ -512,6 +535,13 @@ class ModuleLink:
         self._banner_reset = False
         self._flush_next = False
         self._logged: set[str] = set()
+        # supervision (see the module docstring)
+        self.thread_restarts = 0
+        self.thread_episodes = 0
+        self.thread_failing = False
+        self.thread_error: str | None = None
+        self._thread_backoff = THREAD_BACKOFF_MIN_S
+        self._failed_at = 0.0  # time.monotonic() of the last escaped exception
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, fail_fast: bool = True) -> ModuleLink:
@@ -644,7 +674,7 @@ class ModuleLink:
                 )
             signer = self._signer
         if signer is None:
-            uid = self.status.module_id or "?"
+            uid = sanitize(self.status.module_id or "?")
             why = self.key_error or not_paired_text(self.port, uid)
             raise NotPaired(f"{self.port}: cannot send {name}: {why}")
         return signer
@@ -655,12 +685,13 @@ class ModuleLink:
         return signer
 
     def _unauthorized(self, name: str, nack: Message, unsigned: bool = False) -> Unauthorized:
-        uid = self.status.module_id or "?"
+        uid = sanitize(self.status.module_id or "?")
         if unsigned:
             hint = "the module needs a signed command (is it paired? `modbridge pair`)"
         else:
             try:
-                where = self.keys.find(uid) or self.keys.path(uid)
+                raw = self.status.module_id or "?"
+                where = self.keys.find(raw) or self.keys.path(raw)
             except KeyStoreError:
                 where = self.keys.dir
             hint = (
@@ -711,25 +742,72 @@ class ModuleLink:
 
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
+        """The thread: :meth:`_loop` under a supervisor that restarts it."""
         try:
             while not self._stop.is_set():
                 try:
-                    if self._ser is None:
-                        if not self._try_open():
-                            self._sleep_backoff()
-                            continue
-                    delay = self._service()
-                except (serial.SerialException, OSError) as e:
-                    self._lost(e)
-                    continue
-                except Exception as e:  # noqa: BLE001 - the link thread never dies
-                    log.exception("%s: link error", self.port)
-                    self._lost(e)
-                    continue
-                self._wait(delay)
+                    self._loop()
+                except BaseException as e:  # noqa: BLE001 - the supervisor: restart, never die
+                    self._loop_failed(e)
         finally:
             self._close()
             self._set_state(STOPPED)
+
+    def _loop(self) -> None:
+        """Open, service, wait, until stopped; a lost port is reopened here. Anything
+        else that raises escapes to the supervisor (:meth:`_run`)."""
+        while not self._stop.is_set():
+            if self.thread_failing and time.monotonic() - self._failed_at >= THREAD_HEALTHY_S:
+                self._loop_recovered()
+            try:
+                if self._ser is None:
+                    if not self._try_open():
+                        self._sleep_backoff()
+                        continue
+                delay = self._service()
+            except (serial.SerialException, OSError) as e:
+                self._lost(e)
+                continue
+            self._wait(delay)
+
+    def _loop_failed(self, exc: BaseException) -> None:
+        """An exception escaped the loop: report (once per episode), clean up, back off."""
+        now = time.monotonic()
+        self.thread_restarts += 1
+        self._failed_at = now
+        self.thread_error = f"{type(exc).__name__}: {sanitize(exc)}"
+        msg = f"{self.port}: link thread failed ({self.thread_error}): restarting it"
+        if not self.thread_failing:
+            self.thread_failing = True
+            self.thread_episodes += 1
+            self._thread_backoff = THREAD_BACKOFF_MIN_S
+            log.error(
+                "%s (logged once until it runs %g s without failing; restarts are counted "
+                "in thread_restarts)",
+                msg, THREAD_HEALTHY_S, exc_info=exc,
+            )  # fmt: skip
+        else:
+            self._thread_backoff = min(self._thread_backoff * 2, THREAD_BACKOFF_MAX_S)
+            log.debug("%s (restart %d)", msg, self.thread_restarts)
+        try:
+            self.status.last_error = msg
+            self._lost_once = True  # the reopen counts as a reconnect
+            self._close()
+            self._set_state(DOWN)
+            self._fail_pending(LinkDown(f"{self.port}: link thread restarted"))
+        except Exception:  # noqa: BLE001 - the port state is unknown: reopen anyway
+            log.debug("%s: cleaning up after a link thread failure", self.port, exc_info=True)
+            self._ser = None
+        delay = self._thread_backoff * self._rng.uniform(1 - BACKOFF_JITTER, 1 + BACKOFF_JITTER)
+        self._stop.wait(delay)
+
+    def _loop_recovered(self) -> None:
+        self.thread_failing = False
+        self._thread_backoff = THREAD_BACKOFF_MIN_S
+        log.info(
+            "%s: link thread running again (%g s without failing; %d restarts so far)",
+            self.port, THREAD_HEALTHY_S, self.thread_restarts,
+        )  # fmt: skip
 
     def _try_open(self) -> bool:
         try:
@@ -836,7 +914,7 @@ class ModuleLink:
 
     def _note_error(self, err: LinkError) -> None:
         """Record an error; log each distinct message once (a retry loop must not spam)."""
-        msg = str(err)
+        msg = sanitize(err, None)
         self.status.last_error = msg
         if msg not in self._logged:
             self._logged.add(msg)
@@ -1011,7 +1089,7 @@ class ModuleLink:
         if self.state in (UP, INCOMPATIBLE):
             self.status.module_resets += 1
             self._banner_reset = True
-            log.info("%s: module restarted (firmware %s)", self.port, banner.fw_version)
+            log.info("%s: module restarted (firmware %s)", self.port, sanitize(banner.fw_version))
             if self.state == UP and self.signing_supported:
                 # a new boot, a new nonce: sign nothing until its hello is in (asked
                 # for too, in case the boot hello is lost)
@@ -1034,7 +1112,9 @@ class ModuleLink:
                     log.info("%s: module restarted (unsolicited hello)", self.port)
         uid = f["uid"]
         if st.module_id is not None and st.module_id != uid:
-            log.warning("%s: now module %s (was %s)", self.port, uid, st.module_id)
+            log.warning(
+                "%s: now module %s (was %s)", self.port, sanitize(uid), sanitize(st.module_id)
+            )
         st.module_id = uid
         st.fw_version = f["fw_version"]
         st.board = f["board"]
@@ -1056,9 +1136,9 @@ class ModuleLink:
             log.info(
                 "%s: module %s up (firmware %s, board %s, protocol %s)",
                 self.port,
-                uid,
-                st.fw_version,
-                st.board,
+                sanitize(uid),
+                sanitize(st.fw_version),
+                sanitize(st.board),
                 st.proto_version,
             )
             if msg.minor != VERSION_MINOR:
@@ -1097,14 +1177,14 @@ class ModuleLink:
             key = self.keys.load(uid, f"modbridge pair {self.port}")
             why = None if key is not None else not_paired_text(self.port, uid)
         except KeyStoreError as e:
-            key, why = None, f"module {uid}: {e}"
+            key, why = None, sanitize(f"module {sanitize(uid)}: {e}", None)
         if key is not None and paired is False and f"unpaired {uid}" not in self._logged:
             self._logged.add(f"unpaired {uid}")
             log.warning(
                 "%s: module %s says it has no secret, the key store has a key for it: "
                 "run `modbridge pair %s` (its pairing window is the first %d s after "
                 "power-on)",
-                self.port, uid, self.port, PAIRING_WINDOW_S,
+                self.port, sanitize(uid), self.port, PAIRING_WINDOW_S,
             )  # fmt: skip
         with self._wlock:
             if nonce != self.nonce:
@@ -1148,7 +1228,7 @@ class ModuleLink:
             self._auth_rehello = True
             self._send_hello_request(self.clock())
             return
-        uid = self.status.module_id or "?"
+        uid = sanitize(self.status.module_id or "?")
         msg = (
             f"{self.port}: module {uid} refuses our signed heartbeats: the key in the store "
             f"is not its secret; run `modbridge pair --force {self.port}`"

@@ -5,6 +5,11 @@ Everything here formats the dict :func:`modbridge.bridge.report` builds (the sam
 object ``--json`` prints), so the table and the JSON cannot disagree. The live view
 is plain ANSI (home the cursor, redraw, clear to the end of the screen): no curses.
 When the output is not a terminal it prints the one-line status per refresh instead.
+
+Strings from the wire (module id, firmware version, board, errors quoting them) go
+through :func:`modbridge.sanitize.sanitize` field by field (bounded) and every line
+once more as a whole, so no escape sequence, control character or bidi override a
+module sends reaches the terminal raw; the view's own ANSI codes are added after.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+
+from .sanitize import sanitize
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 HOME = "\x1b[H"
@@ -24,9 +31,19 @@ def _num(v, fmt: str = "{:.1f}", unit: str = "") -> str:
     return "-" if v is None else fmt.format(v) + unit
 
 
+def _t(v) -> str:
+    """A string from the wire, safe on a terminal and bounded."""
+    return sanitize(v)
+
+
+def _lines(lines: list[str]) -> list[str]:
+    return [sanitize(line, None) for line in lines]
+
+
 def _short(ident: str | None, n: int = 12) -> str:
     if not ident:
         return "-"
+    ident = _t(ident)
     return ident if len(ident) <= n else ident[:n] + ".."
 
 
@@ -39,9 +56,9 @@ def module_lines(m: dict) -> list[str]:
     t = m.get("temperatures_c") or {}
     link = "up" if m.get("link_up") else "DOWN"
     lines = [
-        f"module {m.get('module_id') or '?'}  port {m['port']}  link {link}"
+        f"module {_t(m.get('module_id') or '?')}  port {_t(m['port'])}  link {link}"
         + (
-            f"  fw {m['fw_version']} ({m.get('board')}, protocol {m.get('protocol')})"
+            f"  fw {_t(m['fw_version'])} ({_t(m.get('board'))}, protocol {_t(m.get('protocol'))})"
             if m.get("fw_version")
             else ""
         ),  # fmt: skip
@@ -68,22 +85,25 @@ def module_lines(m: dict) -> list[str]:
             + (f"  refused {p['limit_writes_refused']}" if p.get("limit_writes_refused") else "")
         )
     if not m.get("link_up") and m.get("last_error"):
-        lines.append(f"  error: {m['last_error']}")
-    return lines
+        lines.append(f"  error: {_t(m['last_error'])}")
+    return _lines(lines)
 
 
 def gpu_line(g: dict) -> str:
     """One GPU reading (``report()["gpus"][i]``) on one line; absent values as ``-``."""
     if g.get("state", "ok") != "ok":
-        return f"gpu {g['uuid']}  {g['state'].upper()}: {g.get('error') or ''}"
+        return sanitize(
+            f"gpu {_t(g['uuid'])}  {g['state'].upper()}: {_t(g.get('error') or '')}", None
+        )
     fan = g.get("fan_speed_ratio")
-    return (
-        f"gpu {g['uuid']} ({g.get('name', '')}, {g.get('pci_bus_id', '')})  "
+    return sanitize(
+        f"gpu {_t(g['uuid'])} ({_t(g.get('name', ''))}, {_t(g.get('pci_bus_id', ''))})  "
         f"{_num(g.get('temperature_c'), '{:.0f}', ' C')}"
         f"  mem {_num(g.get('memory_temperature_c'), '{:.0f}', ' C')}"
         f"  {_num(g.get('power_w'), '{:.0f}', ' W')}"
         f" / limit {_num(g.get('enforced_limit_w'), '{:g}', ' W')}"
-        f"  fan {'-' if fan is None else f'{fan * 100:.0f} %'}"
+        f"  fan {'-' if fan is None else f'{fan * 100:.0f} %'}",
+        None,
     )
 
 
@@ -103,7 +123,7 @@ def table(rep: dict) -> list[str]:
         lines.append(gpu_line(g) + "  (no module)")
     if lines and lines[-1] == "":
         lines.pop()
-    return lines
+    return _lines(lines)
 
 
 def status_line(rep: dict, clock: Callable[[], float] = time.time) -> str:
@@ -132,7 +152,7 @@ def status_line(rep: dict, clock: Callable[[], float] = time.time) -> str:
         why = ",".join(r for r in p.get("reasons") or [] if r != "hold")
         parts.append(f"{head}{gpu} {level}" + (f"({why})" if why else ""))
     stamp = time.strftime("%H:%M:%S", time.localtime(clock()))
-    return f"{stamp} " + (" | ".join(parts) if parts else "no modules")
+    return sanitize(f"{stamp} " + (" | ".join(parts) if parts else "no modules"), None)
 
 
 class Throttled:
@@ -169,7 +189,7 @@ class LiveView:
             self.out.write(status_line(rep) + "\n")
         else:
             head = (
-                f"{self.title}  {time.strftime('%H:%M:%S')}  backend {rep['backend']}"
+                f"{_t(self.title)}  {time.strftime('%H:%M:%S')}  backend {_t(rep['backend'])}"
                 "  (Ctrl-C quits)"
             )
             body = [head, ""] + table(rep)
