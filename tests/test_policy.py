@@ -290,33 +290,61 @@ def test_changed_only_on_transitions():
     assert flags == [True, False, False, False, False]
 
 
-# --- the disagreement timer --------------------------------------------------------------
-def test_brief_disagreement_is_ignored():
-    p = PairPolicy(cfg(disagree_margin_c=2.0, disagree_time_s=60))
-    for t in range(0, 59):
-        d = run(p, float(t), module(float(t), gpu_c=64.0), gpu(60.0))
-        assert d.level == NORMAL
-    assert d.values["disagree_c"] == 4.0
-    assert d.values["disagree_for_s"] == 58.0
-    run(p, 59.0, module(59.0, gpu_c=61.9), gpu(60.0))  # agree again: timer reset
-    for t in range(60, 119):
-        assert run(p, float(t), module(float(t), gpu_c=57.0), gpu(60.0)).level == NORMAL
+# --- the cross-check (tests/test_crosscheck_worlds.py drives it with the world) ----------
+def steady(p, t0, t1, ntc_c, gpu_c=60.0, power_w=650.0, step=1.0):
+    d = None
+    t = t0
+    while t < t1:
+        d = run(p, t, module(t, gpu_c=ntc_c), gpu(gpu_c, power_w=power_w))
+        t += step
+    return d
 
 
-def test_sustained_disagreement_warns_after_disagree_time():
-    p = PairPolicy(cfg(disagree_margin_c=2.0, disagree_time_s=60))
-    for t in range(0, 60):
-        assert run(p, float(t), module(float(t), gpu_c=56.0), gpu(60.0)).level == NORMAL
-    d = run(p, 60.0, module(60.0, gpu_c=56.0), gpu(60.0))
+def test_a_steady_package_offset_is_learned_not_alarmed():
+    """The issue's false alarm: the NTC reads 6.4 degC below NVML at 650 W."""
+    p = PairPolicy(cfg())
+    d = steady(p, 0.0, 900.0, 53.6)
+    assert d.level == NORMAL and "sensor_disagree" not in d.reasons
+    assert d.values["disagree_c"] == -6.4
+    assert d.values["disagree_expected_c"] == pytest.approx(-6.4)
+    assert p._crosscheck.learned() == {650.0: pytest.approx(-6.4)}
+
+
+def test_a_change_of_the_learned_offset_warns_after_disagree_time():
+    p = PairPolicy(cfg(disagree_time_s=60))
+    steady(p, 0.0, 300.0, 53.6)
+    # the NTC now reads 5 degC lower at the same power: beyond the 4 degC margin
+    d = steady(p, 300.0, 300.0 + 60 + 60, 48.6)  # a window to see it, then 60 s
     assert (d.level, d.reasons) == (WARN, ["sensor_disagree"])
-    assert d.values["disagree_c"] == -4.0
-    assert d.values["disagree_for_s"] == 60.0
+    assert d.values["disagree_kind"] == "offset"
+    assert d.values["disagree_residual_c"] == pytest.approx(-5.0, abs=0.2)
 
 
-def test_exactly_the_margin_is_agreement():
-    p = PairPolicy(cfg(disagree_margin_c=2.0, disagree_time_s=0))
-    assert run(p, 0.0, module(0.0, gpu_c=62.0), gpu(60.0)).level == NORMAL
-    assert run(p, 1.0, module(1.0, gpu_c=62.5), gpu(60.0)).reasons == ["sensor_disagree"]
+def test_a_brief_disagreement_is_ignored():
+    p = PairPolicy(cfg())
+    steady(p, 0.0, 300.0, 53.6)
+    d = steady(p, 300.0, 330.0, 45.0)  # 30 s off by 8.6 degC, then back
+    d = steady(p, 330.0, 600.0, 53.6)
+    assert d.level == NORMAL and d.values.get("disagree_for_s") is None
+
+
+def test_an_unlearned_pair_warns_only_on_a_gross_disagreement():
+    p = PairPolicy(cfg(disagree_gross_c=25.0, disagree_time_s=60))
+    d = steady(p, 0.0, 61.0, 39.0, gpu_c=60.0)  # 21 degC: not gross
+    assert d.level == NORMAL
+    p = PairPolicy(cfg(disagree_gross_c=25.0, disagree_time_s=60))
+    d = steady(p, 0.0, 62.0, 30.0, gpu_c=60.0)  # 30 degC: an NTC off the package
+    assert (d.level, d.values["disagree_kind"]) == (WARN, "gross")
+
+
+def test_a_frozen_ntc_is_caught_when_the_gpu_moves():
+    p = PairPolicy(cfg())
+    steady(p, 0.0, 300.0, 53.6)
+    d = None
+    for k in range(60):  # the GPU cools by 12 degC, the NTC stays put
+        t = 300.0 + k
+        d = run(p, t, module(t, gpu_c=53.6), gpu(60.0 - min(k, 12), power_w=100.0))
+    assert d.reasons == ["sensor_disagree"] and d.values["disagree_kind"] == "ntc_frozen"
 
 
 # --- the silent module -------------------------------------------------------------------

@@ -33,6 +33,7 @@ class ModuleStatus:
     fans: int = 0
     telemetry: dict = field(default_factory=dict)  # wire values of the last telemetry
     telemetry_at: float | None = None
+    telemetry_seq: int | None = None  # frame sequence number of the last telemetry
     events_total: Counter = field(default_factory=Counter)  # by reason name
     frame_errors: Counter = field(default_factory=Counter)  # by decoder error kind
     frames_total: int = 0
@@ -71,6 +72,13 @@ class ModuleStatus:
 
     def temperature_c(self, channel: str) -> float | None:
         return _milli(self.telemetry.get("temp_" + channel))
+
+    @property
+    def target_error_c(self) -> float | None:
+        """The control loop's error: worst controlled channel minus its setpoint (degC).
+
+        Telemetry field ``target``; None when no controlled channel is valid."""
+        return _milli(self.telemetry.get("target"))
 
     @property
     def temperatures_c(self) -> dict[str, float | None]:

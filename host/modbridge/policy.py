@@ -53,6 +53,9 @@ R_MODULE_SILENT = "module_silent"
 R_OVER_TEMP = "over_temp"
 R_FAN_STALL = "fan_stall"  # one fan stalled, another still turning
 R_UNDER_VOLTAGE = "under_voltage"
+R_SENSOR_FAULT = "sensor_fault"  # an NTC open/short/stuck/implausible: module control degraded
+R_TACH_IMPLAUSIBLE = "tach_implausible"  # a fan's tach does not fit its duty
+R_MANUAL_LOW_DUTY = "manual_low_duty"  # MANUAL below what automatic control would command, hot
 R_SENSOR_DISAGREE = "sensor_disagree"
 R_EARLY_WARNING = "early_warning"
 R_PSU_BUDGET = "psu_budget"  # the PSU guard capped this GPU (does not raise the level)
@@ -67,6 +70,9 @@ REASON_LEVELS = {
     R_OVER_TEMP: WARN,
     R_FAN_STALL: WARN,
     R_UNDER_VOLTAGE: WARN,
+    R_SENSOR_FAULT: WARN,
+    R_TACH_IMPLAUSIBLE: WARN,
+    R_MANUAL_LOW_DUTY: WARN,
     R_SENSOR_DISAGREE: WARN,
     R_EARLY_WARNING: WARN,
     R_PSU_BUDGET: NORMAL,
@@ -77,6 +83,17 @@ REASONS = tuple(REASON_LEVELS)
 # Thresholds used when neither the config nor the GPU (NVML) gives one.
 FALLBACK_WARN_C = 83.0
 FALLBACK_CRITICAL_C = 90.0
+# Default stale_telemetry_s: max(module_silent_s, this). uptime_s counts whole seconds
+# and telemetry comes once a second by default: a healthy uptime can rest for ~2 s.
+STALE_MIN_S = 3.0
+# tach_implausible counts once it lasted this long: longer than the firmware's stall
+# time (fans.stall_ms, 3 s), so a fan stopping is reported as one fan_stall, not as a
+# WARN then a CRITICAL (two limit writes). The module floors the fans at once anyway.
+TACH_CONFIRM_S = 5.0
+# manual_low_duty: a MANUAL duty at or above this ratio is what automatic would command.
+MANUAL_FULL_DUTY = 0.98
+_SENSOR_REASONS = ("sensor_open", "sensor_short", "sensor_stale", "sensor_stuck",
+                   "sensor_implausible")  # fmt: skip
 # An early warning clears once the ETA is back above horizon * this (or gone).
 EARLY_WARNING_CLEAR_FACTOR = 1.25
 
@@ -111,9 +128,20 @@ class PolicyConfig:
     warn_limit_fraction: float = 0.7  # WARN target = this * the original limit
     under_voltage_v: float = 11.4  # 12 V input below this -> WARN
     hysteresis_v: float = 0.2  # under-voltage clears at under_voltage_v + this
-    disagree_margin_c: float = 2.0  # |module GPU NTC - GPU's own temperature| above this ...
-    disagree_time_s: float = 60.0  # ... continuously this long -> WARN
+    # cross-check of the module's GPU NTC against the GPU's own sensor (SensorCrossCheck)
+    disagree_margin_c: float = 4.0  # steady (NTC - GPU) this far off the learned offset ...
+    disagree_time_s: float = 60.0  # ... for this long (steady time) -> WARN
+    disagree_gross_c: float = 25.0  # |NTC - GPU| above this for disagree_time_s -> WARN
+    disagree_window_s: float = 60.0  # steadiness / stuck window
+    disagree_stuck_c: float = 5.0  # one sensor frozen while the other moved this much
+    disagree_learn_s: float = 60.0  # steady time before a power bin's offset is trusted
+    disagree_learn_tau_s: float = 1800.0  # the learned offsets follow slow changes this slowly
+    disagree_bin_w: float = 50.0  # offsets are learned per bin of GPU power this wide
     module_silent_s: float = 5.0  # no frame for longer than this -> CRITICAL
+    stale_telemetry_s: float | None = None  # seq/uptime frozen this long = silent (None: derived)
+    sensor_clear_s: float = 10.0  # sensor_fault/tach_implausible/manual_low_duty clear after this
+    manual_hot_margin_c: float = 10.0  # "hot" for manual_low_duty: above warn - this
+    manual_error_c: float = 1.0  # ... and the module's target error (worst channel) above this
     module_grace_s: float = 10.0  # a module never heard from: silent after this
     min_hold_s: float = 60.0  # minimum time at a level before stepping down one level
     early_warning: bool = False
@@ -216,9 +244,19 @@ _KINDS = {
     "warn_limit_fraction": _Kind(hi=1.0, lo_open=True),
     "under_voltage_v": _Kind(hi=40.0),
     "hysteresis_v": _Kind(hi=5.0),
-    "disagree_margin_c": _Kind(),
+    "disagree_margin_c": _Kind(lo_open=True),
     "disagree_time_s": _Kind(),
+    "disagree_gross_c": _Kind(lo_open=True),
+    "disagree_window_s": _Kind(lo=1.0),
+    "disagree_stuck_c": _Kind(lo_open=True),
+    "disagree_learn_s": _Kind(),
+    "disagree_learn_tau_s": _Kind(lo_open=True),
+    "disagree_bin_w": _Kind(lo_open=True),
     "module_silent_s": _Kind(lo_open=True),
+    "stale_telemetry_s": _Kind(optional=True, lo_open=True),
+    "sensor_clear_s": _Kind(),
+    "manual_hot_margin_c": _Kind(hi=100.0),
+    "manual_error_c": _Kind(lo=-50.0, hi=50.0),
     "module_grace_s": _Kind(),
     "min_hold_s": _Kind(),
     "early_warning": _Kind(kind="bool"),
@@ -377,6 +415,149 @@ def _clamp(w, lo, hi):
     return w
 
 
+# --- the sensor cross-check ------------------------------------------------------------
+# Fixed parts of the cross-check (the tunable ones are PolicyConfig.disagree_*).
+CROSSCHECK_GAP_S = 10.0  # a gap this long in the readings restarts the window
+CROSSCHECK_STEADY_C = 2.0  # steady: the GPU temperature moved at most this over the window
+CROSSCHECK_STEADY_W = 25.0  # ... and the power at most this (or 5 % of it, the larger)
+CROSSCHECK_STEADY_FRACTION = 0.05
+CROSSCHECK_FROZEN_C = 0.05  # "frozen": a reading that moved less than this over the window
+CROSSCHECK_MOVING_C = 0.5  # a frozen reading counts again once it moves this much
+CROSSCHECK_LOAD_CHANGE_W = 50.0  # "frozen" needs the power to have changed this much
+CROSSCHECK_MAX_DT_S = 5.0  # one evaluation counts for at most this long
+
+
+class SensorCrossCheck:
+    """Does the module's GPU NTC agree with the GPU's own temperature? (docs/policy.md)
+
+    The NTC sits on the package or heatsink base, not in the die: a healthy one reads
+    below the GPU by an offset that grows with power (6.4 degC at 650 W in the default
+    world). So the check learns that offset instead of assuming it:
+
+    * **learned offset**: per bin of GPU power (``disagree_bin_w``), the mean of
+      ``NTC - GPU`` over the window while the pair is *steady* (GPU temperature within
+      2 degC and power within 25 W / 5 % over ``disagree_window_s``), a running mean
+      for the first ``disagree_learn_s`` of steady time, then an EWMA with time
+      constant ``disagree_learn_tau_s``. Learning pauses while the residual is above
+      half the margin, so a drifting sensor is not learned away.
+    * **offset**: steady, in a learned bin, ``|mean(NTC - GPU) - learned|`` above
+      ``disagree_margin_c`` for ``disagree_time_s`` of steady time (transients pause
+      the count, agreement within half the margin resets it).
+    * **frozen**: over a full window one reading moved less than 0.05 degC while the
+      other moved at least ``disagree_stuck_c`` within the window's second half and
+      the power changed by 50 W or more (a cause for both to move): that sensor is
+      frozen (at once; it clears when the frozen one moves 0.5 degC again).
+    * **gross**: ``|NTC - GPU|`` above ``disagree_gross_c`` for ``disagree_time_s``,
+      learned or not.
+
+    :meth:`update` returns the kind that fires (``"offset"``, ``"ntc_frozen"``,
+    ``"gpu_frozen"``, ``"gross"``) or None, and fills ``values``.
+    """
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self._hist: deque[tuple[float, float, float, float]] = deque()  # t, gpu, ntc, W
+        self._bins: dict[int, list[float]] = {}  # bin -> [offset (NTC - GPU), steady s]
+        self._over_s = 0.0  # steady time with the residual above the margin
+        self._gross_s = 0.0
+        self._frozen: str | None = None  # "ntc" / "gpu" while one is latched frozen
+        self._last_t: float | None = None
+
+    def reset(self) -> None:
+        """Forget the window (a reading is missing): the learned offsets stay."""
+        self._hist.clear()
+        self._over_s = self._gross_s = 0.0
+        self._frozen = None
+        self._last_t = None
+
+    def learned(self) -> dict[float, float]:
+        """Trusted offsets (NTC - GPU, degC) by the lower edge of their power bin (W)."""
+        w = self.config.disagree_bin_w
+        lim = self.config.disagree_learn_s
+        return {b * w: v for b, (v, s) in sorted(self._bins.items()) if s >= lim}
+
+    def update(
+        self, now: float, ntc_c: float | None, gpu_c: float | None, power_w: float | None, values
+    ) -> str | None:
+        cfg = self.config
+        if ntc_c is None or gpu_c is None or power_w is None:
+            self.reset()
+            return None
+        h = self._hist
+        if self._last_t is not None and (
+            now < self._last_t or now - self._last_t > CROSSCHECK_GAP_S
+        ):
+            self.reset()
+        dt = 0.0 if self._last_t is None else min(now - self._last_t, CROSSCHECK_MAX_DT_S)
+        self._last_t = now
+        h.append((now, gpu_c, ntc_c, power_w))
+        while h[0][0] < now - cfg.disagree_window_s:
+            h.popleft()
+        diff = ntc_c - gpu_c
+        values["disagree_c"] = round(diff, 3)
+        # gross: no model at all
+        self._gross_s = self._gross_s + dt if abs(diff) > cfg.disagree_gross_c else 0.0
+        full = now - h[0][0] >= 0.9 * cfg.disagree_window_s
+        kind = None
+        if full:
+            gpus = [x[1] for x in h]
+            ntcs = [x[2] for x in h]
+            watts = [x[3] for x in h]
+            r_gpu, r_ntc = max(gpus) - min(gpus), max(ntcs) - min(ntcs)
+            # frozen: one still for the whole window, the other still moving in its
+            # second half (a lagging sensor settling after a step has slowed by then)
+            half = now - cfg.disagree_window_s / 2
+            late = [x for x in h if x[0] >= half]
+            m_gpu = max(x[1] for x in late) - min(x[1] for x in late)
+            m_ntc = max(x[2] for x in late) - min(x[2] for x in late)
+            if self._frozen == "ntc" and r_ntc >= CROSSCHECK_MOVING_C:
+                self._frozen = None
+            elif self._frozen == "gpu" and r_gpu >= CROSSCHECK_MOVING_C:
+                self._frozen = None
+            loaded = max(watts) - min(watts) >= CROSSCHECK_LOAD_CHANGE_W  # a cause to move
+            if loaded and r_ntc < CROSSCHECK_FROZEN_C and m_gpu >= cfg.disagree_stuck_c:
+                self._frozen = "ntc"
+            elif loaded and r_gpu < CROSSCHECK_FROZEN_C and m_ntc >= cfg.disagree_stuck_c:
+                self._frozen = "gpu"
+            # steady: learn, and compare with what was learned
+            mean_w = sum(watts) / len(watts)
+            steady = r_gpu <= CROSSCHECK_STEADY_C and max(watts) - min(watts) <= max(
+                CROSSCHECK_STEADY_W, CROSSCHECK_STEADY_FRACTION * mean_w
+            )
+            values["disagree_steady"] = steady
+            if steady:
+                mean_d = sum(n - g for _, g, n, _ in h) / len(h)
+                b = self._bins.setdefault(int(mean_w // cfg.disagree_bin_w), [mean_d, 0.0])
+                trusted = b[1] >= cfg.disagree_learn_s
+                residual = mean_d - b[0]
+                if trusted:
+                    values["disagree_expected_c"] = round(b[0], 3)
+                    values["disagree_residual_c"] = round(residual, 3)
+                    if abs(residual) > cfg.disagree_margin_c:
+                        self._over_s += dt
+                    elif abs(residual) <= cfg.disagree_margin_c / 2:
+                        self._over_s = 0.0
+                if self._over_s == 0.0 and (
+                    not trusted or abs(residual) <= cfg.disagree_margin_c / 2
+                ):
+                    b[1] += dt
+                    alpha = max(dt / cfg.disagree_learn_tau_s, dt / b[1]) if b[1] > 0 else 1.0
+                    b[0] += min(alpha, 1.0) * (mean_d - b[0])
+        if self._frozen is not None:
+            kind = self._frozen + "_frozen"
+        elif self._over_s >= cfg.disagree_time_s:
+            kind = "offset"
+        elif self._gross_s >= cfg.disagree_time_s:
+            kind = "gross"
+        if self._over_s:
+            values["disagree_for_s"] = round(self._over_s, 3)
+        elif self._gross_s:
+            values["disagree_for_s"] = round(self._gross_s, 3)
+        if kind is not None:
+            values["disagree_kind"] = kind
+        return kind
+
+
 class PairPolicy:
     """The state machine of one (module, GPU) pair. Call :meth:`evaluate` every tick."""
 
@@ -395,7 +576,10 @@ class PairPolicy:
         self.reasons: list[str] = []
         self._first_at: float | None = None
         self._latched: set[str] = set()
-        self._disagree_since: float | None = None
+        self._crosscheck = SensorCrossCheck(self.config)
+        self._progress: dict[str, tuple] = {}  # "seq"/"uptime" -> (value, changed at)
+        self._sticky: dict[str, float] = {}  # reason -> last time its condition held
+        self._tach_since: float | None = None  # tach implausible without a break since
         self._early_active = False
         self._history: deque[tuple[float, float]] = deque()
         self._gpu_thresholds: tuple = (None, None, None)  # slowdown, shutdown, max_operating
@@ -461,6 +645,38 @@ class PairPolicy:
         slope = lsq_slope(pts)
         return time_to_threshold(current_c, threshold_c, slope), slope
 
+    def _stale_s(self, now: float, module: ModuleStatus) -> float | None:
+        """Seconds the telemetry's sequence number or uptime has not advanced, once that
+        exceeds ``stale_telemetry_s`` (else None): frames that repeat are not news."""
+        limit = self.config.stale_telemetry_s
+        if limit is None:
+            limit = max(self.config.module_silent_s, STALE_MIN_S)
+        worst = None
+        for key, v in (("seq", module.telemetry_seq), ("uptime", module.telemetry.get("uptime_s"))):
+            if v is None:
+                self._progress.pop(key, None)
+                continue
+            seen = self._progress.get(key)
+            if seen is None or seen[0] != v or now < seen[1]:
+                self._progress[key] = (v, now)
+                continue
+            frozen = now - seen[1]
+            if frozen > limit and (worst is None or frozen > worst):
+                worst = frozen
+        return None if worst is None else round(worst, 3)
+
+    def _sticky_hit(self, reason, on, source, now, hit):
+        """``reason`` while ``on``, and ``sensor_clear_s`` after it was last on."""
+        if on:
+            self._sticky[reason] = now
+        last = self._sticky.get(reason)
+        if last is None:
+            return
+        if now - last <= self.config.sensor_clear_s and now >= last:
+            hit(reason, source)
+        else:
+            del self._sticky[reason]
+
     # -- the tick ----------------------------------------------------------------------
     def evaluate(
         self,
@@ -524,35 +740,40 @@ class PairPolicy:
             up = module.link_up if link_up is None else link_up
             values["link_up"] = up
             values["last_frame_age_s"] = age
+            stale = None
             if age is None:
                 waited = now - self._first_at
                 silent = waited > cfg.module_grace_s
                 values["never_heard_s"] = waited
             else:
                 silent = age > cfg.module_silent_s
+                stale = self._stale_s(now, module)
+                if stale is not None:
+                    values["telemetry_stale_s"] = stale
+                    if not silent:
+                        silent = True
+                        hit(R_MODULE_SILENT, "telemetry_stale")
             if silent:
-                hit(R_MODULE_SILENT, "module")
+                if R_MODULE_SILENT not in active:
+                    hit(R_MODULE_SILENT, "module")
                 for key in [k for k in self._latched if k.endswith(":module")]:
                     self._latched.discard(key)
+                self._sticky.clear()
             else:  # telemetry is fresh enough to trust
-                ntc_c = self._module_conditions(module, th, values, hit)
+                ntc_c = self._module_conditions(module, th, values, hit, now, gpu_c)
         else:
             values["module"] = None
 
         # cross-check: the module's GPU NTC against the GPU's own sensor --------------
-        if ntc_c is not None and gpu_c is not None:
-            diff = ntc_c - gpu_c
-            values["disagree_c"] = round(diff, 3)
-            if abs(diff) > cfg.disagree_margin_c:
-                if self._disagree_since is None:
-                    self._disagree_since = now
-                values["disagree_for_s"] = now - self._disagree_since
-                if now - self._disagree_since >= cfg.disagree_time_s:
-                    hit(R_SENSOR_DISAGREE, "ntc_gpu")
-            else:
-                self._disagree_since = None
-        else:
-            self._disagree_since = None
+        power_w = sample.power_w if sample is not None else None
+        if power_w is None and ntc_c is not None:
+            power_w = module.p_in_w
+        kind = self._crosscheck.update(now, ntc_c, gpu_c, power_w, values)
+        if kind is not None:
+            hit(
+                R_SENSOR_DISAGREE,
+                {"ntc_frozen": "ntc_gpu", "gpu_frozen": "gpu"}.get(kind, "ntc_gpu"),
+            )
 
         # early warning: time to the warn threshold from the recent slope -------------
         eta = None
@@ -636,7 +857,7 @@ class PairPolicy:
             can_actuate=can_actuate,
         )
 
-    def _module_conditions(self, module: ModuleStatus, th: Thresholds, values, hit):
+    def _module_conditions(self, module: ModuleStatus, th: Thresholds, values, hit, now, gpu_c):
         """Conditions from fresh module telemetry; returns the GPU NTC reading (degC)."""
         cfg = self.config
         faults = module.faults
@@ -672,7 +893,59 @@ class PairPolicy:
             values["under_voltage_v"] = cfg.under_voltage_v
         if faults & C.FAULT_UNDER_VOLTAGE:
             hit(R_UNDER_VOLTAGE, "module_fault")
+        self._blind_spots(module, th, values, hit, now, gpu_c, ntc_c)
         return ntc_c
+
+    def _blind_spots(self, module: ModuleStatus, th: Thresholds, values, hit, now, gpu_c, ntc_c):
+        """What the module does not alarm on but the host must: its control is degraded
+        (a sensor fault, a tach it cannot trust) or held below automatic (MANUAL, hot)."""
+        cfg = self.config
+        faults = module.faults
+        state, reason = module.state, module.reason
+        # sensor faults: a controlled channel's NTC bit, or FAILSAFE for a sensor reason
+        bad = [ch for i, ch in enumerate(C.CHANNELS[:3]) if faults & (1 << i)]
+        if state == "FAILSAFE" and reason in _SENSOR_REASONS:
+            bad.append(reason)
+        if bad:
+            kinds = [n for bit, n in ((C.FAULT_NTC_STUCK, "stuck"), (C.FAULT_NTC_IMPLAUSIBLE,
+                     "implausible")) if faults & bit]  # fmt: skip
+            values["sensor_fault"] = bad + kinds
+        self._sticky_hit(R_SENSOR_FAULT, bool(bad), "module", now, hit)
+        # implausible tach, confirmed for TACH_CONFIRM_S: a fan spinning down into a
+        # stall reads implausible first, and a stall is fan_stall (the stronger verdict)
+        tach = [i for i, bit in ((1, C.FAULT_FAN1_TACH), (2, C.FAULT_FAN2_TACH)) if faults & bit]
+        if module.stalled_fans():
+            tach = []
+            self._sticky.pop(R_TACH_IMPLAUSIBLE, None)
+        if tach:
+            values["tach_implausible_fans"] = tach
+            if self._tach_since is None or now < self._tach_since:
+                self._tach_since = now
+        else:
+            self._tach_since = None
+        confirmed = bool(tach) and now - self._tach_since >= TACH_CONFIRM_S
+        self._sticky_hit(R_TACH_IMPLAUSIBLE, confirmed, "module", now, hit)
+        # MANUAL below automatic while hot
+        low = False
+        if state == "MANUAL":
+            hot_c = th.warn_c - cfg.manual_hot_margin_c
+            t = gpu_c if gpu_c is not None else ntc_c
+            hot = self._above("manual:hot", t, hot_c, cfg.hysteresis_c)
+            err = module.target_error_c
+            duties = [d for d in (module.fan_duty_ratio(i) for i in (1, 2)) if d is not None]
+            duty = min(duties) if duties else None
+            # A positive error winds the PID's integrator up: automatic control would
+            # command more than any duty below full. No error known: no valid sensor,
+            # and automatic control runs the fans at full.
+            wants_more = err is None or self._above(
+                "manual:err", err, cfg.manual_error_c, cfg.hysteresis_c
+            )
+            low = hot and wants_more and duty is not None and duty < MANUAL_FULL_DUTY
+            values["manual"] = {"duty": duty, "target_error_c": err, "hot_c": hot_c}
+        else:
+            self._latched.discard("manual:hot")
+            self._latched.discard("manual:err")
+        self._sticky_hit(R_MANUAL_LOW_DUTY, low, "module", now, hit)
 
 
 # --- PSU budget guard ------------------------------------------------------------------
