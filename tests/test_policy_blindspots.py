@@ -239,3 +239,21 @@ def test_a_silent_module_forgets_its_sensor_fault():
     p.evaluate(0.0, module(0.0, faults=C.FAULT_FAN1_TACH), gpu())
     d = p.evaluate(10.0, module(0.0, faults=C.FAULT_FAN1_TACH), gpu())  # 10 s old frame
     assert d.reasons == ["module_silent"]
+
+
+# --- end to end: the real firmware in a virtual module, the bridge, the virtual GPU --------
+def test_an_open_gpu_ntc_raises_warn_and_lowers_the_limit_end_to_end():
+    """The issue's reproduction: an open NTC left the policy NORMAL at 700 W."""
+    from test_bridge_e2e import ORIGINAL_W, WARN_W, bridged, wait_for
+
+    with bridged() as r:
+        assert r.gpu.power_limit_w() == ORIGINAL_W
+        r.vm.world_fault("ntc_open", "gpu")
+        wait_for(lambda: "sensor_fault" in r.pair().reasons, 10, "sensor_fault")
+        assert r.pair().level == WARN
+        wait_for(lambda: r.gpu.power_limit_w() == WARN_W, 5, "limit at 70 %")
+        decision = r.events("decision", level="WARN")[-1]
+        assert decision["values"]["sensor_fault"] == ["gpu", "sensor_open"]
+        r.vm.world_fault("ntc_open", "gpu", False)
+        wait_for(lambda: r.events("power_limit", action="restore"), 30, "original limit back")
+        assert r.gpu.power_limit_w() == ORIGINAL_W
