@@ -345,6 +345,24 @@ def test_module_before_hello_is_labelled_by_port_and_has_no_readings():
     assert len(errors) == len(ERROR_KINDS) and not any(errors.values())
 
 
+def test_link_down_drops_the_readings_at_once_and_keeps_the_counters():
+    # an unplugged module: the last telemetry is still in the status, but nothing of it
+    # is exported as current (Prometheus marks the missing series stale at once)
+    m = module(link_up=False, last_frame_at=NOW - 0.5)
+    f = scrape(snapshot([m], gpus=[], pairs=[]))
+    assert value(f, "modbridge_module_up", module=MOD, port="/dev/ttyUSB0") == 0
+    for name in (
+        "modbridge_module_temperature_celsius",
+        "modbridge_module_state",
+        "modbridge_module_fault",
+        "modbridge_module_input_volts",
+        "modbridge_module_fan_rpm",
+    ):
+        assert name not in f, name
+    assert "modbridge_module_last_frame_age_seconds" in f
+    assert values(f, "modbridge_module_frames")
+
+
 def test_no_snapshot_yet_exports_build_info_only():
     reg_families = list(X.BridgeCollector(lambda: None).collect())
     assert [m.name for m in reg_families] == ["modbridge_build"]

@@ -297,6 +297,11 @@ class BridgeCollector:
 
         if not m.telemetry:
             return  # no telemetry yet: no readings, no state, no faults
+        if not m.link_up:
+            # a link that is down has no current readings: they vanish from the scrape
+            # at once (Prometheus marks missing series stale), instead of repeating
+            # the last state for seconds; up, info, age and the counters stay
+            return
         faults = m.faults
         for ch in C.CHANNELS:
             t = m.temperature_c(ch)
