@@ -363,6 +363,19 @@ def test_link_down_drops_the_readings_at_once_and_keeps_the_counters():
     assert values(f, "modbridge_module_frames")
 
 
+def test_wire_strings_in_labels_are_sanitised():
+    m = module(module_id="e661\x1b[2Jx", board="pico\x1b]0;pwned\x07", fw_version="1.0\u202e")
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    reg.register(collector(snapshot([m], gpus=[], pairs=[])))
+    text = generate_latest(reg).decode()
+    assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    f = scrape(snapshot([m], gpus=[], pairs=[]))
+    (labels,) = values(f, "modbridge_module_up")
+    assert dict(labels)["module"] == "e661\\x1b[2Jx", labels
+
+
 def test_no_snapshot_yet_exports_build_info_only():
     reg_families = list(X.BridgeCollector(lambda: None).collect())
     assert [m.name for m in reg_families] == ["modbridge_build"]

@@ -55,6 +55,7 @@ from . import __version__
 from .errors import ModbridgeError
 from .gpu.base import CLOCKS_EVENT_REASONS, GpuError, GpuSample
 from .model import BridgeSnapshot, ModuleStatus, PairState
+from .sanitize import sanitize
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,9 @@ class _Families:
 
 def _module_label(m: ModuleStatus) -> str:
     # Before the hello arrives the module id is unknown: the port stands in for it.
-    return m.module_id or m.port
+    # Wire strings are sanitised: an escape sequence in an id must not reach a
+    # terminal that shows the scrape (valid hex ids pass through unchanged).
+    return sanitize(m.module_id or m.port)
 
 
 def _dedupe(items, key, prefer=None):
@@ -282,7 +285,7 @@ class BridgeCollector:
         gpu_uuid = gpu_of_module.get(m.module_id) or ""
         gpu = gpu_by_uuid.get(gpu_uuid)
         info = [m.fw_version, m.proto_version, m.board, gpu_uuid, gpu.name if gpu else ""]
-        f.m_info.add_metric([mod, m.port] + [v or "" for v in info], {})
+        f.m_info.add_metric([mod, m.port] + [sanitize(v) if v else "" for v in info], {})
         f.m_up.add_metric([mod, m.port], 1.0 if m.link_up else 0.0)
         age = m.last_frame_age_s(now)
         if age is not None:

@@ -1046,6 +1046,7 @@ class ModuleLink:
             if name == "telemetry":
                 st.telemetry = item.fields
                 st.telemetry_at = now
+                st.telemetry_seq = item.seq  # a frozen seq is stale telemetry (policy)
                 self._callback(self.on_telemetry, item)
             elif name == "event":
                 self._on_event(item, now)
