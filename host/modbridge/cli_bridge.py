@@ -242,12 +242,16 @@ def list_cmd(ports, backend, config_path, as_json, timeout):
         click.echo(
             "modules:" if modules else "modules: none (give --port PATH; see docs/bridge.md)"
         )
+        from modbridge.sanitize import sanitize
+
         for m in modules:
+            # wire strings (id, firmware, board, errors quoting them) never reach the
+            # terminal raw
             what = (
-                f"module {m['module_id']}  fw {m['fw_version']}  board {m['board']}  "
-                f"protocol {m['protocol']}"
+                f"module {sanitize(m['module_id'])}  fw {sanitize(m['fw_version'])}  "
+                f"board {sanitize(m['board'])}  protocol {sanitize(m['protocol'])}"
                 if m["link_up"]
-                else f"no module: {m.get('error')}"
+                else f"no module: {sanitize(m.get('error'))}"
             )
             click.echo(f"  {m['device']}  {what}")
         click.echo("gpus:" if gpus else f"gpus: none ({gpu_error or 'no GPU visible'})")
