@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModbridgeError
+from .fsutil import atomic_write, fsync_dir  # noqa: F401 - fsync_dir re-exported
 
 log = logging.getLogger(__name__)
 
@@ -89,34 +90,6 @@ def ensure_dir(path: Path, mode: int = 0o700) -> Path:
             "user (root, with StateDirectory=modbridge), or give --state-dir DIR"
         ) from e
     return path
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` all or nothing: temp file, fsync, rename, fsync dir."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except OSError:
-        os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from pathlib import Path
 from protocol.sign import KEY_LEN, new_key
 
 from .errors import ModbridgeError
+from .fsutil import atomic_write, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -194,36 +195,16 @@ def write_key_file(path, key: bytes) -> Path:
     """Write ``key`` to ``path`` atomically (temp file 0600, fsync, rename, fsync dir)."""
     key = _check_key(key)
     p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-                     _FILE_MODE)  # fmt: skip
-        try:
-            os.fchmod(fd, _FILE_MODE)  # whatever the umask
-            view = memoryview(key)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, p)
+        atomic_write(p, key, _FILE_MODE)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise KeyDirError(f"{p}: cannot write the key: {e.strerror or e}") from None
-    _fsync_dir(p.parent)
     return p
 
 
 def _fsync_dir(d: Path) -> None:
     with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(d)
 
 
 def _check_key(key) -> bytes:
