@@ -52,6 +52,25 @@ def _type_names(exc_type):
     return exc_type.__name__
 
 
+def exists(path):
+    """True if ``path`` exists (MicroPython has no os.path)."""
+    try:
+        os.stat(path)
+        return True
+    except OSError:
+        return False
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_bytes(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 _counter = 0
 
 

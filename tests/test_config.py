@@ -6,7 +6,7 @@ Runs under CPython and the real MicroPython (DUAL).
 import json
 import os
 
-from mpcompat import IS_MICROPYTHON, raises, tmpdir
+from mpcompat import IS_MICROPYTHON, exists, raises, read_bytes, tmpdir, write_bytes
 
 from device import config
 from device.config import ConfigError
@@ -63,24 +63,6 @@ def rejected(cfg, dotted, match=None):
     if match is not None:
         assert match in msg, (match, msg)
     return msg
-
-
-def exists(path):
-    try:
-        os.stat(path)
-        return True
-    except OSError:
-        return False
-
-
-def read_bytes(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def write_bytes(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def envelope(cfg, version=1, crc_delta=0):

@@ -9,7 +9,7 @@ block write.
 import json
 import os
 
-from mpcompat import IS_MICROPYTHON, raises, tmpdir
+from mpcompat import IS_MICROPYTHON, exists, raises, read_bytes, tmpdir, write_bytes
 
 from device import config
 from device.config import ConfigError
@@ -20,24 +20,6 @@ MPY_TIMEOUT = 600
 
 
 # --- helpers ------------------------------------------------------------------------
-
-
-def exists(path):
-    try:
-        os.stat(path)
-        return True
-    except OSError:
-        return False
-
-
-def read_bytes(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def write_bytes(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def listdir(d):
