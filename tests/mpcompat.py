@@ -71,6 +71,24 @@ def write_bytes(path, data):
         f.write(data)
 
 
+def read_repo_file(relative):
+    """Bytes of a file of the repository, by its path from the root (``"protocol/
+    vectors/v1.json"``). The MicroPython runner's cwd is the repository root and a
+    module's ``__file__`` may be relative there; pytest gives absolute paths."""
+    here = __file__
+    i = here.rfind("/")
+    tests_dir = here[:i] if i >= 0 else "."
+    tried = (tests_dir + "/../" + relative, relative)
+    for path in tried:
+        try:
+            f = open(path, "rb")
+        except OSError:
+            continue
+        with f:
+            return f.read()
+    raise AssertionError(f"{relative} not found; tried {tried!r}")
+
+
 _counter = 0
 
 

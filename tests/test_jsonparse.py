@@ -9,7 +9,7 @@ interpreters are held to the same offsets, not just the same yes/no.
 
 import json
 
-from mpcompat import IS_MICROPYTHON, raises
+from mpcompat import IS_MICROPYTHON, raises, read_repo_file
 
 from protocol import cbor, jsonl, jsonparse
 from protocol.errors import CBORDecodeError
@@ -704,25 +704,8 @@ def test_error_is_a_value_error_with_reason_and_offset():
 # --------------------------------------------------------------------------- the vectors
 
 
-_RELATIVE = "protocol/vectors/v1.json"
-
-
-def _vector_text():
-    here = __file__
-    i = here.rfind("/")
-    tests_dir = here[:i] if i >= 0 else "."
-    for path in (tests_dir + "/../" + _RELATIVE, _RELATIVE):
-        try:
-            f = open(path, "rb")
-        except OSError:
-            continue
-        with f:
-            return f.read()
-    raise AssertionError("vector file not found")
-
-
 def test_vector_json_lines_parse_as_before():
-    raw = _vector_text()
+    raw = read_repo_file("protocol/vectors/v1.json")
     doc = json.loads(raw)
     n = 0
     for v in doc["vectors"]:

@@ -4,6 +4,8 @@ same Verifier accepts and refuses the same frames and lines."""
 
 import json
 
+from mpcompat import read_repo_file
+
 from protocol import catalog as C
 from protocol import cobs, jsonl
 from protocol import frame as F
@@ -11,24 +13,7 @@ from protocol.sign import AUTH_NAMES, AUTH_OK, AUTH_REPLAY, Signer, Verifier
 
 DUAL = True
 
-_RELATIVE = "protocol/vectors/signing.json"
-
-
-def _load():
-    here = __file__
-    i = here.rfind("/")
-    tests_dir = here[:i] if i >= 0 else "."
-    for path in (tests_dir + "/../" + _RELATIVE, _RELATIVE):
-        try:
-            f = open(path)
-        except OSError:
-            continue
-        with f:
-            return json.load(f)
-    raise AssertionError("signing vectors not found")
-
-
-DOC = _load()
+DOC = json.loads(read_repo_file("protocol/vectors/signing.json"))
 KEY = bytes.fromhex(DOC["key_hex"])
 NONCE = bytes.fromhex(DOC["nonce_hex"])
 

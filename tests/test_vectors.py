@@ -6,35 +6,14 @@ lines, the firmware's telemetry encoder, and the stream decoder's verdict on bad
 
 import json
 
+from mpcompat import read_repo_file
+
 from protocol import catalog as C
 from protocol import jsonl
 from protocol.frame import StreamDecoder, decode_frame, encode_frame
 from protocol.telemetry import N_FIELDS, TelemetryEncoder, index
 
 DUAL = True
-
-_RELATIVE = "protocol/vectors/v1.json"
-
-
-def _candidates():
-    # The MicroPython runner's cwd is the repository root and its __file__ may be
-    # relative ("tests/test_vectors.py"); pytest gives an absolute __file__.
-    here = __file__
-    i = here.rfind("/")
-    tests_dir = here[:i] if i >= 0 else "."
-    return (tests_dir + "/../" + _RELATIVE, _RELATIVE)
-
-
-def _load():
-    for path in _candidates():
-        try:
-            f = open(path)
-        except OSError:
-            continue
-        with f:
-            return json.load(f)
-    raise AssertionError(f"vector file not found; tried {_candidates()!r}")
-
 
 def _fields(v):
     """A vector's wire fields, byte strings ({"hex": ...} in the file) as bytes."""
@@ -45,7 +24,7 @@ def _fields(v):
     return out
 
 
-DOC = _load()
+DOC = json.loads(read_repo_file("protocol/vectors/v1.json"))
 VECTORS = DOC["vectors"]
 for _v in VECTORS:
     _v["fields"] = _fields(_v["fields"])
