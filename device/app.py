@@ -231,10 +231,6 @@ class App:
         self.config_why = why
         self._saved = config.canonical(self.cfg) if self.config_source != "factory" else None
 
-    def configure(self, cfg):
-        """(Re)build sensors, fans and control from ``cfg``: all or nothing."""
-        self._commit(self._build(cfg), cfg)
-
     def _build(self, cfg):
         """Check ``cfg`` by building every object it configures on stand-in hardware.
 

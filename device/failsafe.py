@@ -37,8 +37,6 @@ except ImportError:  # CPython
 
 _EV_FIELDS = const(8)  # code, severity, active, index, value, state, prev_state, spare
 
-# Faults that put the module in FAILSAFE (NTC bits only for controlled channels).
-_FAN_STALL_BITS = C.FAULT_FAN1_STALL | C.FAULT_FAN2_STALL
 
 
 class EventQueue:
