@@ -160,7 +160,7 @@ def bench_config(ports: list[str], gpus: list, **bridge_kw):
     would add limit writes that are not part of what is measured.
     """
     from modbridge.config import BridgeConfig, ModuleMapping
-    from modbridge.policy import PolicyConfig
+    from modbridge.policy.engine import PolicyConfig
 
     policy = dict(disagree_time_s=1e6)
     policy.update(bridge_kw.pop("policy", {}))
@@ -173,14 +173,14 @@ def bench_config(ports: list[str], gpus: list, **bridge_kw):
 
 
 def experimental_link_factory(name: str | None):
-    """``None``: the real :class:`~modbridge.link.ModuleLink`. ``"wake"``: an
+    """``None``: the real :class:`~modbridge.link.session.ModuleLink`. ``"wake"``: an
     experiment for docs/bridge-benchmarks.md (not what the bridge ships): the link
     thread sleeps in ``select()`` on the port's fd instead of a fixed 0.5 s poll, so
     it reads as soon as bytes arrive, and a telemetry frame whose ``faults`` differ
     from the previous one wakes the bridge loop (through ``on_event``) like an event
     does. Requests made while it sleeps are not seen early (the benchmark makes none).
     """
-    from modbridge.link import ModuleLink
+    from modbridge.link.session import ModuleLink
 
     if name is None:
         return ModuleLink
@@ -238,9 +238,9 @@ def _cpu_s() -> float:
 
 
 def run_bridge(args: dict) -> None:
-    from modbridge import exporter
     from modbridge.bridge import Bridge
-    from modbridge.eventlog import EventLog
+    from modbridge.exporter import prometheus as exporter
+    from modbridge.exporter.eventlog import EventLog
     from modbridge.gpu.virtual import VirtualBackend
 
     ports = args["ports"]

@@ -200,7 +200,7 @@ class Recorder:
         backend.set_power_limit_w = set_power_limit_w
 
     def event_log(self):
-        from modbridge.eventlog import EventLog
+        from modbridge.exporter.eventlog import EventLog
 
         rec = self
 
@@ -285,7 +285,7 @@ def _latency_worker(i, fleet, rec, uuid, original_w, stop_at, out, errors, rng) 
 def _silent_worker(i, how, fleet, bridge, port, rec, uuid, stop_at, out, errors, rng) -> None:
     """Module ``i`` goes silent (``how``: unplug, or pause = hang) and comes back,
     repeatedly: silent -> the decision CRITICAL with reason module_silent."""
-    from modbridge.policy import NORMAL
+    from modbridge.policy.engine import NORMAL
 
     link = bridge.links[port]
     back = {"unplug": "replug", "pause": "resume"}[how]

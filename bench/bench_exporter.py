@@ -17,7 +17,7 @@ import time
 import urllib.request
 from collections import Counter
 
-from modbridge import exporter
+from modbridge.exporter import prometheus as exporter
 from modbridge.gpu.base import CLOCKS_EVENT_REASONS, GpuSample
 from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
 from protocol import catalog as C

@@ -6,7 +6,7 @@
 Everything runs the real firmware (``device.app.App``) on the fake board of the tests
 (tests/fakehal.py) under the MicroPython unix port, through bench/mpy_firmware_bench.py
 (its docstring says what each mode measures). Deployment is what ``modbridge flash``
-does, reusing its file selection and staging (``host.modbridge.flash.stage``) for the
+does, reusing its file selection and staging (``host.modbridge.tools.flash.stage``) for the
 board ``BOARD``:
 
 - "mpy" (the deployed form): device/, protocol/ (minus flash.EXCLUDE) and boards/
@@ -77,7 +77,7 @@ class BenchError(RuntimeError):
 
 
 def _flash():
-    from modbridge import flash  # the installed package, not a second copy via host/
+    from modbridge.tools import flash  # the installed package, not a second copy via host/
 
     return flash
 

@@ -4,7 +4,8 @@
     python -c "import bench.bench_protocol as b; print(b.run())"
 
 CPython numbers are measured in-process; MicroPython numbers come from the unix port
-(``micropython`` from modbridge.mpy: $MICROPYTHON, else next to sys.executable, else PATH) run in a
+(``micropython`` from modbridge.tools.mpy: $MICROPYTHON, else next to sys.executable,
+else PATH) run in a
 subprocess with MICROPYPATH set to the repository root. Takes about half a minute.
 """
 
@@ -125,7 +126,7 @@ print(json.dumps({"cases": r["cases"], "escaped": r["escaped"], "bugs": r["decod
 
 
 def find_micropython():
-    from modbridge.mpy import micropython_path
+    from modbridge.tools.mpy import micropython_path
 
     return micropython_path()
 

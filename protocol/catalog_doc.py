@@ -3,7 +3,7 @@
 The prose half of :mod:`protocol.catalog`: ``DOCS[name]`` says what a message is for,
 ``DOCS[(name, field)]`` what one of its fields means ("" where the name, type, unit
 and range already say it all). protocol/specgen.py renders them into SPEC.md; the
-module never needs them, so they are not flashed (``host.modbridge.flash.EXCLUDE``)
+module never needs them, so they are not flashed (``host.modbridge.tools.flash.EXCLUDE``)
 and cost no RAM there. tests/test_catalog.py checks that every message and field of
 the catalog has an entry here, and that nothing here names a message or field the
 catalog does not have.
@@ -83,6 +83,10 @@ DOCS = {
     ("heartbeat", "host_time"): "host Unix time",
     ("heartbeat", "gpu_mem_temp"): "GPU memory",
     ("heartbeat", "period_ms"): "host heartbeat period (informs the module's timeout)",
+    ("heartbeat", "gpu_slowdown"): (
+        "GPU's own slowdown temperature (NVML SLOWDOWN / GPU_MAX, the lower): the GPU "
+        "channel's warn/crit limits follow it down"
+    ),
     "fan_mode": "Select the control mode; manual duty is still floored by the safety floor.",
     ("fan_mode", "mode"): "auto: PID; manual: duty1/duty2; curve: the fan curve",
     ("fan_mode", "duty1"): "manual duty fan 1",
@@ -136,6 +140,36 @@ DOCS = {
         "no secret yet); see 'Signed commands' in SPEC.md."
     ),
     ("pair", "key"): "the new secret (32 bytes)",
+    "autotune": (
+        "Start or abort a relay autotune (docs/autotune.md): the PID is replaced by a "
+        "relay around the current duty until the oscillation's period and amplitude "
+        "agree over `cycles` cycles; acked at once, autotune_report follows per cycle. "
+        "Needs HOSTED in auto mode; aborted by any safety cause. Gains are not applied: "
+        "the host writes them with pid_gains."
+    ),
+    ("autotune", "action"): "start or abort",
+    ("autotune", "amplitude"): "relay half-amplitude d (default 20 %)",
+    ("autotune", "hysteresis"): "relay hysteresis on the error (default 0.3 degC)",
+    ("autotune", "max_rise"): "abort above setpoint + this (default 8 degC)",
+    ("autotune", "timeout_s"): "abort after this long (default 1800 s)",
+    ("autotune", "cycles"): "agreeing cycles needed (default 3)",
+    "autotune_report": (
+        "Progress (status running, one per measured cycle) and result of an autotune."
+    ),
+    ("autotune_report", "ref"): "seq of the autotune start it answers",
+    ("autotune_report", "status"): "running, done or why it stopped",
+    ("autotune_report", "cycles"): "cycles measured so far",
+    ("autotune_report", "elapsed_s"): "time since the start",
+    ("autotune_report", "bias"): "relay centre duty",
+    ("autotune_report", "relay"): "relay half-amplitude d",
+    ("autotune_report", "period_ms"): "last cycle's period",
+    ("autotune_report", "amplitude"): "last cycle's amplitude a (0: too small or clipped)",
+    ("autotune_report", "causes"): "safety CAUSE_* bits that aborted it",
+    ("autotune_report", "ku"): "ultimate gain 4d/(pi a)",
+    ("autotune_report", "pu_ms"): "ultimate period",
+    ("autotune_report", "kp"): "Tyreus-Luyben Ku/3.2",
+    ("autotune_report", "ki"): "kp / (2.2 Pu)",
+    ("autotune_report", "kd"): "0 (PI rule)",
 }
 
 

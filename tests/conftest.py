@@ -53,8 +53,8 @@ MISSING_HELP = (
 
 
 def find_micropython() -> str | None:
-    """Path of the MicroPython unix-port binary, or None (modbridge.mpy's lookup)."""
-    from modbridge.mpy import MicroPythonMissing, micropython_path
+    """Path of the MicroPython unix-port binary, or None (modbridge.tools.mpy's lookup)."""
+    from modbridge.tools.mpy import MicroPythonMissing, micropython_path
 
     try:
         return micropython_path()

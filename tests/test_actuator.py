@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from modbridge.actuator import PowerLimiter, install_signal_handlers
+from modbridge.actuator.power import PowerLimiter, install_signal_handlers
 from modbridge.gpu.base import GpuError
 from modbridge.gpu.fake_nvml import FakeNvml
 from modbridge.gpu.nvml import NvmlBackend
@@ -201,7 +201,7 @@ def test_a_broken_event_sink_does_not_stop_the_write(nv):
 
 SCRIPT = r"""
 import sys, time
-from modbridge.actuator import PowerLimiter, install_signal_handlers
+from modbridge.actuator.power import PowerLimiter, install_signal_handlers
 from modbridge.gpu.base import GpuBackend, GpuInfo, GpuSample
 
 class FileBackend(GpuBackend):
@@ -282,7 +282,7 @@ def test_uninstall_puts_the_old_handlers_back(nv):
 def test_events_go_to_an_event_log(nv, tmp_path):
     import json
 
-    from modbridge.eventlog import EventLog
+    from modbridge.exporter.eventlog import EventLog
 
     lines = []
     lim = PowerLimiter(NvmlBackend(nvml=nv), UUID, log=EventLog(lines))

@@ -420,7 +420,7 @@ for name in ("pyboard_v11", "blackpill_f411", "nucleo_f411re", "pico"):
 
 
 def _micropython():
-    from modbridge.mpy import micropython_path
+    from modbridge.tools.mpy import micropython_path
 
     return micropython_path()
 

@@ -16,9 +16,9 @@ import pytest
 from modbridge import bridge as br
 from modbridge.config import BridgeConfig, ConfigFileError, ModuleMapping, load, parse, tomllib
 from modbridge.gpu.base import GpuBackend, GpuInfo, GpuSample, PowerLimitRefused
-from modbridge.link import PortPermissionDenied
+from modbridge.link.session import PortPermissionDenied
 from modbridge.model import ModuleStatus
-from modbridge.policy import PolicyConfig
+from modbridge.policy.engine import PolicyConfig
 from protocol import catalog as C
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "modbridge.toml"
@@ -41,7 +41,7 @@ def test_example_file_sets_every_bridge_and_exporter_key():
 
 
 def test_every_policy_key_appears_in_the_example():
-    from modbridge.policy import _KINDS
+    from modbridge.policy.engine import _KINDS
 
     text = EXAMPLE.read_text()
     for key in _KINDS:
@@ -217,7 +217,7 @@ def test_stop_restores_once_and_reports_success():
     now = [1000.0]
     gpus = FakeBackend(UUID_A)
     lines = []
-    from modbridge.eventlog import EventLog
+    from modbridge.exporter.eventlog import EventLog
 
     b = make_bridge(BridgeConfig(), gpus, ["/dev/ttyUSB0"], clock=lambda: now[0],
                     event_log=EventLog(lines))  # fmt: skip

@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from modbridge import exporter
 from modbridge.bridge import Bridge, open_sim
 from modbridge.config import BridgeConfig
-from modbridge.eventlog import EventLog
+from modbridge.exporter import prometheus as exporter
+from modbridge.exporter.eventlog import EventLog
 from modbridge.gpu.base import PowerLimitRefused
 from modbridge.gpu.virtual import VirtualBackend
-from modbridge.policy import CRITICAL, NORMAL, WARN, PolicyConfig
+from modbridge.policy.engine import CRITICAL, NORMAL, WARN, PolicyConfig
 from modbridge.sim.profiles import Profile
 
 REPO = Path(__file__).resolve().parents[1]

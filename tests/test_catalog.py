@@ -143,7 +143,7 @@ def test_state_constants():
 
 def test_reason_constants():
     consts = _constants("REASON_")
-    assert len(consts) == len(C.REASONS) == 27
+    assert len(consts) == len(C.REASONS) == 28
     for name in consts:
         assert C.REASONS[consts[name]] == name.lower(), name
 

@@ -66,7 +66,9 @@ RFC_BOTH = (
     (-100, "3863"),
     (-1000, "3903e7"),
     (1.1, "fb3ff199999999999a"),
-    (1.0e300, "fb7e37e43c8800759c"),
+    # float(): MicroPython 1.28's mpy-tool cannot freeze a float literal beyond
+    # float32's range, and the qemu-arm test target freezes this module.
+    (float("1e300"), "fb7e37e43c8800759c"),
     (-4.1, "fbc010666666666666"),
     (_INF, "f97c00"),
     (_NAN, "f97e00"),

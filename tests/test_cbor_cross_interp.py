@@ -17,7 +17,7 @@ from pathlib import Path
 
 import cbor2
 
-from modbridge.mpy import micropython_path
+from modbridge.tools.mpy import micropython_path
 from protocol import cbor
 from protocol.errors import ProtocolError
 

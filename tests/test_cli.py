@@ -4,8 +4,8 @@ import json
 
 from click.testing import CliRunner
 
-from modbridge import wiredemo
-from modbridge.cli import main
+from modbridge.cli.main import main
+from modbridge.tools import wiredemo
 from protocol import frame
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from modbridge import discovery
-from modbridge.cli import main
+from modbridge.cli.main import main
 from modbridge.gpu import select
 from modbridge.gpu.base import GpuError
 from modbridge.gpu.fake_nvml import FakeNvml
 from modbridge.gpu.nvml import NvmlBackend
+from modbridge.link import discovery
 from modbridge.sim.fleet import SimFleet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_run_without_module_exits_3(fake_nvml):
 
 
 def test_run_port_permission_denied_says_dialout(fake_nvml, monkeypatch):
-    from modbridge import link
+    from modbridge.link import session as link
 
     def denied(port, open_fn=None, timeout=0):
         raise link.open_error(port, PermissionError(13, "Permission denied"))
@@ -196,7 +196,7 @@ def test_monitor_line_mode_when_not_a_tty():
 def test_live_view_redraws_in_place_on_a_tty():
     import io
 
-    from modbridge.monitor import LiveView
+    from modbridge.cli.monitor import LiveView
 
     out = io.StringIO()
     view = LiveView(out, tty=True)
@@ -250,7 +250,7 @@ def _lowered(nv, watts=490):
 
 
 def _journal(state_dir, original_w=700.0):
-    from modbridge.journal import LimitJournal
+    from modbridge.actuator.journal import LimitJournal
 
     LimitJournal(state_dir).record(H200, original_w, 490.0)
 
@@ -296,7 +296,7 @@ def test_restore_ignores_a_foreign_limit_above_the_default(fake_nvml, tmp_path):
 
 def test_run_restores_a_journaled_gpu_before_the_modules_and_locks_it(fake_nvml, tmp_path,
                                                                       monkeypatch):  # fmt: skip
-    from modbridge import link
+    from modbridge.link import session as link
 
     def denied(port, open_fn=None, timeout=0):
         raise link.open_error(port, PermissionError(13, "Permission denied"))
@@ -316,7 +316,7 @@ def test_run_restores_a_journaled_gpu_before_the_modules_and_locks_it(fake_nvml,
 def test_run_when_another_bridge_owns_the_gpu_exits_1_naming_it(fake_nvml, tmp_path):
     import os
 
-    from modbridge.gpulock import GpuLock
+    from modbridge.actuator.gpulock import GpuLock
 
     with GpuLock(tmp_path / "state", H200):
         res = run("run", "--port", "/dev/ttyUSB0", "--no-metrics", "--once")

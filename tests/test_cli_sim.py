@@ -20,7 +20,7 @@ import pytest
 import serial
 from click.testing import CliRunner
 
-from modbridge.cli import main
+from modbridge.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 STATUS = re.compile(
@@ -116,7 +116,7 @@ def test_faults_show_in_the_watch_and_two_modules():
 
 
 def test_each_module_is_provisioned_and_says_where_its_key_is(tmp_path):
-    from modbridge.keys import read_key_file
+    from modbridge.link.keys import read_key_file
 
     kd = tmp_path / "keys"
     r = run("--duration", "1", "--speed", "max", "--watch", "--json", "--modules", "2",

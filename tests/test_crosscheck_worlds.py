@@ -26,7 +26,7 @@ from device.control.select import worst_channel
 from device.drivers.ntc import NTC
 from modbridge.gpu.base import GpuSample
 from modbridge.model import ModuleStatus
-from modbridge.policy import PairPolicy, PolicyConfig
+from modbridge.policy.engine import PairPolicy, PolicyConfig
 from modbridge.sim import Profile, World, load_params
 from modbridge.sim.params import builtin_names
 from protocol import catalog as C

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from serial.tools.list_ports_common import ListPortInfo
 
-from modbridge.discovery import CH340, PortInfo, find_modules
+from modbridge.link.discovery import CH340, PortInfo, find_modules
 
 
 def ch340(device, location="1-1.2:1.0"):

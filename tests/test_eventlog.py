@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from modbridge.eventlog import EventLog, iso_utc
+from modbridge.exporter.eventlog import EventLog, iso_utc
 from modbridge.gpu.base import GpuSample
 from modbridge.model import ModuleStatus
-from modbridge.policy import PairPolicy, PolicyConfig
+from modbridge.policy.engine import PairPolicy, PolicyConfig
 from protocol import catalog as C
 
 
@@ -124,7 +124,7 @@ class FullDisk(io.StringIO):
 
 def test_disk_full_is_counted_never_raised(caplog):
     ev = EventLog(FullDisk())
-    with caplog.at_level("WARNING", logger="modbridge.eventlog"):
+    with caplog.at_level("WARNING", logger="modbridge.exporter.eventlog"):
         assert ev.write("decision", level="WARN") is False
         assert ev.write("decision", level="WARN") is False
     assert (ev.written, ev.dropped) == (0, 2)
@@ -175,8 +175,8 @@ def test_thread_safe_lines_never_interleave(tmp_path):
 
 
 # --- the file: O_NOFOLLOW, mode, refusals ------------------------------------------------
-from modbridge import eventlog as E  # noqa: E402
-from modbridge.eventlog import EventLogError  # noqa: E402
+from modbridge.exporter import eventlog as E  # noqa: E402
+from modbridge.exporter.eventlog import EventLogError  # noqa: E402
 
 
 def _rows(path):
@@ -217,7 +217,7 @@ def test_a_symlink_swapped_in_while_running_is_refused(tmp_path, caplog):
     assert ev.write("a")
     path.unlink()
     path.symlink_to(target)
-    with caplog.at_level("WARNING", logger="modbridge.eventlog"):
+    with caplog.at_level("WARNING", logger="modbridge.exporter.eventlog"):
         assert ev.write("b") is False
         assert ev.write("c") is False
     assert target.read_text() == "root:x:0:0\n"
@@ -395,7 +395,7 @@ def test_a_failed_rotation_keeps_writing_warns_once_and_retries(tmp_path, monkey
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(E.os, "replace", read_only)
-    with caplog.at_level("INFO", logger="modbridge.eventlog"):
+    with caplog.at_level("INFO", logger="modbridge.exporter.eventlog"):
         for i in range(6):
             assert ev.write("x", i=i)
         assert ev.rotate_failures >= 4 and ev.rotations == 0 and ev.dropped == 0
@@ -490,7 +490,7 @@ def test_permission_lost_mid_run_is_one_warning_per_episode(tmp_path, monkeypatc
     def denied(*a, **kw):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    with caplog.at_level("INFO", logger="modbridge.eventlog"):
+    with caplog.at_level("INFO", logger="modbridge.exporter.eventlog"):
         for episode in range(2):
             path.unlink()  # removed, and the directory no longer writable
             monkeypatch.setattr(E.os, "open", denied)

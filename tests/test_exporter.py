@@ -23,7 +23,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from modbridge import __version__
-from modbridge import exporter as X
+from modbridge.exporter import prometheus as X
 from modbridge.gpu.base import CLOCKS_EVENT_REASONS, GpuSample
 from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
 from protocol import catalog as C

@@ -1,7 +1,7 @@
 """modbridge flash: staging, command lines, errors, and a real deploy with mpremote.
 
 The real deploy follows DESIGN.md "Testing without hardware": the MicroPython unix
-port runs ``-i`` on a raw pty behind a relay (host/modbridge/pty_relay.py), the real
+port runs ``-i`` on a raw pty behind a relay (host/modbridge/tools/pty_relay.py), the real
 ``mpremote connect <pty> resume run ... + fs cp -r ...`` copies the firmware into
 its working directory, and a fresh ``micropython`` imports the deployed files.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from modbridge import flash
-from modbridge.cli import main
-from modbridge.mpy import micropython_path
-from modbridge.pty_relay import UnixPortBoard
+from modbridge.cli.main import main
+from modbridge.tools import flash
+from modbridge.tools.mpy import micropython_path
+from modbridge.tools.pty_relay import UnixPortBoard
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,7 +135,7 @@ def _fake_mpremote(tmp_path, uid="3600a1b2c3d4e5f6", fail=False):
 
 
 def test_flash_provisions_a_key_and_reuses_it_on_reflash(tmp_path):
-    from modbridge.keys import KeyStore
+    from modbridge.link.keys import KeyStore
 
     mp, port, fake = _fake_mpremote(tmp_path)
     store = KeyStore(tmp_path / "keys")
@@ -158,7 +158,7 @@ def test_flash_provisions_a_key_and_reuses_it_on_reflash(tmp_path):
 
 
 def test_flash_without_a_unique_id_flashes_without_a_key(tmp_path):
-    from modbridge.keys import KeyStore
+    from modbridge.link.keys import KeyStore
 
     mp, port, fake = _fake_mpremote(tmp_path, uid="none")
     store = KeyStore(tmp_path / "keys")
@@ -172,7 +172,7 @@ def test_flash_without_a_unique_id_flashes_without_a_key(tmp_path):
 
 
 def test_flash_failure_keeps_no_host_key(tmp_path):
-    from modbridge.keys import KeyStore
+    from modbridge.link.keys import KeyStore
 
     mp, port, _fake = _fake_mpremote(tmp_path, fail=True)
     store = KeyStore(tmp_path / "keys")
@@ -185,7 +185,7 @@ def test_flash_failure_keeps_no_host_key(tmp_path):
 
 
 def test_flash_refuses_an_insecure_stored_key(tmp_path):
-    from modbridge.keys import KeyStore
+    from modbridge.link.keys import KeyStore
 
     mp, port, fake = _fake_mpremote(tmp_path)
     store = KeyStore(tmp_path / "keys")

@@ -13,14 +13,14 @@ import pytest
 from filegpu import UUID as FILE_UUID
 from filegpu import FileGpu, FileGpuBackend
 
-from modbridge import journal as jmod
-from modbridge.actuator import PowerLimiter, restore_journaled
+from modbridge.actuator import journal as jmod
+from modbridge.actuator.gpulock import GpuBusy, GpuLock
+from modbridge.actuator.journal import JournalError, LimitJournal
+from modbridge.actuator.power import PowerLimiter, restore_journaled
 from modbridge.bridge import Bridge
 from modbridge.config import BridgeConfig
 from modbridge.gpu.fake_nvml import FakeNvml
 from modbridge.gpu.nvml import NvmlBackend
-from modbridge.gpulock import GpuBusy, GpuLock
-from modbridge.journal import JournalError, LimitJournal
 
 UUID = "GPU-5e1f0c2a-7b3d-4c8e-9a61-2d0f4b8e7c13"  # the fake NVML's H200 (700 W default)
 
@@ -341,7 +341,7 @@ def test_a_journaled_gpu_that_is_missing_is_reported(tmp_path):
     state = tmp_path / "state"
     LimitJournal(state).record("GPU-00000000-0000-4000-8000-000000000bad", 700.0, 490.0)
     lines = []
-    from modbridge.eventlog import EventLog
+    from modbridge.exporter.eventlog import EventLog
 
     b = Bridge(BridgeConfig(), FileGpuBackend(gpu.path), [], state_dir=state,
                event_log=EventLog(lines)).start()  # fmt: skip
@@ -384,7 +384,7 @@ def test_restore_journaled_refused_and_busy(tmp_path):
 
 
 def test_every_bridge_tick_reads_the_limit_and_adopts_an_external_change(tmp_path):
-    from modbridge.eventlog import EventLog
+    from modbridge.exporter.eventlog import EventLog
 
     gpu = FileGpu.create(tmp_path / "gpu.json", limit_w=700.0)
     lines = []

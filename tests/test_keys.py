@@ -1,4 +1,4 @@
-"""The key store (modbridge.keys) and ``modbridge pair``: files, modes, garbage, and
+"""The key store (modbridge.link.keys) and ``modbridge pair``: files, modes, garbage, and
 pairing against a fake module (tests/ptypeer.py) that verifies signatures."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 from ptypeer import PtyPeer
 
-from modbridge import keys as K
-from modbridge.cli import main
+from modbridge.cli.main import main
 from modbridge.config import parse
-from modbridge.link import ModuleLink
+from modbridge.link import keys as K
+from modbridge.link.session import ModuleLink
 from protocol import sign
 
 UID = "0123456789abcdef01234567"
@@ -277,7 +277,7 @@ def test_a_module_paired_elsewhere_says_how_to_recover(tmp_path, linked):
 
 
 def test_a_lost_ack_is_resolved_by_asking_with_the_new_key(tmp_path, linked, monkeypatch):
-    from modbridge import link as L
+    from modbridge.link import session as L
 
     monkeypatch.setitem(L._REQUEST_TIMEOUTS, "pair", 0.3)
     store = K.KeyStore(tmp_path / "keys")
@@ -290,7 +290,7 @@ def test_a_lost_ack_is_resolved_by_asking_with_the_new_key(tmp_path, linked, mon
 
 
 def test_no_answer_at_all_changes_nothing(tmp_path, linked, monkeypatch):
-    from modbridge import link as L
+    from modbridge.link import session as L
 
     monkeypatch.setitem(L._REQUEST_TIMEOUTS, "pair", 0.2)
     store = K.KeyStore(tmp_path / "keys")

@@ -20,8 +20,8 @@ import pytest
 import serial
 from ptypeer import DEFAULT_TELEMETRY, DEFAULT_UID, PtyPeer, hello_fields
 
-from modbridge import link as L
-from modbridge.link import (
+from modbridge.link import session as L
+from modbridge.link.session import (
     BadRequest,
     CommandRefused,
     HostDecoder,
@@ -953,7 +953,7 @@ def test_callback_and_read_errors_never_kill_the_thread(links):
 
 @pytest.fixture
 def store(tmp_path):
-    from modbridge.keys import KeyStore
+    from modbridge.link.keys import KeyStore
 
     return KeyStore(tmp_path / "keys")
 
@@ -1009,7 +1009,7 @@ def test_timestamps_stay_in_order_under_concurrent_senders(links, store):
 def test_without_a_key_reads_work_commands_raise_heartbeats_withheld(links, store, caplog):
     replies = {"config_get": ("config", {"values": {}, "version": 1})}
     with PtyPeer(nonce=True, key=sign.new_key(), replies=replies) as peer:
-        caplog.set_level("WARNING", logger="modbridge.link")
+        caplog.set_level("WARNING", logger="modbridge.link.session")
         link = links(peer.path, keys=store).start()
         assert link.wait_up(WAIT)
         assert link.request("config_get").name == "config"  # reads are open
@@ -1207,7 +1207,7 @@ def test_a_dead_link_thread_is_restarted_with_backoff_and_reported_once(links, c
         link = links(peer.path).start()
         assert link.wait_up(WAIT)
         thread = link._thread
-        with caplog.at_level("DEBUG", logger="modbridge.link"):
+        with caplog.at_level("DEBUG", logger="modbridge.link.session"):
             times = _break_service(link, 4)
             assert wait_for(lambda: len(times) == 4, 2 * WAIT)
             assert wait_for(lambda: link.link_up)
@@ -1250,7 +1250,7 @@ def test_a_new_episode_after_a_healthy_spell_is_reported_again(links, caplog, mo
     with PtyPeer() as peer:
         link = links(peer.path).start()
         assert link.wait_up(WAIT)
-        with caplog.at_level("INFO", logger="modbridge.link"):
+        with caplog.at_level("INFO", logger="modbridge.link.session"):
             times = _break_service(link, 1)
             assert wait_for(lambda: times and link.link_up)
             assert wait_for(lambda: not link.thread_failing)  # healthy for 0.3 s
@@ -1318,7 +1318,7 @@ def _raw(text: str) -> bool:
 
 def test_wire_strings_in_log_lines_are_sanitised(links, caplog):
     with PtyPeer(uid=EVIL, fw_version="1\x1b[5m", board="b\u202eoard") as peer:
-        with caplog.at_level("DEBUG", logger="modbridge.link"):
+        with caplog.at_level("DEBUG", logger="modbridge.link.session"):
             link = links(peer.path).start()
             assert link.wait_up(WAIT)
             assert link.status.module_id == EVIL  # the status keeps the raw value
@@ -1348,7 +1348,7 @@ def test_a_nack_text_from_the_wire_is_sanitised_in_the_error(links):
 
 def test_not_paired_and_key_errors_are_sanitised(links, store, caplog):
     with PtyPeer(uid=EVIL, nonce=True) as peer:
-        with caplog.at_level("DEBUG", logger="modbridge.link"):
+        with caplog.at_level("DEBUG", logger="modbridge.link.session"):
             link = links(peer.path, keys=store).start()
             assert link.wait_up(WAIT)
             with pytest.raises(L.NotPaired) as e:

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modbridge.eventlog import EventLog
+from modbridge.exporter.eventlog import EventLog
 from modbridge.gpu.base import GpuLost, GpuNoPermission, GpuSample
 from modbridge.model import ModuleStatus
-from modbridge.policy import (
+from modbridge.policy.engine import (
     CRITICAL,
     FALLBACK_CRITICAL_C,
     FALLBACK_WARN_C,
@@ -502,7 +502,8 @@ def test_pair_uses_the_gpus_own_thresholds_and_remembers_them():
 def test_doctests():
     import doctest
 
-    from modbridge import eventlog, policy
+    from modbridge.exporter import eventlog
+    from modbridge.policy import engine as policy
 
     for mod in (policy, eventlog):
         result = doctest.testmod(mod)
@@ -681,7 +682,7 @@ def test_engine_logs_gpu_lost_clearly(caplog):
     lines: list[str] = []
     eng = PolicyEngine(cfg(), EventLog(lines))
     inp = PairInput("m1", "GPU-0", module(0.0, gpu_c=60.0), GpuLost("GPU-0 is lost"))
-    with caplog.at_level("WARNING", logger="modbridge.policy"):
+    with caplog.at_level("WARNING", logger="modbridge.policy.engine"):
         (d,) = eng.step(0.0, [inp])
     assert (d.level, d.reasons, d.can_actuate) == (CRITICAL, ["gpu_lost"], False)
     e = json.loads(lines[0])

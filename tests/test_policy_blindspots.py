@@ -11,7 +11,7 @@ import pytest
 
 from modbridge.gpu.base import GpuSample
 from modbridge.model import ModuleStatus
-from modbridge.policy import (
+from modbridge.policy.engine import (
     CRITICAL,
     NORMAL,
     REASON_LEVELS,

@@ -141,7 +141,7 @@ def _report(link_up=True):
 
 @pytest.mark.parametrize("link_up", [True, False])
 def test_the_monitor_never_prints_a_wire_string_raw(link_up):
-    from modbridge import monitor
+    from modbridge.cli import monitor
 
     rep = _report(link_up)
     lines = monitor.table(rep)
@@ -159,7 +159,7 @@ def test_the_monitor_never_prints_a_wire_string_raw(link_up):
 def test_the_live_view_sends_only_its_own_escape_codes():
     import io
 
-    from modbridge import monitor
+    from modbridge.cli import monitor
 
     out = io.StringIO()
     view = monitor.LiveView(out, tty=True)

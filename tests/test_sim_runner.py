@@ -477,7 +477,7 @@ def test_background_thread_paced_and_cleaned_up(make_vm):
 
 
 def test_provisioned_like_a_paired_board_and_kept_across_runs(make_vm, tmp_path):
-    from modbridge import keys as K
+    from modbridge.link import keys as K
     from modbridge.sim.runner import SimError
 
     vm = make_vm(name="p")
@@ -515,7 +515,7 @@ def test_unsigned_commands_are_refused_by_the_firmware(make_vm):
 
 
 def test_a_fleet_keeps_every_modules_key_in_one_store(tmp_path):
-    from modbridge import keys as K
+    from modbridge.link import keys as K
     from modbridge.sim.fleet import SimFleet
 
     fleet = SimFleet(2, speed=0, state_dir=tmp_path / "st", settle_duty=None)

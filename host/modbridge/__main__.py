@@ -1,5 +1,5 @@
 """``python -m modbridge`` runs the CLI."""
 
-from modbridge.cli import main
+from modbridge.cli.main import main
 
 main()

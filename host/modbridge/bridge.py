@@ -15,9 +15,9 @@ GPU values) and metrics; its policy acts on no GPU.
 
 Power limits (docs/bridge.md, "Power limits: journal, restore, ownership"): with a
 state directory (``state_dir``; the CLI always gives one) every GPU the bridge may
-act on is locked (:mod:`modbridge.gpulock`: a second bridge fails to start, naming
+act on is locked (:mod:`modbridge.actuator.gpulock`: a second bridge fails to start, naming
 the first one's pid) and its limiter journals originals there
-(:mod:`modbridge.journal`); a GPU found below its journaled original is restored at
+(:mod:`modbridge.actuator.journal`); a GPU found below its journaled original is restored at
 start, before any module is opened. Without one (library use, tests) there is no
 journal and no lock. Dry runs (``status``, ``monitor``) read the journal, never lock.
 
@@ -43,17 +43,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .actuator import SIGNALS, PowerLimiter
-from .config import BridgeConfig, ModuleMapping, match_gpu
-from .errors import ModbridgeError
-from .eventlog import EventLog
-from .gpu.base import GpuBackend, GpuError, GpuSample
-from .gpulock import GpuLock
-from .journal import LimitJournal
-from .keys import KeyStore
-from .link import LinkError, ModuleLink
-from .model import BridgeSnapshot, ModuleStatus, PairState
-from .policy import LEVEL_NAMES, PairInput, PolicyEngine
+from modbridge.actuator.gpulock import GpuLock
+from modbridge.actuator.journal import LimitJournal
+from modbridge.actuator.power import SIGNALS, PowerLimiter
+from modbridge.config import BridgeConfig, ModuleMapping, match_gpu
+from modbridge.errors import ModbridgeError
+from modbridge.exporter.eventlog import EventLog
+from modbridge.gpu.base import GpuBackend, GpuError, GpuSample
+from modbridge.link.keys import KeyStore
+from modbridge.link.session import LinkError, ModuleLink
+from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
+from modbridge.policy.engine import LEVEL_NAMES, PairInput, PolicyEngine
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +187,10 @@ class Bridge:
         """Lock and journal (with a state dir), save every GPU's power limit (restoring
         a journaled original first), read the GPUs once, open every module link.
 
-        Another bridge owning a GPU raises :class:`~modbridge.gpulock.GpuBusy`, an
-        unusable state dir :class:`~modbridge.journal.JournalError`, before anything is
+        Another bridge owning a GPU raises :class:`~modbridge.actuator.gpulock.GpuBusy`, an
+        unusable state dir :class:`~modbridge.actuator.journal.JournalError`, before anything is
         written. A port that cannot be opened for good (busy, permission) raises its
-        :class:`~modbridge.link.LinkError` after the links already started are
+        :class:`~modbridge.link.session.LinkError` after the links already started are
         stopped again; a missing port is retried by its link (plug it in later).
         """
         infos = self._owned_gpus()
@@ -586,7 +586,7 @@ def probe_modules(
 ) -> list[dict]:
     """Open each port briefly (all at once), wait for its hello, close it again.
 
-    ``ports`` are discovery :class:`~modbridge.discovery.PortInfo` objects (or
+    ``ports`` are discovery :class:`~modbridge.link.discovery.PortInfo` objects (or
     paths). Returns one dict per port: the port's description plus ``module_id``,
     ``fw_version``, ``board``, ``protocol``, ``link_up``, ``error``, ``paired`` (the
     module's hello) and ``key_error`` (None: this host can sign for it, or it does not
@@ -654,7 +654,7 @@ def open_sim(
     module i (its port) -> GPU i (its UUID; the fleet gives each GPU its own). Each
     module is provisioned with a key, kept in ``keys_dir`` (default: a temporary
     directory the bridge finds through the fleet, ``fleet.keys``)."""
-    from .sim.fleet import SimFleet
+    from modbridge.sim.fleet import SimFleet
 
     fleet = SimFleet(
         n, world=world, profile=profile, speed=speed, seed=seed, faults=faults, keys_dir=keys_dir

@@ -35,8 +35,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ModbridgeError
-from .policy import PolicyConfig, PolicyConfigError
+from modbridge.errors import ModbridgeError
+from modbridge.policy.engine import PolicyConfig, PolicyConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,9 +78,9 @@ class BridgeConfig:
     on_exit: str = "restore"
     dry_run: bool = False
     event_log: str | None = None
-    keys_dir: str | None = None  # None: modbridge.keys.default_dir()
+    keys_dir: str | None = None  # None: modbridge.link.keys.default_dir()
     # the journal of original power limits and the GPU locks; None: the default
-    # (modbridge.journal.default_state_dir: $STATE_DIRECTORY, else /var/lib/modbridge)
+    # (modbridge.actuator.journal.default_state_dir: $STATE_DIRECTORY, else /var/lib/modbridge)
     state_dir: str | None = None
     exporter_address: str = "127.0.0.1"
     exporter_port: int = 9659

@@ -14,7 +14,7 @@ import abc
 import time
 from dataclasses import dataclass, field
 
-from ..errors import ModbridgeError
+from modbridge.errors import ModbridgeError
 
 # NVML clocks-event reason bits (nvmlClocksEventReason*), as recorded on the H200.
 CLOCKS_EVENT_REASONS = {

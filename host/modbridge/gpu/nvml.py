@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from .base import (
+from modbridge.gpu.base import (
     GpuBackend,
     GpuDriverNotLoaded,
     GpuError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .base import GpuBackend, GpuError
+from modbridge.gpu.base import GpuBackend, GpuError
 
 log = logging.getLogger(__name__)
 
@@ -22,22 +22,22 @@ def open_backend(kind="auto", sim_gpus=None, nvml_module=None, smi_path=None) ->
     if kind == "sim":
         if not sim_gpus:
             raise GpuError("--sim needs a simulated world with at least one GPU")
-        from .virtual import VirtualBackend
+        from modbridge.gpu.virtual import VirtualBackend
 
         return VirtualBackend(sim_gpus)
     if kind == "nvml":
-        from .nvml import NvmlBackend
+        from modbridge.gpu.nvml import NvmlBackend
 
         return NvmlBackend(nvml=nvml_module)
     if kind == "nvidia-smi":
-        from .smi import SmiBackend
+        from modbridge.gpu.smi import SmiBackend
 
         return SmiBackend(smi_path=smi_path)
     if kind != "auto":
         raise GpuError(f"unknown GPU backend {kind!r}: choose one of {', '.join(KINDS)}")
 
-    from .nvml import NvmlBackend
-    from .smi import SmiBackend
+    from modbridge.gpu.nvml import NvmlBackend
+    from modbridge.gpu.smi import SmiBackend
 
     try:
         return NvmlBackend(nvml=nvml_module)

@@ -30,7 +30,7 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 
-from .base import (
+from modbridge.gpu.base import (
     GpuBackend,
     GpuDriverNotLoaded,
     GpuError,

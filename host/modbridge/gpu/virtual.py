@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import time
 
-from .base import GpuBackend, GpuError, GpuInfo, GpuLost, GpuNotFound, GpuSample, PowerLimitRefused
+from modbridge.gpu.base import (
+    GpuBackend,
+    GpuError,
+    GpuInfo,
+    GpuLost,
+    GpuNotFound,
+    GpuSample,
+    PowerLimitRefused,
+)
 
 
 def _sim_errors():
     """The simulator's exception classes (imported late: the sim is optional)."""
-    from ..sim import gpu as sim_gpu
+    from modbridge.sim import gpu as sim_gpu
 
     return sim_gpu.GpuLost, sim_gpu.GpuInvalidArgument, sim_gpu.VirtualGpuError
 

@@ -5,11 +5,11 @@ NTC ADC codes and a virtual GPU. See docs/simulator.md.
     w = World(load_params("default"), seed=1, profile="bench")
 """
 
-from .gpu import GpuInvalidArgument, GpuLost, VirtualGPU, VirtualGpuError
-from .params import Params, ParamsError
-from .params import load as load_params
-from .profiles import Profile, ProfileError
-from .world import CHANNELS, World, WorldError
+from modbridge.sim.gpu import GpuInvalidArgument, GpuLost, VirtualGPU, VirtualGpuError
+from modbridge.sim.params import Params, ParamsError
+from modbridge.sim.params import load as load_params
+from modbridge.sim.profiles import Profile, ProfileError
+from modbridge.sim.world import CHANNELS, World, WorldError
 
 __all__ = [
     "CHANNELS",

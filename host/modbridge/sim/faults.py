@@ -26,8 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .link import RESET_CAUSES
-from .world import CHANNELS
+from modbridge.sim.link import RESET_CAUSES
+from modbridge.sim.world import CHANNELS
 
 # fault name -> (argument kind, ranged?)
 KINDS = {

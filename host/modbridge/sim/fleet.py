@@ -6,7 +6,7 @@ modules cooling N virtual GPUs, each reachable on a stable symlink
 different seed (its noise and its MCU unique id differ) and its own flash directory.
 
 Every module is provisioned with its own signing key (``secret.key`` in its flash
-directory) and the fleet keeps the host copies in one :class:`~modbridge.keys.KeyStore`
+directory) and the fleet keeps the host copies in one :class:`~modbridge.link.keys.KeyStore`
 (``keys_dir``, else ``<state_dir>/keys``: temporary unless ``state_dir`` is given),
 attached for lookups while the fleet lives: a bridge in this process signs without
 being told where the keys are; another process gets the directory (``keys_dir``).
@@ -24,10 +24,10 @@ import threading
 import time
 from pathlib import Path
 
-from ..keys import KeyStore, attach_dir, detach_dir
-from .faults import FaultSchedule
-from .runner import VirtualModule
-from .world import World
+from modbridge.link.keys import KeyStore, attach_dir, detach_dir
+from modbridge.sim.faults import FaultSchedule
+from modbridge.sim.runner import VirtualModule
+from modbridge.sim.world import World
 
 
 class SimFleet:

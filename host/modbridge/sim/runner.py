@@ -35,9 +35,9 @@ fed resets it. A process that does not answer within ``hang_timeout_s`` of wall 
 
 Signing: before its first boot the module is provisioned like a paired board: a
 32-byte secret in ``secret.key`` in its flash directory (kept if one is there from an
-earlier run or a ``pair``) and the same key in a host :class:`~modbridge.keys.KeyStore`
+earlier run or a ``pair``) and the same key in a host :class:`~modbridge.link.keys.KeyStore`
 (``keys=``; by default one in ``<state_dir>/host-keys`` that is attached for lookups in
-this process, so a :class:`~modbridge.link.ModuleLink` or a bridge here finds it).
+this process, so a :class:`~modbridge.link.session.ModuleLink` or a bridge here finds it).
 ``key`` is the module's current secret, ``host_key_path`` the host copy, ``nonce`` the
 one of the last hello, and :meth:`VirtualModule.encode` signs a frame the way a host
 does, for :meth:`~VirtualModule.host_write`. ``provision=False``: a module without a
@@ -69,13 +69,12 @@ import time
 import tty
 from pathlib import Path
 
+from modbridge.link.keys import KeyStore, attach_dir, detach_dir, write_key_file
+from modbridge.sim import link as L
+from modbridge.tools import mpy
 from protocol import catalog as C
 from protocol.frame import StreamDecoder, encode_frame
 from protocol.sign import KEY_LEN, Signer, new_key
-
-from .. import mpy
-from ..keys import KeyStore, attach_dir, detach_dir, write_key_file
-from . import link as L
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ TICKS_MASK = (1 << 30) - 1
 UID_LEN = 12  # bytes, like an STM32's 96-bit unique id
 SECRET_FILE = "secret.key"  # the firmware's signing secret, beside config.json
 HOST_LINK_ID = 1  # encode()'s signing link id (a ModuleLink's default is 0)
-#: host -> module messages the firmware takes unsigned (modbridge.link.OPEN_REQUESTS)
+#: host -> module messages the firmware takes unsigned (modbridge.link.session.OPEN_REQUESTS)
 OPEN_REQUESTS = ("hello_request", "config_get", "cal_read")
 
 
@@ -818,7 +817,7 @@ class VirtualModule:
 def stage_mpy(dest) -> Path:
     """Compile the firmware as the sim runs it into ``dest`` (``.mpy`` bytecode, the
     way ``modbridge flash`` stages a board) and return it, for ``code_root=``."""
-    from .. import flash
+    from modbridge.tools import flash
 
     dest = Path(dest)
     files = sorted(set(flash.firmware_sources("sim")) | {"boards/sim_ina226.py"})

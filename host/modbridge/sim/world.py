@@ -25,9 +25,9 @@ import random
 import sys
 from pathlib import Path
 
-from . import params as _params
-from .gpu import VirtualGPU
-from .profiles import Profile
+from modbridge.sim import params as _params
+from modbridge.sim.gpu import VirtualGPU
+from modbridge.sim.profiles import Profile
 
 try:
     from device import calib

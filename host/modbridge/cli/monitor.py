@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from .sanitize import sanitize
+from modbridge.sanitize import sanitize
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 HOME = "\x1b[H"

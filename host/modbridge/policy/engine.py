@@ -32,11 +32,10 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
+from modbridge.errors import ModbridgeError
+from modbridge.gpu.base import GpuError, GpuSample
+from modbridge.model import ModuleStatus
 from protocol import catalog as C
-
-from .errors import ModbridgeError
-from .gpu.base import GpuError, GpuSample
-from .model import ModuleStatus
 
 log = logging.getLogger(__name__)
 

@@ -48,14 +48,13 @@ from prometheus_client.metrics_core import (
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from modbridge import __version__
+from modbridge.errors import ModbridgeError
+from modbridge.gpu.base import CLOCKS_EVENT_REASONS, GpuError, GpuSample
+from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
+from modbridge.sanitize import sanitize
 from protocol import catalog as C
 from protocol.frame import ERROR_KINDS
-
-from . import __version__
-from .errors import ModbridgeError
-from .gpu.base import CLOCKS_EVENT_REASONS, GpuError, GpuSample
-from .model import BridgeSnapshot, ModuleStatus, PairState
-from .sanitize import sanitize
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`modbridge list/status/run/monitor/restore/config`: the bridge commands (docs/bridge.md).
 
-Thin: parse options, call :mod:`modbridge.bridge` / :mod:`modbridge.monitor`, format.
+Thin: parse options, call :mod:`modbridge.bridge` / :mod:`modbridge.cli.monitor`, format.
 Exit codes: 0 ok, 1 runtime error, 2 usage or config error, 3 no module / no GPU.
 """
 
@@ -19,7 +19,7 @@ import click
 from modbridge.errors import ModbridgeError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
-EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "modbridge.toml"
+EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "modbridge.toml"
 READY_TIMEOUT_S = 10.0  # status/--once: how long to wait for every module's hello
 
 
@@ -55,7 +55,7 @@ def _backend_option(f):
 
 
 def _set_keys_dir(ctx, param, value):
-    # the process-wide override modbridge.keys.default_dir() reads first after an
+    # the process-wide override modbridge.link.keys.default_dir() reads first after an
     # explicit argument, so every link this command opens signs with these keys
     if value is not None:
         os.environ["MODBRIDGE_KEYS_DIR"] = value
@@ -147,7 +147,7 @@ def _open_backend(kind: str, sim_gpus=None):
 
 
 def _module_ports(given, cfg) -> list[str]:
-    from modbridge.discovery import find_modules
+    from modbridge.link.discovery import find_modules
 
     found = find_modules(list(given) + cfg.ports())
     if not found:
@@ -166,7 +166,7 @@ def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile
     """The config, the GPU backend and the module ports: real, or a started SimFleet;
     and the state directory (given, the config's, the default; --sim: the fleet's)."""
     from modbridge import bridge as br
-    from modbridge.journal import default_state_dir
+    from modbridge.actuator.journal import default_state_dir
 
     cfg = _load_config(config_path)
     if sim_faults and not sim:
@@ -219,9 +219,9 @@ def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile
 def list_cmd(ports, backend, config_path, as_json, timeout):
     """Modules found (with their hello) and GPUs visible. Exit 3 if either is none."""
     from modbridge import bridge as br
-    from modbridge.discovery import find_modules
     from modbridge.gpu import select
     from modbridge.gpu.base import GpuError
+    from modbridge.link.discovery import find_modules
 
     cfg = _load_config(config_path)
     modules = br.probe_modules(find_modules(list(ports) + cfg.ports()), timeout=timeout)
@@ -281,7 +281,7 @@ def status_cmd(ports, backend, config_path, module_id, as_json, timeout, **sim):
     link did not come up.
     """
     from modbridge import bridge as br
-    from modbridge import monitor
+    from modbridge.cli import monitor
 
     with _setup(config_path, ports, backend, **sim) as s:
         s.config.dry_run = True  # status only looks
@@ -306,7 +306,7 @@ def status_cmd(ports, backend, config_path, module_id, as_json, timeout, **sim):
 
 def _start_bridge(s: _Setup, event_log=None):
     from modbridge.bridge import Bridge
-    from modbridge.link import LinkError
+    from modbridge.link.session import LinkError
 
     b = Bridge(s.config, s.backend, s.ports, event_log=event_log, state_dir=s.state_dir)
     try:
@@ -367,8 +367,9 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
     GPU found below its journaled original is restored at start.
     """
     from modbridge import bridge as br
-    from modbridge import exporter, monitor
-    from modbridge.eventlog import EventLog
+    from modbridge.cli import monitor
+    from modbridge.exporter import prometheus as exporter
+    from modbridge.exporter.eventlog import EventLog
 
     with _setup(config_path, ports, backend, **sim) as s:
         cfg = s.config
@@ -447,7 +448,7 @@ def monitor_cmd(ports, backend, config_path, interval, count, **sim):
     Plain lines instead of the redrawn table when stdout is not a terminal.
     """
     from modbridge import bridge as br
-    from modbridge import monitor
+    from modbridge.cli import monitor
 
     with _setup(config_path, ports, backend, **sim) as s:
         s.config.dry_run = True  # a view, not the service
@@ -480,8 +481,8 @@ def restore_cmd(state_dir, backend, config_path, dry_run, as_json):
     restore was refused (or a GPU is owned by a running bridge, missing, or its
     journal entry unusable), 3 without a GPU backend.
     """
-    from modbridge.actuator import restore_journaled
-    from modbridge.journal import JournalError, default_state_dir
+    from modbridge.actuator.journal import JournalError, default_state_dir
+    from modbridge.actuator.power import restore_journaled
 
     cfg = _load_config(config_path)
     kind = backend or cfg.backend

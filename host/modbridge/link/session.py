@@ -15,7 +15,7 @@ the module's identity. A module of another protocol major version is reported in
 Signing (docs/pairing.md). A module that announces a ``nonce`` in its hello (a fresh
 one every boot) verifies every command but the open reads (:data:`OPEN_REQUESTS`),
 and uses a heartbeat only if it is signed. The link looks the module's key up in its
-:class:`~modbridge.keys.KeyStore` by the hello's ``uid`` and signs with a
+:class:`~modbridge.link.keys.KeyStore` by the hello's ``uid`` and signs with a
 :class:`protocol.sign.Signer` of its own ``link_id`` over that nonce; every hello
 (after a reset, a replug, or a ``hello_request`` when a boot banner or a refused
 signature says the nonce may be stale) re-reads the key and the nonce. Timestamps are
@@ -75,17 +75,16 @@ from collections.abc import Callable
 import cbor2
 import serial
 
+from modbridge.errors import ModbridgeError
+from modbridge.link.keys import PAIRING_WINDOW_S, KeyStore, KeyStoreError
+from modbridge.model import ModuleStatus
+from modbridge.sanitize import sanitize
 from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
 from protocol.errors import ProtocolError
 from protocol.frame import MIN_FRAME, StreamDecoder, encode_frame
 from protocol.message import FMT_CBOR, Message, fields_from_keys, lookup
 from protocol.sign import Signer
-
-from .errors import ModbridgeError
-from .keys import PAIRING_WINDOW_S, KeyStore, KeyStoreError
-from .model import ModuleStatus
-from .sanitize import sanitize
 
 log = logging.getLogger(__name__)
 
@@ -460,8 +459,8 @@ class ModuleLink:
     msg)`` and ``on_event(status, msg)`` run in the link thread and must be quick
     (return cached GPU readings; never run nvidia-smi from here).
 
-    ``keys`` is the :class:`~modbridge.keys.KeyStore` the module's key is looked up in
-    (default: ``KeyStore()``, see :func:`modbridge.keys.default_dir`); ``link_id`` the
+    ``keys`` is the :class:`~modbridge.link.keys.KeyStore` the module's key is looked up in
+    (default: ``KeyStore()``, see :func:`modbridge.link.keys.default_dir`); ``link_id`` the
     signing link id (the module keeps one replay slot per ``link_id & 7``). After a
     hello: ``signing_supported``, ``nonce``, ``paired`` (the module's word),
     ``key_error`` (why commands and heartbeats cannot be signed, or None),

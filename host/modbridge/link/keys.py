@@ -20,7 +20,7 @@ keys in a temporary store; :func:`attach_dir` makes such a store visible to ever
 :class:`~modbridge.sim.fleet.SimFleet` signs without being told where its keys are.
 
 :func:`pair_module` runs ``modbridge pair`` over an open
-:class:`~modbridge.link.ModuleLink`: a new key, sent in a ``pair`` command signed with
+:class:`~modbridge.link.session.ModuleLink`: a new key, sent in a ``pair`` command signed with
 the key the store already has (or unsigned, which a module accepts only in its pairing
 window: the first 60 s after power-on while it has no secret), stored only once the
 module acknowledged it.
@@ -38,10 +38,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from modbridge.errors import ModbridgeError
+from modbridge.fsutil import atomic_write, fsync_dir
 from protocol.sign import KEY_LEN, new_key
-
-from .errors import ModbridgeError
-from .fsutil import atomic_write, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -384,9 +383,9 @@ def pair_module(link, store: KeyStore, *, force: bool = False, key: bytes | None
     it is sent and becomes ``<uid>.key`` only once the module acknowledged it; if the
     answer never comes, one more ``pair`` signed with the new key tells whether the
     module took it. Raises :class:`AlreadyPaired` (a key exists, no ``force``),
-    :class:`PairingRefused` (with what to do) or a :class:`~modbridge.link.LinkError`.
+    :class:`PairingRefused` (with what to do) or a :class:`~modbridge.link.session.LinkError`.
     """
-    from .link import CommandRefused, LinkError, RequestTimeout
+    from modbridge.link.session import CommandRefused, LinkError, RequestTimeout
 
     port = link.port
     uid = link.status.module_id
@@ -456,7 +455,7 @@ def pair_module(link, store: KeyStore, *, force: bool = False, key: bytes | None
 def _took_key(link, new: bytes) -> bool:
     """After a lost answer: does the module verify with ``new``? (a ``pair`` of the same
     key signed with it is accepted only if so, and changes nothing)."""
-    from .link import LinkError
+    from modbridge.link.session import LinkError
 
     try:
         link.request_with_key("pair", {"key": new}, new)

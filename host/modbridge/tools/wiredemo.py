@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modbridge.tools import mpy
 from protocol import frame
 from protocol.message import FMT_JSON
-
-from . import mpy
 
 DEVICE_SCRIPT = Path(__file__).with_name("wiredemo_device.py")
 

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ModbridgeError
-from .mpy import CODE_ROOT
+from modbridge.errors import ModbridgeError
+from modbridge.tools.mpy import CODE_ROOT
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .keys import KeyStore
+    from modbridge.link.keys import KeyStore
 
 log = logging.getLogger(__name__)
 
@@ -427,9 +427,8 @@ def deploy(
 
 def _provision(plan: Plan, uid, keys, staging, secret_path, port, timeout_s, emit) -> None:
     """Copy the firmware and the board's key (the store's, else a new one)."""
+    from modbridge.link.keys import KeyStoreError, write_key_file
     from protocol.sign import new_key
-
-    from .keys import KeyStoreError, write_key_file
 
     plan.uid = uid
     try:

@@ -64,8 +64,8 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from .errors import ModbridgeError
-from .sanitize import sanitize
+from modbridge.errors import ModbridgeError
+from modbridge.sanitize import sanitize
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ def keys_dir_option(f):
 
 def _key_store(keys_dir: str | None, config_path: str | None = None):
     from modbridge import config as cfgmod
-    from modbridge.keys import KeyStore
+    from modbridge.link.keys import KeyStore
 
     if keys_dir is not None:
         return KeyStore(keys_dir)
@@ -65,7 +65,7 @@ def _key_store(keys_dir: str | None, config_path: str | None = None):
 @click.option("--noise-every", default=25, show_default=True, help="Inject line noise every N.")
 def wire_demo(seconds: float, period_ms: int, json_every: int, noise_every: int) -> None:
     """Stream telemetry from MicroPython to this process over the real protocol."""
-    from modbridge import wiredemo
+    from modbridge.tools import wiredemo
 
     try:
         res = wiredemo.run(seconds, period_ms, json_every, noise_every, emit=click.echo)
@@ -179,7 +179,7 @@ def frame_encode(line: str, seq: int | None, key_file: str | None, nonce: str | 
 
 
 def _signer(key_file: str, nonce_hex: str, link_id: int):
-    from modbridge.keys import KeyStoreError, read_key_file
+    from modbridge.link.keys import KeyStoreError, read_key_file
     from protocol.sign import NONCE_LEN, Signer
 
     try:
@@ -233,8 +233,8 @@ def pair_cmd(port: str, keys_dir: str | None, config_path: str | None, force: bo
     key. The key is stored only once the module acknowledged it. Exit 2: paired
     already (--force replaces the key); 3: no module on PORT.
     """
-    from modbridge.keys import pair_module
-    from modbridge.link import LinkError, ModuleLink
+    from modbridge.link.keys import pair_module
+    from modbridge.link.session import LinkError, ModuleLink
 
     store = _key_store(keys_dir, config_path)
     link = ModuleLink(port, keys=store, heartbeat_period_s=60.0)
@@ -279,7 +279,7 @@ def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: 
     Also copies the board's signing key (secret.key): the one this host has for the
     board's unique id, else a new one, kept in the key store (docs/pairing.md).
     """
-    from modbridge import flash
+    from modbridge.tools import flash
 
     try:
         plan = flash.deploy(
@@ -304,7 +304,8 @@ def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: 
 
 def _register_commands() -> None:
     """Commands that live in their own modules register themselves on the group."""
-    from modbridge import cli_bridge, cli_sim
+    from modbridge.cli import bridge as cli_bridge
+    from modbridge.cli import sim as cli_sim
 
     cli_sim.register(main)
     cli_bridge.register(main)

@@ -14,7 +14,7 @@ One JSON file per GPU UUID, ``limits/<uuid>.json``::
 Every write is a transaction: a temporary file in the same directory, ``fsync``,
 ``rename`` over the old one, ``fsync`` of the directory. A crash at any instant leaves
 the old entry or the new one, never half of one. The power-limit actuator
-(:mod:`modbridge.actuator`) records the original before every write that moves the
+(:mod:`modbridge.actuator.power`) records the original before every write that moves the
 limit away from it and clears the entry only once the original is read back as
 enforced, so a bridge killed at any instant (SIGKILL, OOM, power loss) leaves the
 true original behind for the next start or ``modbridge restore``.
@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModbridgeError
-from .fsutil import atomic_write, fsync_dir  # noqa: F401 - fsync_dir re-exported
+from modbridge.errors import ModbridgeError
+from modbridge.fsutil import atomic_write, fsync_dir  # noqa: F401 - fsync_dir re-exported
 
 log = logging.getLogger(__name__)
 

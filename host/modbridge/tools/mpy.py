@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import protocol
-
-from .errors import ModbridgeError
+from modbridge.errors import ModbridgeError
 
 #: Directory that holds the ``protocol`` package (and, in a checkout, device/, boards/).
 CODE_ROOT = Path(protocol.__file__).resolve().parent.parent

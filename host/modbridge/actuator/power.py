@@ -1,6 +1,6 @@
 """The power-limit actuator: the only code in modbridge that changes a GPU setting.
 
-    journal = LimitJournal(state_dir)     # modbridge.journal: the originals, on disk
+    journal = LimitJournal(state_dir)     # modbridge.actuator.journal: the originals, on disk
     limiter = PowerLimiter(backend, uuid, log=events.append, journal=journal)
     limiter.start()                      # the original (journaled one first), constraints;
                                          # a GPU found below its journaled original is
@@ -32,7 +32,7 @@ off exponentially (1 s doubling to 5 min) with one alert per episode; the first 
 that works ends the episode (a ``recovered`` event). ``dry_run`` logs every decision
 and writes nothing (not even the journal).
 
-Events go to ``log``: an :class:`modbridge.eventlog.EventLog` (``write("power_limit",
+Events go to ``log``: an :class:`modbridge.exporter.eventlog.EventLog` (``write("power_limit",
 **fields)``) or any callable taking a dict (``{"event": "power_limit", **fields}``).
 Fields: ``gpu_uuid``, ``level`` (``info``/``alert``), ``action`` (lower, restore,
 refused, dry_run, failed, keep, start, journal, external, recovered), ``reason``,
@@ -51,8 +51,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from .gpu.base import GpuBackend, GpuError, GpuNoPermission, GpuSample, PowerLimitRefused
-from .journal import JournalError, LimitJournal
+from modbridge.actuator.journal import JournalError, LimitJournal
+from modbridge.gpu.base import GpuBackend, GpuError, GpuNoPermission, GpuSample, PowerLimitRefused
 
 _log = logging.getLogger(__name__)
 
@@ -566,7 +566,7 @@ def restore_journaled(backend: GpuBackend, state_dir, dry_run=False, log=None) -
     own stop restores them). Returns one dict per journal file: ``uuid``,
     ``original_w``, ``before_w``, ``after_w``, ``action`` (restored, would_restore,
     at_original, refused, busy, missing, ignored) and ``ok``, ``message``."""
-    from .gpulock import GpuBusy, GpuLock
+    from modbridge.actuator.gpulock import GpuBusy, GpuLock
 
     journal = LimitJournal(state_dir)
     out = []

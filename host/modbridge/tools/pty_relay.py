@@ -18,7 +18,7 @@ import threading
 import tty
 from pathlib import Path
 
-from .mpy import micropython_path
+from modbridge.tools.mpy import micropython_path
 
 
 class PtyRelay:

@@ -17,8 +17,8 @@ import fcntl
 import os
 from pathlib import Path
 
-from .errors import ModbridgeError
-from .journal import ensure_dir, file_name
+from modbridge.actuator.journal import ensure_dir, file_name
+from modbridge.errors import ModbridgeError
 
 
 class GpuBusy(ModbridgeError):

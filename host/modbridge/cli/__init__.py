@@ -1,0 +1,1 @@
+"""The `modbridge` command line."""

@@ -1,0 +1,1 @@
+"""What the bridge tells the world: Prometheus metrics and the event log."""

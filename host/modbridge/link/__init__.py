@@ -1,0 +1,1 @@
+"""The serial side: a module link (session), port discovery, pairing keys."""

@@ -1,0 +1,1 @@
+"""The policy: module and GPU state in, a power-limit level out (pure)."""
