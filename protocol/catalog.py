@@ -80,6 +80,7 @@ REASONS = (
     "unauthorized",  # 24 unsigned, forged or replayed command refused (value = type)
     "internal_error",  # 25 a command hit a firmware bug; answered nack internal
     "paired",  # 26 a new signing secret was provisioned
+    "autotune",  # 27 a relay autotune ended (value = its tune_status)
 )
 REASON_NONE = const(0)
 REASON_BOOT = const(1)
@@ -108,6 +109,7 @@ REASON_CONFIG_FALLBACK = const(23)
 REASON_UNAUTHORIZED = const(24)
 REASON_INTERNAL_ERROR = const(25)
 REASON_PAIRED = const(26)
+REASON_AUTOTUNE = const(27)
 
 SEVERITIES = ("info", "warning", "alarm", "critical")
 SEV_INFO = const(0)
@@ -148,6 +150,31 @@ ERR_INTERNAL = const(11)
 ERR_DIRECTION = const(12)
 ERR_UNAUTHORIZED = const(13)
 ERR_RATE_LIMITED = const(14)
+
+# Relay autotune (device/control/autotune.py): where a test is, or why it stopped.
+TUNE_STATUS = (
+    "idle",  # 0 no test has run
+    "running",  # 1 relay cycles being measured
+    "done",  # 2 consistent cycles measured: ku, pu and gains are in the report
+    "aborted",  # 3 the host aborted it
+    "safety",  # 4 a safety cause appeared (``causes`` says which)
+    "not_hosted",  # 5 no longer HOSTED in automatic mode (host lost, manual, fail-safe)
+    "too_hot",  # 6 the error rose past max_rise
+    "timeout",  # 7 not done within timeout_s
+    "floor",  # 8 a safety floor kept the relay's level from the fans
+    "inconsistent",  # 9 cycles did not agree within the tolerance
+)
+TUNE_IDLE = const(0)
+TUNE_RUNNING = const(1)
+TUNE_DONE = const(2)
+TUNE_ABORTED = const(3)
+TUNE_SAFETY = const(4)
+TUNE_NOT_HOSTED = const(5)
+TUNE_TOO_HOT = const(6)
+TUNE_TIMEOUT = const(7)
+TUNE_FLOOR = const(8)
+TUNE_INCONSISTENT = const(9)
+TUNE_ACTIONS = ("start", "abort")
 
 CHANNELS = ("gpu", "vram", "mos", "amb")  # NTC channels, index order
 FAN_MODES = ("auto", "manual", "curve")
@@ -247,6 +274,8 @@ T_REBOOT = const(0x60)
 T_REPL = const(0x61)
 T_SELFTEST = const(0x62)
 T_PAIR = const(0x63)
+T_AUTOTUNE = const(0x34)
+T_AUTOTUNE_REPORT = const(0x17)
 
 
 MESSAGES = (
@@ -366,6 +395,7 @@ MESSAGES = (
             _f(3, "host_time", K_UINT, False, 0, U32, unit="s"),
             _f(4, "gpu_mem_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
             _f(5, "period_ms", K_UINT, False, 0, 600000, unit="ms"),
+            _f(6, "gpu_slowdown", K_INT, False, 40000, 125000, MILLI, "m degC"),
         ),
     ),
     (
@@ -450,6 +480,40 @@ MESSAGES = (
     (T_REPL, "repl", H2D, ()),
     (T_SELFTEST, "selftest", H2D, ()),
     (T_PAIR, "pair", H2D, (_f(0, "key", K_BYTES, True, 32, 32),)),
+    (
+        T_AUTOTUNE,
+        "autotune",
+        H2D,
+        (
+            _f(0, "action", K_ENUM, True, 0, len(TUNE_ACTIONS) - 1, TUNE_ACTIONS),
+            _f(1, "amplitude", K_UINT, False, 3277, 32767, DUTY_PCT, "1/65535"),
+            _f(2, "hysteresis", K_UINT, False, 50, 5000, MILLI, "m degC"),
+            _f(3, "max_rise", K_UINT, False, 1000, 20000, MILLI, "m degC"),
+            _f(4, "timeout_s", K_UINT, False, 60, 7200, unit="s"),
+            _f(5, "cycles", K_UINT, False, 2, 8),
+        ),
+    ),
+    (
+        T_AUTOTUNE_REPORT,
+        "autotune_report",
+        D2H,
+        (
+            _f(0, "ref", K_UINT, True, 0, U16),
+            _f(1, "status", K_ENUM, True, 0, 255, TUNE_STATUS),
+            _f(2, "cycles", K_UINT, False, 0, 255),
+            _f(3, "elapsed_s", K_UINT, False, 0, U32, unit="s"),
+            _f(4, "bias", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            _f(5, "relay", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            _f(6, "period_ms", K_UINT, False, 0, U32, unit="ms"),
+            _f(7, "amplitude", K_UINT, False, 0, 200000, MILLI, "m degC"),
+            _f(8, "causes", K_UINT, False, 0, 255),
+            _f(9, "ku", K_UINT, False, 0, 1000000, GAIN, "m %/degC"),
+            _f(10, "pu_ms", K_UINT, False, 0, U32, unit="ms"),
+            _f(11, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC"),
+            _f(12, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)"),
+            _f(13, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC"),
+        ),
+    ),
 )
 
 M_TYPE = 0

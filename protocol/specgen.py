@@ -60,6 +60,8 @@ ENUMS = (
     ("channels", C.CHANNELS, "NTC channel names, index order (`channel`, event `index`)."),
     ("fan_modes", C.FAN_MODES, "Fan modes: the text values of `fan_mode.mode`."),
     ("cal_models", C.CAL_MODELS, "Calibration models: the text values of `cal_write.model`."),
+    ("tune_status", C.TUNE_STATUS, "Autotune status (`autotune_report.status`)."),
+    ("tune_actions", C.TUNE_ACTIONS, "Autotune actions: the text values of `autotune.action`."),
 )
 
 _REASON_NOTES = {
@@ -90,6 +92,20 @@ _REASON_NOTES = {
     "unauthorized": "unsigned, forged or replayed command refused (value = its type)",
     "internal_error": "a handler hit a firmware bug: answered nack internal",
     "paired": "a new signing secret was provisioned",
+    "autotune": "a relay autotune ended (value = its tune_status)",
+}
+
+_TUNE_NOTES = {
+    "idle": "no test has run",
+    "running": "relay cycles being measured",
+    "done": "consistent cycles measured: ku, pu_ms and gains are in the report",
+    "aborted": "the host aborted it",
+    "safety": "a safety cause appeared (`causes` says which)",
+    "not_hosted": "no longer HOSTED in auto mode (host lost, manual, fail-safe)",
+    "too_hot": "the error rose past `max_rise`",
+    "timeout": "not done within `timeout_s`",
+    "floor": "a safety floor kept the relay's low level from the fans for 30 s",
+    "inconsistent": "12 cycles without `cycles` agreeing ones",
 }
 
 _ERROR_NOTES = {
@@ -121,7 +137,12 @@ _STATE_NOTES = {
 # enumerations carried as text on the wire (K_STR fields), not as numbers
 _TEXT_ENUMS = ("fan_modes", "cal_models")
 
-_NOTES = {"reasons": _REASON_NOTES, "errors": _ERROR_NOTES, "states": _STATE_NOTES}
+_NOTES = {
+    "reasons": _REASON_NOTES,
+    "errors": _ERROR_NOTES,
+    "states": _STATE_NOTES,
+    "tune_status": _TUNE_NOTES,
+}
 
 
 def _cell(text):
