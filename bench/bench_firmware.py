@@ -53,7 +53,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +176,6 @@ def _mpy_bytes(staging: Path) -> tuple[int, int]:
 
 
 def run() -> dict:
-    started = time.monotonic()
     flash = _flash()
     exe = find_micropython()
     out: dict[str, float] = {}
@@ -239,7 +237,6 @@ def run() -> dict:
             image_kb = -(-h["image"] // 1024)  # whole KB, rounded up
             kb = runner.min_heap_kb(hi=HEAP_HI_KB + image_kb) - image_kb
             out[f"min_heapsize_kb_mpy{suffix}"] = kb
-    out["bench_firmware_seconds"] = round(time.monotonic() - started, 1)
     return out
 
 
