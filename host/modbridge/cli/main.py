@@ -271,10 +271,18 @@ def pair_cmd(port: str, keys_dir: str | None, config_path: str | None, force: bo
 @click.option(
     "--no-key", is_flag=True, help="Do not provision a signing key (pair later: `modbridge pair`)."
 )
+@click.option("--method", type=click.Choice(["dfu", "stlink", "openocd", "drive"]),
+              help="How an stm32 board's image is written (default: dfu; NUCLEO: stlink).")
+@click.option("--drive", help="Mount point of the NUCLEO's ST-LINK drive (--method drive).")
+@click.option("--mpy", is_flag=True,
+              help="The .mpy deploy (the default for the Pico; refused where it cannot fit).")
 @keys_dir_option
 def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: bool,
-              no_key: bool, keys_dir: str | None) -> None:  # fmt: skip
-    """Compile the firmware and copy it to a board with mpremote.
+              no_key: bool, method: str | None, drive: str | None, mpy: bool,
+              keys_dir: str | None) -> None:  # fmt: skip
+    """Flash a board: the stm32 boards' MicroPython image with the firmware frozen in
+    (`make firmware`), the Pico's firmware as .mpy files; then main.py, the default
+    config and the key with mpremote.
 
     Also copies the board's signing key (secret.key): the one this host has for the
     board's unique id, else a new one, kept in the key store (docs/pairing.md).
@@ -290,6 +298,9 @@ def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: 
             reset=not no_reset,
             emit=click.echo,
             keys=None if no_key else _key_store(keys_dir),
+            image=False if mpy else None,
+            method=method,
+            drive=drive,
         )
     except ModbridgeError as e:
         _fail(e)
@@ -299,7 +310,8 @@ def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: 
         for line in plan.command_lines():
             click.echo(line)
     else:
-        click.echo(f"flashed {len(plan.files)} files to {board} on {port}")
+        what = "the image and main.py" if plan.image_commands else f"{len(plan.files)} files"
+        click.echo(f"flashed {what} to {board} on {port}")
 
 
 def _register_commands() -> None:

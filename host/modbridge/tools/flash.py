@@ -17,6 +17,16 @@ for that id, else a new one; the second invocation copies the firmware and the k
 afterwards) and resets. The host copy is kept as pending before the copy and becomes
 ``<uid>.key`` once mpremote succeeded. A board that reports no unique id is flashed
 without a key (a note says to pair it: ``modbridge pair``).
+
+**Image boards** (the stm32 ones: ``firmware/stm32.py`` ``BOARDS``) take the firmware
+frozen into a MicroPython image (``make firmware BOARD=<board>``, in
+``build/firmware/<board>/``): their heap cannot hold the firmware imported from .mpy
+files, so the .mpy deploy is refused for them with what to do instead
+(docs/boards.md). ``deploy()`` then first writes the image the way the board is
+flashed (:func:`image_commands`: ``dfu-util`` for the BlackPill and the pyboard in
+their ROM DFU mode; ``st-flash``, ``openocd`` or the ST-LINK's drive for the NUCLEO),
+waits for the board's REPL port to come back, and runs the mpremote step above with
+``main.py`` as the only staged file (plus the default config and the key).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +90,134 @@ class FlashError(ModbridgeError):
     """Deploying failed; the message says what to do."""
 
 
+#: Where ``make firmware`` puts each board's image (firmware/stm32.py).
+IMAGE_DIR = CODE_ROOT / "build" / "firmware"
+#: Flash addresses of the two parts of MicroPython's F4 images (TEXT0_ADDR, TEXT1_ADDR
+#: in each board's mpconfigboard.mk): sector 0 with the vector table, then the
+#: application region after the filesystem sectors.
+TEXT0_ADDR = "0x08000000"
+TEXT1_ADDR = "0x08020000"
+DFU_ID = "0483:df11"  # the STM32 ROM bootloader in DFU mode
+#: How to put each DFU board into its ROM bootloader.
+ENTER_DFU = {
+    "blackpill_f411": "hold BOOT0, press and release NRST, then release BOOT0",
+    "pyboard_v11": "wire the DFU pin to 3V3, press RST (remove the wire after flashing)",
+}
+#: Image flashing methods by the board's kind (firmware/stm32.py flash_method); the
+#: first is the default. tool: (executable, Debian package).
+METHODS = {"dfu": ("dfu",), "stlink": ("stlink", "openocd", "drive")}
+TOOLS = {
+    "dfu": ("dfu-util", "dfu-util"),
+    "stlink": ("st-flash", "stlink-tools"),
+    "openocd": ("openocd", "openocd"),
+    "drive": ("cp", "coreutils"),
+}
+IMAGE_FILES = {
+    "dfu": ("firmware.dfu",),
+    "stlink": ("firmware0.bin", "firmware1.bin"),
+    "openocd": ("firmware.hex",),
+    "drive": ("firmware.bin",),
+}
+PORT_WAIT_S = 30  # for the REPL port to come back after the image is written
+
+
+def image_boards() -> dict[str, str]:
+    """Board name -> its image's flash kind (``dfu`` / ``stlink``)."""
+    _checkout()
+    from firmware.stm32 import BOARDS
+
+    return {name: spec.flash_method for name, spec in BOARDS.items()}
+
+
+def mpy_refusal(board: str, port: str) -> str:
+    """Why ``board`` gets no .mpy deploy, and what to run instead."""
+    return (
+        f"{board}: the .mpy deploy does not fit this board's RAM (MicroPython leaves an "
+        "STM32F4 about 90-100 KB of heap; importing the firmware from .mpy files ran out "
+        "of memory at ~95 KB on ARM): flash the image with the firmware frozen in, "
+        f"`make flash BOARD={board} PORT={port}` (builds it), or `make firmware "
+        f"BOARD={board}` then `modbridge flash --board {board} --port {port}` "
+        "(docs/boards.md)"
+    )
+
+
+def image_commands(
+    board: str, method: str | None = None, drive: str | None = None, image_dir: Path | None = None
+) -> tuple[str, list[list[str]]]:
+    """(method, the commands that write ``board``'s image). ``drive``: the mount point
+    of a NUCLEO's ST-LINK drive (method ``drive``)."""
+    kind = image_boards()[board]
+    method = method or METHODS[kind][0]
+    if method not in METHODS[kind]:
+        raise FlashError(
+            f"{board} is flashed with {' or '.join(METHODS[kind])}, not {method!r}"
+        )
+    d = (image_dir or IMAGE_DIR) / board
+    if method == "dfu":
+        return method, [
+            ["dfu-util", "-a", "0", "-d", DFU_ID, "-D", str(d / "firmware.dfu"), "-s", ":leave"]
+        ]
+    if method == "stlink":  # two writes: the filesystem sectors between them are kept
+        return method, [
+            ["st-flash", "write", str(d / "firmware0.bin"), TEXT0_ADDR],
+            ["st-flash", "--reset", "write", str(d / "firmware1.bin"), TEXT1_ADDR],
+        ]
+    if method == "openocd":
+        prog = f"program {d / 'firmware.hex'} verify reset exit"
+        return method, [["openocd", "-f", "board/st_nucleo_f4.cfg", "-c", prog]]
+    if not drive:
+        raise FlashError(
+            f"{board}: give the ST-LINK drive's mount point (--drive, e.g. "
+            "/media/$USER/NODE_F411RE)"
+        )
+    return method, [["cp", str(d / "firmware.bin"), drive.rstrip("/") + "/"], ["sync"]]
+
+
+def image_notes(board: str, method: str) -> list[str]:
+    notes = [f"flashes the image in {IMAGE_DIR / board} (make firmware BOARD={board})"]
+    if method == "dfu":
+        notes.append(
+            f"put the board in DFU mode first: {ENTER_DFU[board]} (`dfu-util -l` lists "
+            f"{DFU_ID}); a board already running MicroPython: `mpremote connect <port> "
+            "bootloader`"
+        )
+    if method == "drive":
+        notes.append(
+            "firmware.bin spans the filesystem sectors (0xFF): the copy erases the "
+            "filesystem, so the config is written fresh and calibration is lost "
+            "(--method stlink keeps it)"
+        )
+    return notes
+
+
+def _check_image(board: str, method: str) -> None:
+    """The image files and the tool a real run needs, or a FlashError saying how."""
+    image_dir = IMAGE_DIR
+    for name in IMAGE_FILES[method]:
+        if not (image_dir / board / name).is_file():
+            raise FlashError(
+                f"no image for {board} ({image_dir / board / name} is missing): "
+                f"run `make firmware BOARD={board}`"
+            )
+    tool, package = TOOLS[method]
+    if shutil.which(tool) is None:
+        raise FlashError(f"{tool} not found: install it (Debian: apt-get install {package})")
+
+
+def _wait_for_port(port: str, timeout_s: float = PORT_WAIT_S) -> None:
+    """The REPL port reappears when the new image has booted."""
+    if not port.startswith("/"):
+        return
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(port):
+        if time.monotonic() > deadline:
+            raise FlashError(
+                f"image written, but {port} did not come back within {timeout_s:.0f} s: "
+                "reset the board (BOOT0 released) and run the same command again"
+            )
+        time.sleep(0.2)
+
+
 @dataclass
 class Plan:
     """What ``deploy`` did or, in a dry run, would do."""
@@ -86,13 +225,17 @@ class Plan:
     board: str
     staging: Path
     files: list[str] = field(default_factory=list)  # paths inside staging, posix
-    commands: list[list[str]] = field(default_factory=list)
+    commands: list[list[str]] = field(default_factory=list)  # mpremote, cwd = staging
+    image_commands: list[list[str]] = field(default_factory=list)  # run first (image boards)
     notes: list[str] = field(default_factory=list)
     uid: str | None = None  # the board's unique id (provisioning only; after the run)
     key_path: str | None = None  # the host's copy of its key (provisioning only)
 
     def command_lines(self) -> list[str]:
-        return [f"cd {shlex.quote(str(self.staging))} && {shlex.join(c)}" for c in self.commands]
+        cd = f"cd {shlex.quote(str(self.staging))} && "
+        return [shlex.join(c) for c in self.image_commands] + [
+            cd + shlex.join(c) for c in self.commands
+        ]
 
 
 def _checkout() -> None:
@@ -355,6 +498,9 @@ def deploy(
     timeout_s: float = 300,
     emit: Callable[[str], None] = log.info,
     keys: KeyStore | None = None,
+    image: bool | None = None,
+    method: str | None = None,
+    drive: str | None = None,
 ) -> Plan:
     """Compile/stage the firmware for ``board`` and copy it to ``port`` with mpremote.
 
@@ -363,6 +509,11 @@ def deploy(
     ends the unix port) and False otherwise. ``remote_dir`` defaults to the board
     module's ``FS_DIR`` ("" = the board's current directory). ``keys``: provision
     the board's signing key from/into that store (see the module docstring).
+
+    ``image``: flash the board's MicroPython image with the firmware frozen in (the
+    default, and the only way, for the stm32 boards: the .mpy deploy is refused there)
+    with ``method`` (:data:`METHODS`; ``drive`` = the ST-LINK drive's mount point);
+    False: the .mpy deploy (the Pico).
     """
     modname, _ = board_entry(board)
     if board == "sim":
@@ -370,8 +521,19 @@ def deploy(
             "'sim' is the virtual board: it runs in the MicroPython unix port under "
             "`modbridge sim`; there is nothing to flash"
         )
+    has_image = board in image_boards()
+    if image is None:
+        image = has_image
+    if not image and has_image:
+        raise FlashError(mpy_refusal(board, port))
+    if image and not has_image:
+        raise FlashError(
+            f"{board} has no firmware image: its RAM takes the .mpy deploy "
+            f"(modbridge flash --board {board} --port {port})"
+        )
     if files is None:
-        files = firmware_sources(board)  # fails first, and clearly, on a missing module
+        firmware_sources(board)  # fails first, and clearly, on a missing module
+        files = [] if image else firmware_sources(board)  # an image: main.py only
     if resume is None:
         resume = board == "sim"
     if remote_dir is None:
@@ -388,6 +550,15 @@ def deploy(
     prepare_path = staging.parent / f"{board}.{PREPARE_NAME}"
     prepare_path.write_text(prepare_script(remote_dir, cfg_name, cfg_text, keys is not None))
     mpremote = list(mpremote_cmd) if mpremote_cmd else [find_tool("mpremote")]
+    if image:
+        method, plan.image_commands = image_commands(board, method, drive)
+        plan.notes += image_notes(board, method)
+        if not dry_run:
+            _check_image(board, method)
+            hint = f" (in DFU mode? {ENTER_DFU[board]})" if method == "dfu" else ""
+            for argv in plan.image_commands:
+                _run_tool(argv, timeout_s, emit, hint)
+            _wait_for_port(port)
     if keys is None:
         plan.commands = mpremote_commands(
             mpremote, port, staged, prepare_path, remote_dir, resume=resume, reset=reset
@@ -481,6 +652,20 @@ def _mpremote(argv, cwd, port, timeout_s, emit) -> str:
             f"{_last_line(proc.stderr or proc.stdout)}"
         )
     return proc.stdout
+
+
+def _run_tool(argv: list[str], timeout_s: float, emit: Callable[[str], None], hint: str) -> None:
+    """Run one image-writing command; a failure says what failed, in one line."""
+    emit(shlex.join(argv))
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise FlashError(f"{argv[0]} timed out after {timeout_s:.0f} s") from e
+    if proc.returncode != 0:
+        raise FlashError(
+            f"{argv[0]} failed (exit {proc.returncode}){hint}: "
+            f"{_last_line(proc.stderr or proc.stdout)}"
+        )
 
 
 def _last_line(text: str) -> str:

@@ -1,0 +1,282 @@
+"""MicroPython stm32 images with the module firmware frozen in (``make firmware``).
+
+``build_image(board)`` builds MicroPython v1.28.0's stm32 port for one of this
+project's stm32 boards with ``boards/manifests/<board>.py`` frozen, through
+:func:`firmware.mpsource.cached_build` (a second build of the same inputs reuses the
+cached folder), and puts what the flash tools need in ``build/firmware/<board>/``:
+
+- ``firmware.dfu``: both flash regions, for ``dfu-util`` (the ROM bootloader's DFU);
+- ``firmware.hex``: both regions with their addresses;
+- ``firmware0.bin`` (sector 0, at 0x08000000) and ``firmware1.bin`` (the application
+  region, at 0x08020000), written separately by ``st-flash`` so the filesystem sectors
+  between them (config, calibration, the signing key) are kept;
+- ``firmware.bin``: one contiguous image from 0x08000000 (the filesystem sectors
+  filled with 0xFF, so it erases the filesystem), for a NUCLEO's ST-LINK drive;
+- ``image.json``: sizes, and the headroom left in each flash region of the board's
+  linker script.
+
+MicroPython's features the firmware does not use are switched off (:data:`TRIM`) in a
+copy of the upstream board folder (``build/firmware/boards/<MP board>/``, the upstream
+``mpconfigboard.h`` plus the defines below), so each image fits its 384 KB (F411) or
+896 KB (F405) application region with room to spare.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from firmware import mpsource
+
+REPO_ROOT = mpsource.REPO_ROOT
+MANIFESTS = REPO_ROOT / "boards" / "manifests"
+OUT_ROOT = mpsource.BUILD_ROOT / "firmware"
+
+
+@dataclass(frozen=True)
+class Board:
+    mp_board: str  # the board folder in ports/stm32/boards/
+    linker_script: str  # the first of its LD_FILES: it holds the MEMORY regions
+    flash_method: str  # how a user writes the image (host/modbridge/tools/flash.py)
+
+
+BOARDS = {
+    "blackpill_f411": Board("WEACT_F411_BLACKPILL", "stm32f411.ld", "dfu"),
+    "nucleo_f411re": Board("NUCLEO_F411RE", "stm32f411.ld", "stlink"),
+    "pyboard_v11": Board("PYBV11", "stm32f405.ld", "dfu"),
+}
+
+#: make variables of every image build. btree needs lib/berkeley-db-1.xx, which the
+#: shared source does not hold, and the firmware does not use it.
+MAKE_VARS = {"MICROPY_PY_BTREE": "0"}
+
+#: (define, value, why it can go). Appended to the board's mpconfigboard.h; each is
+#: a ``#ifndef``-guarded default upstream, so the board-level value wins. Checked
+#: against what device/, protocol/ and boards/ import (`grep -rn import device
+#: protocol boards`): os, sys, time, gc, math, struct, array, select, micropython,
+#: machine; nothing else. Kept although unused: machine's CAN (the pyboard's pyb.CAN
+#: links against it), FAT (the stm32 port formats a fresh filesystem as FAT),
+#: littlefs2, hashlib and binascii (small; mpremote's file commands may use them).
+TRIM = (
+    ("MICROPY_EMIT_THUMB", 0, "no @native/@viper code in the firmware (re-enable to add some)"),
+    ("MICROPY_EMIT_INLINE_THUMB", 0, "no @asm_thumb code"),
+    ("MICROPY_PY_ASYNCIO", 0, "the control loop is a plain loop, no asyncio"),
+    ("MICROPY_PY_HEAPQ", 0, "only asyncio would use it"),
+    ("MICROPY_PY_FRAMEBUF", 0, "no display"),
+    ("MICROPY_PY_DEFLATE", 0, "nothing compressed"),
+    ("MICROPY_PY_JSON", 0, "protocol/jsonparse.py and jsonl.py are the firmware's own JSON"),
+    ("MICROPY_PY_RE", 0, "no regular expressions"),
+    ("MICROPY_PY_UCTYPES", 0, "no C structs"),
+    ("MICROPY_PY_CMATH", 0, "no complex math"),
+    ("MICROPY_PY_MATH_SPECIAL_FUNCTIONS", 0, "erf/gamma unused (calibration uses log/exp)"),
+    ("MICROPY_PY_MATH_FACTORIAL", 0, "unused"),
+    ("MICROPY_PY_RANDOM", 0, "unused (the signing nonce comes from os.urandom where present)"),
+    ("MICROPY_PY_PLATFORM", 0, "unused"),
+    ("MICROPY_PY_COLLECTIONS_DEQUE", 0, "ring buffers are preallocated arrays"),
+    ("MICROPY_PY_COLLECTIONS_ORDEREDDICT", 0, "unused"),
+    ("MICROPY_PY_BUILTINS_HELP", 0, "no help() text on a module's REPL"),
+    ("MICROPY_PY_BUILTINS_INPUT", 0, "input() unused; the REPL and mpremote do not need it"),
+    ("MICROPY_PY_NETWORK", 0, "no network interface on these boards"),
+    ("MICROPY_PY_ONEWIRE", 0, "no 1-Wire sensors (NTCs on the ADC)"),
+    ("MICROPY_PY_MACHINE_BITSTREAM", 0, "no NeoPixels"),
+    ("MICROPY_PY_STM", 0, "no raw register access (stm.mem32 and its constant tables)"),
+    ("MICROPY_PY_PYB_LEGACY", 0, "the firmware uses machine, not pyb's legacy functions"),
+    ("MICROPY_HW_ENABLE_SERVO", 0, "no hobby servos"),
+    (
+        "MICROPY_HW_USB_MSC",
+        0,
+        "no USB mass storage: a PC mounting the FAT filesystem while the firmware "
+        "writes its config would corrupt it; mpremote reaches files over the REPL",
+    ),
+)
+
+
+class ImageError(RuntimeError):
+    """The image cannot be built or does not fit; the message says why."""
+
+
+def _region(ld_text: str, name: str) -> tuple[int, int]:
+    """(origin, length in bytes) of a MEMORY region in a linker script."""
+    m = re.search(
+        rf"^\s*{name}\s*\([a-z]+\)\s*:\s*ORIGIN\s*=\s*(0x[0-9A-Fa-f]+)\s*,\s*LENGTH\s*=\s*(\d+)([KM]?)",
+        ld_text,
+        re.M,
+    )
+    if not m:
+        raise ImageError(f"no {name} region in the linker script")
+    scale = {"": 1, "K": 1024, "M": 1024 * 1024}[m.group(3)]
+    return int(m.group(1), 16), int(m.group(2)) * scale
+
+
+def trim_header() -> str:
+    """The defines appended to the upstream mpconfigboard.h."""
+    lines = [
+        "",
+        "// ---- appended by firmware/stm32.py: MicroPython features the module",
+        "// ---- firmware does not use (the reasons are in TRIM there)",
+    ]
+    for name, value, _why in TRIM:
+        lines += [f"#undef {name}", f"#define {name} ({value})"]
+    return "\n".join(lines) + "\n"
+
+
+def board_dir(board: str, src: Path, out_root: Path = OUT_ROOT) -> Path:
+    """The trimmed copy of the upstream board folder (rewritten only when it differs)."""
+    mp_board = BOARDS[board].mp_board
+    upstream = src / "ports" / "stm32" / "boards" / mp_board
+    dest = out_root / "boards" / mp_board
+    wanted = {p.name: p.read_bytes() for p in upstream.iterdir() if p.is_file()}
+    wanted["mpconfigboard.h"] += trim_header().encode()
+    current = {}
+    if dest.is_dir():
+        current = {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
+    if current != wanted:
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        for name, data in wanted.items():
+            (dest / name).write_bytes(data)
+    return dest
+
+
+def _size(elf: Path) -> dict[str, int]:
+    """text/data/bss of the ELF from ``arm-none-eabi-size`` (Berkeley format)."""
+    out = subprocess.run(
+        ["arm-none-eabi-size", str(elf)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    text, data, bss = (int(v) for v in out[1].split()[:3])
+    return {"text": text, "data": data, "bss": bss}
+
+
+def _symbols(elf: Path, names: tuple[str, ...]) -> dict[str, int]:
+    out = subprocess.run(
+        ["arm-none-eabi-nm", str(elf)], capture_output=True, text=True, check=True
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] in names:
+            found[parts[2]] = int(parts[0], 16)
+    return found
+
+
+def image_report(board: str, build_dir: Path, src: Path, key: str) -> dict:
+    """Sizes of a finished build against the regions of the board's linker script."""
+    spec = BOARDS[board]
+    ld = (src / "ports" / "stm32" / "boards" / spec.linker_script).read_text()
+    isr_origin, isr_len = _region(ld, "FLASH_START")
+    text_origin, text_len = _region(ld, "FLASH_TEXT")
+    _ram_origin, ram_len = _region(ld, "RAM")
+    isr_used = (build_dir / "firmware0.bin").stat().st_size
+    text_used = (build_dir / "firmware1.bin").stat().st_size
+    elf = build_dir / "firmware.elf"
+    sym = _symbols(elf, ("_heap_start", "_heap_end"))
+    sizes = _size(elf)
+    report = {
+        "board": board,
+        "micropython_board": spec.mp_board,
+        "micropython": mpsource.source_identity(src),
+        "cache_key": key,
+        "flash_method": spec.flash_method,
+        "isr_region": {"origin": hex(isr_origin), "length": isr_len, "used": isr_used},
+        "text_region": {"origin": hex(text_origin), "length": text_len, "used": text_used},
+        "flash_used_bytes": isr_used + text_used,
+        "flash_headroom_bytes": text_len - text_used,
+        "isr_headroom_bytes": isr_len - isr_used,
+        "ram_region_bytes": ram_len,
+        "static_ram_bytes": sizes["data"] + sizes["bss"],
+        "size": sizes,
+        "trimmed": [name for name, _v, _w in TRIM] + [k for k in MAKE_VARS],
+    }
+    if "_heap_start" in sym and "_heap_end" in sym:
+        report["gc_heap_bytes"] = sym["_heap_end"] - sym["_heap_start"]
+    return report
+
+
+def contiguous_bin(build_dir: Path, src: Path, board: str) -> bytes:
+    """firmware0.bin, 0xFF up to the application region, then firmware1.bin."""
+    ld = (src / "ports" / "stm32" / "boards" / BOARDS[board].linker_script).read_text()
+    isr_origin, _ = _region(ld, "FLASH_START")
+    text_origin, _ = _region(ld, "FLASH_TEXT")
+    first = (build_dir / "firmware0.bin").read_bytes()
+    gap = text_origin - isr_origin - len(first)
+    if gap < 0:
+        raise ImageError(f"{board}: the vector table overflows sector 0 by {-gap} bytes")
+    return first + b"\xff" * gap + (build_dir / "firmware1.bin").read_bytes()
+
+
+OUTPUTS = ("firmware.dfu", "firmware.hex", "firmware0.bin", "firmware1.bin", "firmware.elf")
+
+
+def build_image(board: str, out_root: Path = OUT_ROOT) -> dict:
+    """Build (or reuse) ``board``'s image; copy it to ``out_root/<board>/``; return
+    its report (also written there as ``image.json``). Raises :class:`ImageError` when
+    it does not fit, :class:`mpsource.SourceMissing` without a source tree."""
+    if board not in BOARDS:
+        raise ImageError(
+            f"no image for {board!r}: images are built for {', '.join(sorted(BOARDS))}"
+            + (" (the Pico takes the .mpy deploy: make flash)" if board == "pico" else "")
+        )
+    missing = mpsource.toolchain_missing("stm32")
+    if missing:
+        raise ImageError(missing)
+    src = mpsource.source_dir()
+    bdir = board_dir(board, src, out_root)
+    manifest = MANIFESTS / f"{board}.py"
+    build = mpsource.cached_build(
+        "stm32",
+        BOARDS[board].mp_board,
+        make_vars={**MAKE_VARS, "BOARD_DIR": str(bdir)},
+        manifest=manifest,
+        inputs=sorted(bdir.iterdir()),
+        src=src,
+    )
+    report = image_report(board, build.build_dir, src, build.key)
+    report["rebuilt"] = build.rebuilt
+    if report["flash_headroom_bytes"] < 0:
+        raise ImageError(
+            f"{board}: the image overflows its {report['text_region']['length'] // 1024} KB "
+            f"application region by {-report['flash_headroom_bytes']} bytes"
+        )
+    dest = out_root / board
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUTS:
+        shutil.copyfile(build.build_dir / name, dest / name)
+    (dest / "firmware.bin").write_bytes(contiguous_bin(build.build_dir, src, board))
+    (dest / "image.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m firmware.stm32 [--if-image] <board>`` (``make firmware``; ``make
+    flash`` passes ``--if-image``: a board without an image, the Pico, is no error)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if_image = "--if-image" in argv
+    argv = [a for a in argv if a != "--if-image"]
+    if len(argv) != 1:
+        print(f"usage: make firmware BOARD=<{'|'.join(sorted(BOARDS))}>", file=sys.stderr)
+        return 2
+    if if_image and argv[0] not in BOARDS:
+        return 0
+    try:
+        r = build_image(argv[0])
+    except (ImageError, mpsource.SourceMissing, mpsource.BuildError) as e:
+        print(f"make firmware: {e}", file=sys.stderr)
+        return 1
+    text = r["text_region"]
+    print(
+        f"{r['board']} ({r['micropython_board']}, MicroPython {r['micropython'].split('@')[0]}): "
+        f"{text['used']} of {text['length']} bytes in the application region, "
+        f"headroom {r['flash_headroom_bytes']} bytes"
+        + ("" if r["rebuilt"] else " (cached build)")
+    )
+    print(f"images in {OUT_ROOT.relative_to(REPO_ROOT) / r['board']}/: firmware.dfu .hex .bin")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
