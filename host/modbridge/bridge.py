@@ -54,6 +54,7 @@ from modbridge.link.keys import KeyStore
 from modbridge.link.session import LinkError, ModuleLink
 from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
 from modbridge.policy.engine import LEVEL_NAMES, PairInput, PolicyEngine
+from modbridge.sanitize import sanitize
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,8 @@ class Bridge:
         self._link_seen: dict[str, tuple] = {}  # port -> (link_up, module_id, reconnects)
         self._mapping_checked = False
         self._refused: dict[str, tuple[float, float]] = {}  # uuid -> (target W, when)
+        self.duplicates: dict[str, tuple[str, ...]] = {}  # module id -> its ports (>= 2)
+        self._id_port: dict[str, str] = {}  # module id -> the one port that may map it
         self.ticks = 0
         self.tick_errors = 0
         self.last_event_at: float | None = None
@@ -384,6 +387,10 @@ class Bridge:
         self.samples = {s.uuid: s for s in samples}
 
     def _gpu_for(self, status: ModuleStatus) -> str | None:
+        mid = status.module_id
+        if mid is not None and (mid in self.duplicates or self._id_port.get(mid, status.port)
+                                != status.port):  # fmt: skip
+            return None  # two modules with one id: which one cools the GPU is unknown
         maps = self.config.modules
         # exact matches first: resolving symlinks costs a syscall per path and pair
         exact = [
@@ -433,6 +440,52 @@ class Bridge:
                 log.warning("config: %s", problem)
                 self._write_event("config", level="alert", message=problem)
 
+    def _note_duplicates(self) -> None:
+        """Two (or more) links up with modules announcing the same unique id: neither is
+        mapped to a GPU (``_gpu_for``), each keeps a pair and metrics of its own under
+        ``<id>@<port>``, and the alert (log + event log, once per episode) names every
+        port. When all but one go away, the survivor is mapped again."""
+        ports_of: dict[str, list[str]] = {}
+        id_port: dict[str, str] = {}
+        for port, link in self.links.items():
+            st = link.status
+            if st.module_id is None:
+                continue
+            if st.link_up:
+                ports_of.setdefault(st.module_id, []).append(port)
+                id_port[st.module_id] = port
+            else:  # a link down keeps its last id: it maps only if no live link has it
+                id_port.setdefault(st.module_id, port)
+        self._id_port = id_port
+        dups = {uid: tuple(p) for uid, p in ports_of.items() if len(p) > 1}
+        if dups == self.duplicates:
+            return
+        for uid, ports in dups.items():
+            if self.duplicates.get(uid) == ports:
+                continue
+            msg = (
+                f"module id {sanitize(uid)} is announced on {len(ports)} ports "
+                f"({', '.join(ports)}): two modules with one unique id (a cloned board?); "
+                "none of them is mapped to a GPU until only one is left"
+            )
+            log.warning("%s", msg)
+            self._write_event("duplicate_module", level="alert", module_id=uid,
+                              ports=list(ports), message=msg)  # fmt: skip
+        for uid in self.duplicates:
+            if uid not in dups:
+                left = ports_of.get(uid, [])
+                msg = (
+                    f"module id {sanitize(uid)} is on one port again "
+                    f"({', '.join(left) or 'none connected'}): mapped as configured"
+                )
+                log.info("%s", msg)
+                self._write_event("duplicate_module", level="info", module_id=uid,
+                                  ports=list(left), message=msg)  # fmt: skip
+        self.duplicates = dups
+        for link in self.links.values():
+            st = link.status
+            st.duplicate_ports = dups.get(st.module_id, ()) if st.link_up else ()
+
     def _act(self, uuid: str, lim: PowerLimiter, d, now: float):
         if d.target_limit_w is None:
             self._refused.pop(uuid, None)
@@ -460,11 +513,12 @@ class Bridge:
         for uuid, lim in self.limiters.items():
             lim.observe(self.samples.get(uuid))  # the current limit is the truth
         self._note_links()
+        self._note_duplicates()
         inputs = []
         for port, link in self.links.items():
             st = link.status
             uuid = self._gpu_for(st)
-            module_key = st.module_id or port
+            module_key = st.key()
             pair = self.pairs.get(port)
             if pair is None or pair.gpu_uuid != uuid or pair.module_id != module_key:
                 pair = PairState(module_id=module_key, gpu_uuid=uuid)
@@ -506,9 +560,15 @@ class Bridge:
         return self._snapshot
 
     def _build_snapshot(self) -> BridgeSnapshot:
+        modules = []
+        for link in self.links.values():
+            st = link.status
+            if st.duplicate_ports:  # apart by port: its own pair, metrics and report row
+                st = dataclasses.replace(st, module_id=st.key())
+            modules.append(st)
         return BridgeSnapshot(
             taken_at=self.clock(),
-            modules=[link.status for link in self.links.values()],
+            modules=modules,
             gpus=list(self.samples.values()),
             pairs=list(self.pairs.values()),
             backend=self.backend.name,

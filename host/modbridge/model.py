@@ -41,6 +41,17 @@ class ModuleStatus:
     module_resets: int = 0  # boot banners / unsolicited hellos while connected
     last_error: str | None = None
     recent_events: list = field(default_factory=list)  # last few event dicts
+    # set by the bridge: every port (this one too) whose module announces this id
+    duplicate_ports: tuple[str, ...] = ()
+
+    def key(self) -> str:
+        """The name the bridge's pair, metrics and report use: the module id, the port
+        until the hello, ``<id>@<port>`` while another module announces the same id."""
+        if self.module_id is None:
+            return self.port
+        if self.duplicate_ports:
+            return f"{self.module_id}@{self.port}"
+        return self.module_id
 
     # -- derived, base units ---------------------------------------------------
     def last_frame_age_s(self, now: float | None = None) -> float | None:
@@ -133,6 +144,7 @@ class ModuleStatus:
             "reconnects": self.reconnects,
             "module_resets": self.module_resets,
             "last_error": self.last_error,
+            "duplicate_ports": list(self.duplicate_ports),
         }
 
 
