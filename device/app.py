@@ -20,6 +20,7 @@ from array import array
 from device import FW_VERSION, config
 from device import floors as F
 from device import safety as S
+from device.control import autotune as AT
 from device.control.curve import FanCurve
 from device.control.pid import PID
 from device.control.select import worst_channel
@@ -73,6 +74,7 @@ _HB_DEF = C.by_type(C.T_HEARTBEAT)[C.M_FIELDS]
 _N_HB = len(_HB_DEF)
 _HB_TEMP = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_temp")
 _HB_POWER = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_power")
+_HB_SLOWDOWN = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_slowdown")
 
 BANNER = "MODULER READY v" + FW_VERSION
 
@@ -159,6 +161,8 @@ class App:
         self.hb_seen = False
         self.gpu_power_mw = 0
         self.gpu_temp_mc = None
+        self.gpu_slowdown_mc = 0  # the GPU's slowdown temperature (heartbeat), 0 = none
+        self.tune = AT.RelayTune()  # relay autotune (device.control.autotune)
         self.selftest = None
         self.wdt = None
         self.fans = None
@@ -312,6 +316,7 @@ class App:
             for i in range(_N_FAN):
                 self.fans[i].configure(fans[i])
         self.safety.configure(cfg)
+        self._crit0 = self.safety.crit_mc[0]  # the GPU channel's configured critical
         self.ina_cfg = cfg["ina226"]
         self.uv_mv = self.ina_cfg["uv_mv"]
         self.ina = None
@@ -506,6 +511,10 @@ class App:
         host_ok = self.hb_seen and ticks_diff(now, self.hb_ms) < self.host_timeout_ms
         booted = self.ticks > _BOOT_TICKS
         sup = self.sup
+        # the GPU channel's limits follow the GPU's slowdown (host only; never raised)
+        sup.follow_slowdown(self.gpu_slowdown_mc if host_ok else 0)
+        c0 = sup.crit_mc[0]
+        sf.crit_mc[0] = c0 if c0 < self._crit0 else self._crit0
         if self.mode == MODE_MANUAL:
             self._manual_lease(now, host_ok, sup.causes)
         sup.update(
@@ -543,6 +552,8 @@ class App:
                 ff = self.gpu_power_mw if host_ok else 0
                 req0 = self.pid.step(err, 0, dt, ff)
             req1 = req0
+        if self.tune.status == C.TUNE_RUNNING:
+            req0, req1 = self._autotune(dt, idx, state, req0, req1)
         st = self.selftest
         if st is not None:
             d = st.duty(now)
@@ -561,6 +572,27 @@ class App:
             if ticks_diff(now, self.next_tel) >= 0:
                 self.next_tel = ticks_add(now, self.telemetry_ms)
             self.telemetry(now)
+
+    def _autotune(self, dt, idx, state, req0, req1):
+        """A running relay autotune replaces the control law's request (the safety
+        layer still floors it); aborted by any safety cause, by leaving HOSTED/auto."""
+        sf = self.safety
+        tune = self.tune
+        err = self.worst_out[1]
+        hosted = state == C.STATE_HOSTED and self.mode == MODE_AUTO and idx >= 0
+        fl = sf.floor[0] if sf.floor[0] > sf.floor[1] else sf.floor[1]
+        d = tune.update(dt, err, self.sup.causes | sf.causes, hosted, fl)
+        if d >= 0:
+            req0 = d
+            req1 = d
+            self.pid.track(d, err)  # the PID takes over bumplessly when it ends
+        if tune.ended:
+            tune.ended = False
+            sev = C.SEV_INFO if tune.status == C.TUNE_DONE else C.SEV_WARNING
+            self.events.push(C.REASON_AUTOTUNE, sev, False, -1, tune.status, state, state)
+        if tune.report_pending:
+            self.send("autotune_report", tune.report())
+        return req0, req1
 
     def _manual_lease(self, now, host_ok, causes):
         """MANUAL is a lease (device.safety S5): it ends after ``MANUAL_LEASE_MS``,
@@ -710,6 +742,8 @@ class App:
         self.hb_ms = self.hal.ticks_ms()
         self.hb_seen = True
         self.gpu_power_mw = values[_HB_POWER] if present & (1 << _HB_POWER) else 0
+        bit = 1 << _HB_SLOWDOWN
+        self.gpu_slowdown_mc = values[_HB_SLOWDOWN] if present & bit else 0
         if present & (1 << _HB_TEMP):
             self.gpu_temp_mc = values[_HB_TEMP]
 
@@ -801,7 +835,7 @@ class App:
         elif t == C.T_CAL_WRITE:
             self.cmd_cal_write(msg)
         elif t == C.T_SELFTEST:
-            if self.selftest is not None:
+            if self.selftest is not None or self.tune.running:
                 raise CommandError("a self-test is already running", C.ERR_BUSY)
             self.selftest = SelfTest(self.hal.ticks_ms(), msg.seq)
             self.ack(msg)
@@ -813,6 +847,8 @@ class App:
             self.to_repl()
         elif t == C.T_PAIR:
             self.cmd_pair(msg)
+        elif t == C.T_AUTOTUNE:
+            self.cmd_autotune(msg)
         else:
             raise CommandError("not supported by this firmware", C.ERR_UNSUPPORTED)
 
@@ -893,6 +929,36 @@ class App:
             ) from None
         self._commit(built, cfg)
         self.cfg = cfg
+
+    def cmd_autotune(self, msg):
+        """Start or abort a relay autotune (docs/autotune.md). It starts only HOSTED
+        in auto mode, around the duty the fans run at, above every floor."""
+        f = msg.fields
+        tune = self.tune
+        if f["action"] == 1:
+            tune.abort()
+            self.ack(msg)
+            return
+        if tune.running or self.selftest is not None:
+            raise CommandError("an autotune or self-test is already running", C.ERR_BUSY)
+        if self.sup.state != C.STATE_HOSTED or self.mode != MODE_AUTO:
+            raise CommandError(
+                "autotune needs HOSTED in auto mode, not %s" % C.STATES[self.sup.state],
+                C.ERR_BAD_STATE,
+            )
+        sf = self.safety
+        floor = max(sf.floor[0], sf.floor[1], self.pid.out_min)
+        tune.start(
+            self.fans[0].duty,
+            floor,
+            amp=f.get("amplitude", AT.AMP_DEFAULT),
+            hyst=f.get("hysteresis", AT.HYST_DEFAULT),
+            max_rise=f.get("max_rise", AT.RISE_DEFAULT),
+            timeout_s=f.get("timeout_s", AT.TIMEOUT_DEFAULT_S),
+            cycles=f.get("cycles", AT.CYCLES_DEFAULT),
+            ref=msg.seq,
+        )
+        self.ack(msg)
 
     def cmd_fan_mode(self, msg):
         f = msg.fields

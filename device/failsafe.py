@@ -36,6 +36,13 @@ except ImportError:  # CPython
 
 
 _EV_FIELDS = const(8)  # code, severity, active, index, value, state, prev_state, spare
+# The GPU channel's limits under the GPU's own slowdown temperature (heartbeat
+# ``gpu_slowdown``): warning 8 degC and critical 3 degC below it. The NTC on the
+# heatsink reads below the die (0.3 of the die-to-heatsink gap in the default world,
+# ~9 degC at 700 W), so an NTC at slowdown - 3 means a die at or past its slowdown:
+# full cooling; the warning's 80 % floor comes 5 degC earlier. docs/autotune.md.
+SLOWDOWN_WARN_MARGIN_MC = const(8000)
+SLOWDOWN_CRIT_MARGIN_MC = const(3000)
 
 
 
@@ -106,6 +113,10 @@ class Supervisor:
         self.warn_mc = array("i", [c["warn_mc"] for c in chans])
         # critical: the config's limit, never above the compiled hot-floor end
         self.crit_mc = array("i", [_crit(i, chans[i]["crit_mc"]) for i in range(self.n)])
+        # the configured GPU-channel limits; warn_mc[0]/crit_mc[0] follow the slowdown
+        self.warn_cfg0 = self.warn_mc[0]
+        self.crit_cfg0 = self.crit_mc[0]
+        self.slowdown_mc = 0
         controlled = 0
         i = 0
         while i < self.n:
@@ -129,6 +140,24 @@ class Supervisor:
         self.stall = 0
         self.tach = 0
         self.host_seen = False
+
+    def follow_slowdown(self, slowdown_mc):
+        """Set the GPU channel's warning/critical limits to ``min(configured,
+        slowdown_mc - margin)``; ``slowdown_mc`` 0 (no host, or a heartbeat without
+        it) restores the configured ones. Never raises a limit above its configured
+        value. Called every tick; allocates nothing."""
+        if slowdown_mc == self.slowdown_mc:
+            return
+        self.slowdown_mc = slowdown_mc
+        w = self.warn_cfg0
+        c = self.crit_cfg0
+        if slowdown_mc > 0:
+            if slowdown_mc - SLOWDOWN_WARN_MARGIN_MC < w:
+                w = slowdown_mc - SLOWDOWN_WARN_MARGIN_MC
+            if slowdown_mc - SLOWDOWN_CRIT_MARGIN_MC < c:
+                c = slowdown_mc - SLOWDOWN_CRIT_MARGIN_MC
+        self.warn_mc[0] = w
+        self.crit_mc[0] = c
 
     # -- the tick ------------------------------------------------------------
     def update(

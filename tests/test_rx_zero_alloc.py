@@ -74,6 +74,7 @@ def _fields(i):
         "host_time": i * 3600,  # below 2**30: stored
         "gpu_mem_temp": 200000 - i * 7,
         "period_ms": (i * 6007) % 600001,
+        "gpu_slowdown": 40000 + (i * 853) % 85001,
     }
 
 
@@ -155,7 +156,7 @@ def test_100_heartbeats_split_at_every_byte_boundary_without_allocation():
     one byte at a time."""
     v, hb, dec = _rig()
     frames = _frames(103, _signer())
-    rx = bytearray(64)
+    rx = bytearray(96)  # a signed heartbeat with every field: up to 65 bytes
     seqs = array("i", [-1] * 103)
 
     def run():
@@ -199,7 +200,7 @@ def test_every_cut_of_one_heartbeat():
     proto = F.encode_frame("heartbeat", _fields(5), 0, signer=s)
     frames = [F.encode_frame("heartbeat", _fields(5), k, signer=s) for k in range(len(proto) + 1)]
     assert set(len(f) for f in frames) == {len(proto)}  # only seq and signature differ
-    rx = bytearray(64)
+    rx = bytearray(96)  # a signed heartbeat with every field: up to 65 bytes
     ok = array("i", [0, len(proto)])
     del proto  # five closure cells at most (_NOTE_CLOSURES)
 
@@ -240,7 +241,7 @@ def test_host_time_above_small_int_range_is_skipped():
     s = _signer()
     f = dict(_fields(1))
     f["host_time"] = 1718000000  # > 2**30: valid, but not stored
-    rx = bytearray(64)
+    rx = bytearray(96)  # a signed heartbeat with every field: up to 65 bytes
     frame = F.encode_frame("heartbeat", f, 7, signer=s)
     n = _copy(rx, frame, 0, len(frame))
     heap_locked(lambda: dec.feed(rx, n, _sink))
@@ -262,7 +263,7 @@ def test_refused_heartbeats_never_update_values():
     dec.feed(bytearray(good), None, _sink)
     assert hb.auth == AUTH_OK
     before = hb.fields()
-    rx = bytearray(64)
+    rx = bytearray(96)  # a signed heartbeat with every field: up to 65 bytes
     got = []
 
     def feed(frame):
