@@ -62,11 +62,24 @@ log = logging.getLogger(__name__)
 # driver's answer will not change every tick, and each refusal is an alert line.
 REFUSED_RETRY_S = 30.0
 
+# A tick that fails this many times in a row, for at least this long, is not one bad
+# reading: the bridge restores every limit and exits non-zero (TickFailing), so that
+# systemd's Restart=on-failure starts it again from a known state.
+TICK_FAIL_LIMIT = 10
+TICK_FAIL_MIN_S = 5.0
+
 
 class NoModuleFound(ModbridgeError):
     """No module port to serve (none given, none discovered)."""
 
     exit_code = 3
+
+
+class TickFailing(ModbridgeError):
+    """The bridge loop failed :data:`TICK_FAIL_LIMIT` ticks in a row (and for at least
+    :data:`TICK_FAIL_MIN_S`): every limit was restored, the process should exit."""
+
+    exit_code = 1
 
 
 class UnknownModule(ModbridgeError):
@@ -140,6 +153,8 @@ class Bridge:
         self._id_port: dict[str, str] = {}  # module id -> the one port that may map it
         self.ticks = 0
         self.tick_errors = 0
+        self.tick_failures_in_a_row = 0
+        self._failing_since: float | None = None
         self.last_event_at: float | None = None
         self.stop_reason: str | None = None
         self.signal_received: int | None = None
@@ -330,20 +345,65 @@ class Bridge:
         """Tick until :meth:`request_stop`/:meth:`stop` (or ``until()`` is true).
 
         A tick that raises is logged and counted (``tick_errors``); the loop goes on:
-        the module keeps cooling, and the next tick may well work."""
+        the module keeps cooling, and the next tick may well work. One that keeps
+        failing (:data:`TICK_FAIL_LIMIT` in a row over at least :data:`TICK_FAIL_MIN_S`)
+        is not going to: :meth:`fail_safe` restores every limit and :class:`TickFailing`
+        is raised (``modbridge run`` exits 1, systemd restarts it)."""
         while not self._stop.is_set():
             try:
                 snap = self.tick()
-            except Exception:  # noqa: BLE001 - the service loop never dies of one tick
-                self.tick_errors += 1
-                log.exception("bridge tick failed (%d so far)", self.tick_errors)
-                snap = self._snapshot
+            except Exception as e:  # noqa: BLE001 - one failing tick never ends the loop
+                snap = self._tick_failed(e)
+            else:
+                self.tick_failures_in_a_row = 0
+                self._failing_since = None
             if on_tick is not None:
                 on_tick(snap)
             if until is not None and until():
                 break
             self._wake.wait(self.config.tick_s)
             self._wake.clear()
+
+    def _tick_failed(self, exc: Exception) -> BridgeSnapshot:
+        self.tick_errors += 1
+        self.tick_failures_in_a_row += 1
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+            log.exception("bridge tick failed (%d so far)", self.tick_errors)
+        else:
+            log.debug("bridge tick failed again (%d in a row)", self.tick_failures_in_a_row,
+                      exc_info=True)  # fmt: skip
+        failing_s = now - self._failing_since
+        if self.tick_failures_in_a_row >= TICK_FAIL_LIMIT and failing_s >= TICK_FAIL_MIN_S:
+            why = (
+                f"the bridge loop failed {self.tick_failures_in_a_row} ticks in a row over "
+                f"{failing_s:.1f} s (last: {type(exc).__name__}: {sanitize(exc)})"
+            )
+            ok = self.fail_safe(why)
+            raise TickFailing(
+                f"{why}: {'limits restored' if ok else 'NOT every limit could be restored'}; "
+                "exiting so that the service restarts from a known state"
+            ) from exc
+        return self._snapshot
+
+    def fail_safe(self, why: str) -> bool:
+        """Stop, restore every limit through the limiters, then once more from the
+        journal (whatever state the limiters are in after the failures). Returns
+        False if a GPU could not be put back."""
+        log.error("%s: restoring every power limit", why)
+        self._write_event("bridge", level="alert", action="fail_safe", message=why)
+        ok = self.stop(why)
+        if self.journal is not None and not self.config.dry_run:
+            from modbridge.actuator.power import restore_journaled
+
+            try:
+                rows = restore_journaled(self.backend, self.state_dir, log=self.event_log)
+            except Exception:  # noqa: BLE001 - the limiters' restore above stands
+                log.exception("restoring from the journal %s failed", self.state_dir)
+                return False
+            ok = ok and all(r.get("ok", False) for r in rows)
+        return ok
 
     # -- callbacks from link threads ---------------------------------------------------
     def _on_telemetry(self, status: ModuleStatus, msg) -> None:
