@@ -61,10 +61,63 @@ class PowerLimitRefused(GpuError):
 
     state = "limit_refused"
 
-    def __init__(self, message, requested_w=None, enforced_w=None):
+    def __init__(self, message, requested_w=None, enforced_w=None, not_supported=False):
         super().__init__(message)
         self.requested_w = requested_w
         self.enforced_w = enforced_w
+        self.not_supported = not_supported  # the GPU has no settable limit (consumer cards)
+
+
+class ClocksRefused(GpuError):
+    """The driver refused to lock (or reset) the graphics clocks.
+
+    ``not_supported``: the GPU cannot lock clocks at all (NVML NotSupported; GeForce
+    cards before Volta, vGPU guests); the clocks actuator then falls back to the power
+    limit (docs/bridge.md, "Locked clocks").
+    """
+
+    state = "clocks_refused"
+
+    def __init__(self, message, requested_mhz=None, not_supported=False):
+        super().__init__(message)
+        self.requested_mhz = requested_mhz
+        self.not_supported = not_supported
+
+
+@dataclass(frozen=True)
+class ClockState:
+    """A GPU's graphics clocks (MHz) as far as the backend can read them.
+
+    ``locked`` is the ``(min, max)`` lock in force, None when unlocked. NVML and
+    nvidia-smi have no call that reads a lock back: there ``lock_known`` is False and
+    ``locked`` says nothing; the actuator then checks ``current_mhz`` against the lock
+    it set (a clock above it means the lock is gone).
+    """
+
+    max_mhz: int
+    supported_mhz: tuple[int, ...]  # ascending; at least max_mhz
+    current_mhz: int | None = None
+    locked: tuple[int, int] | None = None
+    lock_known: bool = True
+
+    @property
+    def min_mhz(self) -> int:
+        return self.supported_mhz[0] if self.supported_mhz else self.max_mhz
+
+    def snap_down(self, mhz: float) -> int:
+        """The highest supported clock at or below ``mhz`` (the lowest one if none)."""
+        best = self.min_mhz
+        for clock in self.supported_mhz:
+            if clock <= mhz:
+                best = clock
+        return min(best, self.max_mhz)
+
+
+def supported_clocks(values, max_mhz) -> tuple[int, ...]:
+    """Supported graphics clocks as an ascending tuple of ints within 1..``max_mhz``
+    (what a driver lists, cleaned: duplicates, zeros and clocks above max dropped)."""
+    out = sorted({int(v) for v in values if 0 < int(v) <= max_mhz})
+    return tuple(out) if out else (int(max_mhz),)
 
 
 @dataclass(frozen=True)
@@ -122,6 +175,26 @@ class GpuBackend(abc.ABC):
         Raises PowerLimitRefused when the driver refuses, GpuNoPermission without
         root. Callers clamp to the constraints first.
         """
+
+    def _no_clocks(self) -> ClocksRefused:
+        return ClocksRefused(f"the {self.name} backend cannot lock GPU clocks", not_supported=True)
+
+    # Locked graphics clocks (the clocks actuator, modbridge.actuator.clocks). A backend
+    # that cannot lock clocks keeps these: every call is a not-supported refusal.
+
+    def clock_state(self, uuid: str) -> ClockState:
+        """The graphics clocks: max, supported, current and (where readable) the lock."""
+        raise self._no_clocks()
+
+    def set_locked_clocks_mhz(self, uuid: str, min_mhz: int, max_mhz: int) -> ClockState:
+        """Lock the graphics clock within ``min_mhz..max_mhz`` (supported clocks, the
+        caller snaps them) and return the state read back. Raises ClocksRefused,
+        GpuNoPermission."""
+        raise self._no_clocks()
+
+    def reset_locked_clocks(self, uuid: str) -> ClockState:
+        """Unlock the graphics clocks (the driver's default) and return the state."""
+        raise self._no_clocks()
 
     def sample_all(self) -> list[GpuSample]:
         """Read every GPU. A GPU that cannot be read comes back as a sample with

@@ -12,7 +12,8 @@ against a real GPU. Nothing here ever calls into ``libnvidia-ml``.
     nv.set_temperature(80, device=1)           # script a reading
     nv.fail("nvmlDeviceGetPowerUsage", "NVMLError_GpuIsLost", device=0)
     nv.read_only = True                        # writes raise NVMLError_NoPermission
-    nv.writes                                  # every power-limit write, in order
+    nv.writes                                  # every power-limit and clock write, in order
+    nv.devices[0].locked                       # the (min, max) clock lock, None: unlocked
     nv.calls["nvmlDeviceGetTemperature"]       # how often each function was called
     nv.play_trace(load_trace(), clock=...)     # replay the 10 Hz thermal trace
 
@@ -35,6 +36,7 @@ from pathlib import Path
 FIXTURE_DIR = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "nvidia-h200"
 FIXTURE = FIXTURE_DIR / "nvml_h200.json"
 TRACE = FIXTURE_DIR / "h200_thermal_trace.csv"
+SMI_XML = FIXTURE_DIR / "nvidia_smi_q.xml"  # the supported clocks (not in the NVML recording)
 
 _SYSTEM_CALLS = (
     "nvmlSystemGetDriverVersion",
@@ -88,6 +90,14 @@ def load_trace(path=TRACE) -> list[dict]:
     return rows
 
 
+def _recorded_supported_clocks() -> dict[int, list[int]]:
+    """The H200's supported clocks as ``nvidia-smi -q -x`` listed them."""
+    from modbridge.gpu.smi import parse_supported_clocks_xml
+
+    tables = parse_supported_clocks_xml(SMI_XML.read_text(encoding="utf-8"))
+    return next(iter(tables.values()), {})
+
+
 class FakeHandle:
     """What ``nvmlDeviceGetHandleByIndex`` returns: an opaque handle (here: the index)."""
 
@@ -107,6 +117,8 @@ class FakeDevice:
         self.handle = FakeHandle(index)
         self.answers = {}
         self.fields = {}
+        self.locked = None  # (min, max) MHz from nvmlDeviceSetGpuLockedClocks
+        self.supported_clocks = nvml._supported_clocks  # {memory MHz: [graphics MHz]}
         real = nvml._real
         for key, entry in recording.items():
             if key == "fieldValues":
@@ -156,6 +168,7 @@ class FakeNvml:
         self._real = real if real is not None else importlib.import_module("pynvml")
         recording = fixture if isinstance(fixture, dict) else load_fixture(fixture or FIXTURE)
         self._recording = copy.deepcopy(recording)
+        self._supported_clocks = _recorded_supported_clocks()
         self._system = {
             name: self._answer_of(recording[name]) for name in _SYSTEM_CALLS if name in recording
         }
@@ -432,3 +445,58 @@ class FakeNvml:
             pass
         self.writes[-1]["call"] = "nvmlDeviceSetPowerManagementLimit_v2"
         return 0
+
+    # ------------------------------------------------------------------ clocks
+
+    def nvmlDeviceGetClockInfo(self, handle, clock_type):
+        """The recorded clock; the graphics/SM clock never above a lock's max."""
+        dev = self._device(handle)
+        self._enter("nvmlDeviceGetClockInfo", dev.index)
+        mhz = self._recorded(dev, ("nvmlDeviceGetClockInfo", clock_type))
+        gfx = (self._real.NVML_CLOCK_GRAPHICS, self._real.NVML_CLOCK_SM)
+        if dev.locked is not None and clock_type in gfx:
+            mhz = min(mhz, dev.locked[1])
+        return mhz
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle):
+        dev = self._device(handle)
+        self._enter("nvmlDeviceGetSupportedMemoryClocks", dev.index)
+        return sorted(dev.supported_clocks, reverse=True)
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, handle, memoryClockMHz):
+        dev = self._device(handle)
+        self._enter("nvmlDeviceGetSupportedGraphicsClocks", dev.index)
+        if memoryClockMHz not in dev.supported_clocks:
+            raise self._real.NVMLError_InvalidArgument()
+        return list(dev.supported_clocks[memoryClockMHz])
+
+    def _clock_write(self, name, dev, value):
+        entry = {"call": name, "device": dev.index, "value_mhz": value, "result": "ok"}
+        self.writes.append(entry)
+        try:
+            self._enter(name, dev.index)
+            if self.read_only:
+                raise self._real.NVMLError_NoPermission()
+        except Exception as e:
+            entry["result"] = type(e).__name__
+            raise
+        return entry
+
+    def nvmlDeviceSetGpuLockedClocks(self, handle, minGpuClockMHz, maxGpuClockMHz):
+        """Like the driver: InvalidArgument unless whole MHz with min <= max (values
+        between supported clocks are taken, as a real driver rounds them)."""
+        dev = self._device(handle)
+        entry = self._clock_write("nvmlDeviceSetGpuLockedClocks", dev,
+                                  [minGpuClockMHz, maxGpuClockMHz])  # fmt: skip
+        values = (minGpuClockMHz, maxGpuClockMHz)
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in values) or (
+            minGpuClockMHz > maxGpuClockMHz
+        ):
+            entry["result"] = "NVMLError_InvalidArgument"
+            raise self._real.NVMLError_InvalidArgument()
+        dev.locked = (minGpuClockMHz, maxGpuClockMHz)
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle):
+        dev = self._device(handle)
+        self._clock_write("nvmlDeviceResetGpuLockedClocks", dev, None)
+        dev.locked = None

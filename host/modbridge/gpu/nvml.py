@@ -9,6 +9,11 @@ clocks-event reasons, utilization; +1 fan speed on GPUs that have fans). The fir
 sample also reads what never changes (default limit, constraints, 3 temperature
 thresholds) and learns which calls are NotSupported; those are never asked again.
 
+Locked clocks: ``nvmlDeviceSetGpuLockedClocks(handle, min, max)`` and
+``nvmlDeviceResetGpuLockedClocks``; the supported graphics clocks (at the top memory
+clock) and the max clock are read once, the current clock on every ``clock_state``.
+NVML has no call that reads a lock back (``ClockState.lock_known`` is False).
+
 Error mapping (every call): NotSupported -> the value is None, never 0;
 NoPermission -> GpuNoPermission; GpuIsLost -> GpuLost; DriverNotLoaded /
 LibraryNotFound -> GpuDriverNotLoaded; anything else -> GpuError with NVML's string.
@@ -21,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 
 from modbridge.gpu.base import (
+    ClocksRefused,
+    ClockState,
     GpuBackend,
     GpuDriverNotLoaded,
     GpuError,
@@ -30,6 +37,7 @@ from modbridge.gpu.base import (
     GpuNotFound,
     GpuSample,
     PowerLimitRefused,
+    supported_clocks,
 )
 
 log = logging.getLogger(__name__)
@@ -66,6 +74,7 @@ class _Device:
     info: GpuInfo
     handle: object
     static: dict | None = None  # default limit, constraints, thresholds (read once)
+    clocks: tuple | None = None  # (max MHz, supported MHz): read once
     unsupported: set = field(default_factory=set)  # calls that answered NotSupported
 
 
@@ -297,8 +306,10 @@ class NvmlBackend(GpuBackend):
             if self._is(e, "NVML_ERROR_NOT_SUPPORTED"):
                 raise PowerLimitRefused(
                     f"{gpu} does not let software set its power limit (NVML: Not "
-                    "Supported); cooling can only come from the module's fans",
+                    "Supported); the clocks actuator can stand in (docs/bridge.md, "
+                    '"Locked clocks")',
                     requested_w=watts,
+                    not_supported=True,
                 ) from e
             raise self._map(e, f"setting the power limit to {watts:g} W", dev) from e
         try:
@@ -321,6 +332,69 @@ class NvmlBackend(GpuBackend):
                 enforced,
             )
         return enforced
+
+    # ------------------------------------------------------------------ clocks
+
+    def _clock_const(self, name):
+        return getattr(self._nv, name, {"NVML_CLOCK_GRAPHICS": 0, "NVML_CLOCK_MEM": 2}[name])
+
+    def clock_state(self, uuid: str) -> ClockState:
+        dev = self._device(uuid)
+        gfx = self._clock_const("NVML_CLOCK_GRAPHICS")
+        if dev.clocks is None:
+            top = self._read(dev, "nvmlDeviceGetMaxClockInfo", gfx)
+            if top is None:
+                raise ClocksRefused(
+                    f"GPU {uuid} does not report its maximum graphics clock (NVML: Not "
+                    "Supported): its clocks cannot be locked", not_supported=True)  # fmt: skip
+            mem = self._read(dev, "nvmlDeviceGetMaxClockInfo", self._clock_const("NVML_CLOCK_MEM"))
+            listed = []
+            if mem is not None:
+                listed = self._read(dev, "nvmlDeviceGetSupportedGraphicsClocks", int(mem)) or []
+            dev.clocks = (int(top), supported_clocks(listed, int(top)))
+        current = self._read(dev, "nvmlDeviceGetClockInfo", gfx)
+        return ClockState(
+            max_mhz=dev.clocks[0],
+            supported_mhz=dev.clocks[1],
+            current_mhz=None if current is None else int(current),
+            locked=None,
+            lock_known=False,
+        )
+
+    def _clock_write(self, uuid: str, what: str, name: str, *args) -> ClockState:
+        dev = self._device(uuid)
+        gpu = f"GPU {dev.info.uuid} ({dev.info.pci_bus_id})"
+        fn = getattr(self._nv, name, None)
+        if fn is None:
+            raise ClocksRefused(f"this nvidia-ml-py has no {name}: {gpu} cannot {what}",
+                                not_supported=True)  # fmt: skip
+        try:
+            fn(dev.handle, *args)
+        except self._error_type as e:
+            if self._is(e, "NVML_ERROR_NO_PERMISSION"):
+                raise GpuNoPermission(
+                    f"{what} on {gpu} was refused (NVML: Insufficient Permissions): {_ROOT_HINT}"
+                ) from e
+            if self._is(e, "NVML_ERROR_NOT_SUPPORTED"):
+                raise ClocksRefused(
+                    f"{gpu} cannot {what} (NVML: Not Supported); the power limit can stand in",
+                    requested_mhz=args[-1] if args else None, not_supported=True,
+                ) from e  # fmt: skip
+            if self._is(e, "NVML_ERROR_INVALID_ARGUMENT"):
+                raise ClocksRefused(f"{gpu} refused to {what} (NVML: Invalid Argument)",
+                                    requested_mhz=args[-1] if args else None) from e  # fmt: skip
+            raise self._map(e, what, dev) from e
+        return self.clock_state(uuid)
+
+    def set_locked_clocks_mhz(self, uuid: str, min_mhz: int, max_mhz: int) -> ClockState:
+        """``nvmlDeviceSetGpuLockedClocks(handle, min, max)``."""
+        what = f"lock its clocks at {min_mhz}..{max_mhz} MHz"
+        call = "nvmlDeviceSetGpuLockedClocks"
+        return self._clock_write(uuid, what, call, int(min_mhz), int(max_mhz))
+
+    def reset_locked_clocks(self, uuid: str) -> ClockState:
+        """``nvmlDeviceResetGpuLockedClocks(handle)``."""
+        return self._clock_write(uuid, "reset its locked clocks", "nvmlDeviceResetGpuLockedClocks")
 
     def close(self) -> None:
         if not self._open:

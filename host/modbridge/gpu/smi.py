@@ -18,6 +18,11 @@ The GPU's temperature thresholds are not in ``--query-gpu``; they are read once 
 current 32 C, T.Limit margin 55 C, shutdown -8 C, slowdown -2 C, max operating 0 C),
 which gives the same 95/89/87 degC NVML reports; older drivers give absolute
 ``gpu_temp_max_threshold``/``gpu_temp_slow_threshold``.
+
+Locked clocks (the clocks actuator): ``-i <uuid> -lgc MIN,MAX`` and ``-rgc``; the
+supported graphics clocks come once from ``-q -x -d SUPPORTED_CLOCKS`` (the top
+memory clock's list), the max and current clock from one ``--query-gpu`` per read.
+nvidia-smi cannot show a lock in force (``ClockState.lock_known`` is False).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import time
 import xml.etree.ElementTree as ET
 
 from modbridge.gpu.base import (
+    ClocksRefused,
+    ClockState,
     GpuBackend,
     GpuDriverNotLoaded,
     GpuError,
@@ -41,6 +48,7 @@ from modbridge.gpu.base import (
     GpuSample,
     PowerLimitRefused,
     error_sample,
+    supported_clocks,
 )
 
 log = logging.getLogger(__name__)
@@ -184,6 +192,28 @@ def parse_thresholds_xml(text: str) -> dict[str, dict]:
     return out
 
 
+def parse_supported_clocks_xml(text: str) -> dict[str, dict[int, list[int]]]:
+    """Supported clocks per GPU UUID from ``nvidia-smi -q -x`` (``-d SUPPORTED_CLOCKS``):
+    ``{uuid: {memory MHz: [graphics MHz, ...]}}``, in the order listed."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as e:
+        raise GpuError(f"nvidia-smi -q -x printed XML that does not parse: {e}") from e
+    out: dict[str, dict[int, list[int]]] = {}
+    for gpu in root.iter("gpu"):
+        uuid = (gpu.findtext("uuid") or "").strip()
+        table: dict[int, list[int]] = {}
+        for mem in gpu.iter("supported_mem_clock"):
+            mem_mhz = _temp(mem.findtext("value"))
+            if mem_mhz is None:
+                continue
+            clocks = [_temp(c.text or "") for c in mem.findall("supported_graphics_clock")]
+            table[int(mem_mhz)] = [int(c) for c in clocks if c is not None]
+        if uuid:
+            out[uuid] = table
+    return out
+
+
 class SmiBackend(GpuBackend):
     """GPUs through the ``nvidia-smi`` command. ``runner`` is ``subprocess.run``."""
 
@@ -210,6 +240,7 @@ class SmiBackend(GpuBackend):
         self._fields = list(QUERY_FIELDS)
         self._cache: tuple[float, dict[str, dict]] | None = None
         self._thresholds: dict[str, dict] | None = None
+        self._supported: dict[str, dict[int, list[int]]] | None = None
         self.subprocesses = 0  # how many times nvidia-smi ran (cost accounting)
         rows = self._query()
         self._infos = {
@@ -420,8 +451,9 @@ class SmiBackend(GpuBackend):
                 or "not supported" in said
             ):
                 raise PowerLimitRefused(
-                    f"{gpu} refused a power limit of {watts:g} W: {err}", requested_w=watts
-                )
+                    f"{gpu} refused a power limit of {watts:g} W: {err}", requested_w=watts,
+                    not_supported=proc.returncode == _EXIT_NOT_SUPPORTED or "not supported" in said,
+                )  # fmt: skip
             raise err
         self._cache = None
         rows = self._query()
@@ -442,3 +474,67 @@ class SmiBackend(GpuBackend):
                 enforced_w=enforced,
             )
         return enforced
+
+    # ------------------------------------------------------------------ clocks
+
+    def _gpu_name(self, uuid: str) -> str:
+        if uuid not in self._infos:
+            raise self._missing(uuid)
+        return f"GPU {uuid} ({self._infos[uuid].pci_bus_id})"
+
+    def clock_state(self, uuid: str) -> ClockState:
+        """One ``--query-gpu`` for the max and current graphics clock; the supported
+        list once per backend."""
+        gpu = self._gpu_name(uuid)
+        fields = ("uuid", "clocks.max.graphics", "clocks.current.graphics")
+        out = self._run([f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                        "--query-gpu clocks")  # fmt: skip
+        rows = {r["uuid"]: r for r in parse_query_csv(out, fields)}
+        row = rows.get(uuid)
+        if row is None:
+            raise self._missing(uuid)
+        top = row.get("clocks.max.graphics")
+        if not isinstance(top, float):
+            raise ClocksRefused(f"{gpu}: nvidia-smi shows no maximum graphics clock",
+                                not_supported=True)  # fmt: skip
+        if self._supported is None:
+            try:
+                xml = self._run(["-q", "-x", "-d", "SUPPORTED_CLOCKS"], "-q -x -d SUPPORTED_CLOCKS")
+                self._supported = parse_supported_clocks_xml(xml)
+            except GpuError as e:
+                log.warning("supported clocks unavailable: %s", e)
+                self._supported = {}
+        table = self._supported.get(uuid) or {}
+        listed = table[max(table)] if table else []
+        current = row.get("clocks.current.graphics")
+        return ClockState(
+            max_mhz=int(top),
+            supported_mhz=supported_clocks(listed, int(top)),
+            current_mhz=int(current) if isinstance(current, float) else None,
+            locked=None,
+            lock_known=False,
+        )
+
+    def _clock_write(self, uuid: str, args: list[str], what: str, mhz) -> ClockState:
+        gpu = self._gpu_name(uuid)
+        proc = self._run(["-i", uuid, *args], what, check=False)
+        if proc.returncode != 0:
+            err = self._exit_error(proc, what)
+            if type(err) is GpuError:
+                unsupported = proc.returncode == _EXIT_NOT_SUPPORTED or (
+                    "not supported" in str(err).lower()
+                )
+                if unsupported or proc.returncode == _EXIT_INVALID_ARGUMENT:
+                    raise ClocksRefused(f"{gpu} refused {what}: {err}", requested_mhz=mhz,
+                                        not_supported=unsupported)  # fmt: skip
+            raise err
+        return self.clock_state(uuid)
+
+    def set_locked_clocks_mhz(self, uuid: str, min_mhz: int, max_mhz: int) -> ClockState:
+        """``nvidia-smi -i <uuid> -lgc MIN,MAX``."""
+        lgc = f"{int(min_mhz)},{int(max_mhz)}"
+        return self._clock_write(uuid, ["-lgc", lgc], f"-lgc {lgc}", max_mhz)
+
+    def reset_locked_clocks(self, uuid: str) -> ClockState:
+        """``nvidia-smi -i <uuid> -rgc``."""
+        return self._clock_write(uuid, ["-rgc"], "-rgc", None)

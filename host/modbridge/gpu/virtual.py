@@ -1,7 +1,10 @@
 """The virtual backend: the simulator's GPUs (:class:`modbridge.sim.gpu.VirtualGPU`)
 behind the same interface as NVML, so ``--sim`` exercises the real bridge, policy and
 actuator. The simulator's ``GpuLost`` becomes ours; a limit outside the constraints
-(the simulator's InvalidArgument) becomes :class:`PowerLimitRefused`.
+(the simulator's InvalidArgument) becomes :class:`PowerLimitRefused`, and a clock
+lock it refuses :class:`ClocksRefused`. Unlike NVML, the lock in force can be read
+(``ClockState.lock_known``), and a locked clock really lowers the simulated GPU's power
+and heat (modbridge.sim.gpu).
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import time
 
 from modbridge.gpu.base import (
+    ClocksRefused,
+    ClockState,
     GpuBackend,
     GpuError,
     GpuInfo,
@@ -115,3 +120,39 @@ class VirtualBackend(GpuBackend):
                 enforced_w=enforced,
             )
         return enforced
+
+    # ------------------------------------------------------------------ clocks
+
+    def clock_state(self, uuid: str) -> ClockState:
+        gpu = self._gpu(uuid)
+        return ClockState(
+            max_mhz=self._call(gpu, "max clock", gpu.max_graphics_clock_mhz),
+            supported_mhz=tuple(self._call(gpu, "clocks", gpu.supported_graphics_clocks_mhz)),
+            current_mhz=self._call(gpu, "clock", gpu.graphics_clock_mhz),
+            locked=self._call(gpu, "locked clocks", gpu.locked_clocks_mhz),
+            lock_known=True,
+        )
+
+    def _clock_write(self, uuid, what, fn, *args) -> ClockState:
+        gpu = self._gpu(uuid)
+        try:
+            self._call(gpu, what, fn, *args)
+        except GpuError as e:
+            if isinstance(e.__cause__, self._invalid):
+                raise ClocksRefused(
+                    f"virtual GPU {uuid} refused to {what}: {e.__cause__}",
+                    requested_mhz=args[-1] if args else None,
+                ) from e.__cause__
+            raise
+        return self.clock_state(uuid)
+
+    def set_locked_clocks_mhz(self, uuid: str, min_mhz: int, max_mhz: int) -> ClockState:
+        gpu = self._gpu(uuid)
+        return self._clock_write(
+            uuid, f"lock clocks {min_mhz},{max_mhz} MHz", gpu.set_locked_clocks_mhz,
+            min_mhz, max_mhz,
+        )  # fmt: skip
+
+    def reset_locked_clocks(self, uuid: str) -> ClockState:
+        gpu = self._gpu(uuid)
+        return self._clock_write(uuid, "reset locked clocks", gpu.reset_locked_clocks)

@@ -11,7 +11,17 @@ the GPU decides how much power it draws:
     cap     = enforced power limit, minus slowdown_w_per_k * (die - slowdown_c) above
               slowdown_c (software thermal slowdown), times hw_slowdown_power_fraction
               above hw_slowdown_c (hardware slowdown, 2 degC hysteresis)
-    power   = max(idle_w, min(demand, cap))   (0 W after a thermal shutdown)
+    clocks  = idle_w + (demand - idle_w) * (f_lock / f_max) ** CLOCK_POWER_EXPONENT
+              while the graphics clock is locked at f_lock < f_max (the demand is what
+              the workload draws at the full clock; dynamic power ~ f * V^2 with V
+              rising with f; exponent 2 is the conservative end of what H100/H200
+              measurements show), reported as the applications-clocks reason (0x2)
+    power   = max(idle_w, min(demand, cap, clocks))   (0 W after a thermal shutdown)
+
+Clocks answer like the recorded H200 (``nvidia_smi_q.xml``): 1980 MHz maximum,
+supported graphics clocks 345..1980 MHz in 15 MHz steps, 345 MHz at idle. Unlike NVML,
+the virtual GPU can say which lock is in force (``locked_clocks_mhz``), so tests can
+check what the actuator left behind.
 
 A lost GPU (``World.gpu_lost()`` or the die reaching ``shutdown_c``) raises
 ``GpuLost`` from every query until the fault is cleared.
@@ -32,6 +42,21 @@ CLOCKS_EVENT_HW_POWER_BRAKE_SLOWDOWN = 0x80
 CLOCKS_EVENT_DISPLAY_CLOCK_SETTING = 0x100
 
 _HW_HYSTERESIS_C = 2.0
+
+# Graphics clocks of the recorded H200 (fixtures/nvidia-h200/nvidia_smi_q.xml).
+MAX_GRAPHICS_MHZ = 1980
+MIN_GRAPHICS_MHZ = 345
+GRAPHICS_STEP_MHZ = 15
+SUPPORTED_GRAPHICS_MHZ = tuple(range(MIN_GRAPHICS_MHZ, MAX_GRAPHICS_MHZ + 1, GRAPHICS_STEP_MHZ))
+CLOCK_POWER_EXPONENT = 2.0
+
+
+def clock_power_w(idle_w, demand_w, lock_mhz, max_mhz=MAX_GRAPHICS_MHZ):
+    """Board power of a workload demanding ``demand_w`` at the full clock when the
+    graphics clock is held at ``lock_mhz`` (the module docstring's ``clocks``)."""
+    if demand_w <= idle_w or lock_mhz >= max_mhz:
+        return demand_w
+    return idle_w + (demand_w - idle_w) * (lock_mhz / max_mhz) ** CLOCK_POWER_EXPONENT
 
 
 class VirtualGpuError(Exception):
@@ -63,6 +88,9 @@ class VirtualGPU:
         self.pci_bus_id = gp["pci_bus_id"]
         self._idle_w = gp["idle_w"]
         self._limit_w = gp["default_limit_w"]
+        self._lock_mhz = None  # (min, max) locked graphics clocks; None: unlocked
+        self.clock_mhz = MIN_GRAPHICS_MHZ
+        self.lock_writes = 0
         self._lost = False
         self._lost_why = ""
         self._shutdown = False
@@ -122,12 +150,18 @@ class VirtualGPU:
                 cap *= gp["hw_slowdown_power_fraction"]
                 reasons |= CLOCKS_EVENT_HW_SLOWDOWN | CLOCKS_EVENT_HW_THERMAL_SLOWDOWN
             power = demand if demand < cap else cap
+            if self._lock_mhz is not None:
+                clocked = clock_power_w(self._idle_w, demand, self._lock_mhz[1])
+                if clocked < power:
+                    power = clocked
+                    reasons |= CLOCKS_EVENT_APPLICATIONS_CLOCKS_SETTING
             if power <= self._idle_w:
                 power = self._idle_w
                 if demand <= self._idle_w:
                     reasons |= CLOCKS_EVENT_GPU_IDLE
         self._reasons = reasons
         self.draw_w = power
+        self.clock_mhz = self._clock_for(demand, power)
         mw = round(power * 1000)
         i = self._ring_i
         self._ring_sum += mw - self._ring[i]
@@ -135,6 +169,17 @@ class VirtualGPU:
         self._ring_i = i + 1 if i + 1 < len(self._ring) else 0
         self._energy_uj += mw * self._substep_ms
         return power
+
+    def _clock_for(self, demand, power):
+        """The graphics clock that draws ``power`` of a ``demand`` (idle: the minimum)."""
+        if self._shutdown or self._lost or demand <= self._idle_w:
+            return MIN_GRAPHICS_MHZ
+        share = max(0.0, min(1.0, (power - self._idle_w) / (demand - self._idle_w)))
+        mhz = MAX_GRAPHICS_MHZ * share ** (1.0 / CLOCK_POWER_EXPONENT)
+        if self._lock_mhz is not None:
+            mhz = min(mhz, self._lock_mhz[1])
+        steps = int((mhz - MIN_GRAPHICS_MHZ) // GRAPHICS_STEP_MHZ)
+        return MIN_GRAPHICS_MHZ + max(0, steps) * GRAPHICS_STEP_MHZ
 
     def _draw_w(self, demand, die_c):
         """Power drawn for ``demand`` at ``die_c`` without the hardware slowdown's
@@ -145,6 +190,8 @@ class VirtualGPU:
             cap -= gp["slowdown_w_per_k"] * (die_c - gp["slowdown_c"])
         if die_c >= gp["hw_slowdown_c"]:
             cap *= gp["hw_slowdown_power_fraction"]
+        if self._lock_mhz is not None:
+            cap = min(cap, clock_power_w(self._idle_w, demand, self._lock_mhz[1]))
         return max(self._idle_w, min(demand, cap))
 
     def _set_lost(self, on, why="the GPU fell off the bus (injected fault)"):
@@ -213,6 +260,50 @@ class VirtualGPU:
             )
         self._limit_w = mw / 1000.0
 
+    def max_graphics_clock_mhz(self):
+        """nvmlDeviceGetMaxClockInfo(NVML_CLOCK_GRAPHICS)."""
+        self._check()
+        return MAX_GRAPHICS_MHZ
+
+    def supported_graphics_clocks_mhz(self):
+        """nvmlDeviceGetSupportedGraphicsClocks at the top memory clock, ascending."""
+        self._check()
+        return SUPPORTED_GRAPHICS_MHZ
+
+    def graphics_clock_mhz(self):
+        """nvmlDeviceGetClockInfo(NVML_CLOCK_GRAPHICS): the clock now."""
+        self._check()
+        return self.clock_mhz
+
+    def locked_clocks_mhz(self):
+        """The ``(min, max)`` lock in force, None when unlocked (NVML cannot say this)."""
+        self._check()
+        return self._lock_mhz
+
+    def set_locked_clocks_mhz(self, min_mhz, max_mhz):
+        """nvmlDeviceSetGpuLockedClocks: InvalidArgument unless min <= max and both are
+        supported clocks (a real driver also takes values between them; the bridge
+        always snaps to the supported list, and this makes it prove it)."""
+        self._check()
+        for v in (min_mhz, max_mhz):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise GpuInvalidArgument(f"clocks must be whole MHz, got {v!r}")
+            if v not in SUPPORTED_GRAPHICS_MHZ:
+                raise GpuInvalidArgument(
+                    f"{v} MHz is not a supported graphics clock "
+                    f"({MIN_GRAPHICS_MHZ}..{MAX_GRAPHICS_MHZ} in {GRAPHICS_STEP_MHZ} MHz steps)"
+                )
+        if min_mhz > max_mhz:
+            raise GpuInvalidArgument(f"locked clocks {min_mhz}..{max_mhz} MHz: min above max")
+        self._lock_mhz = (min_mhz, max_mhz)
+        self.lock_writes += 1
+
+    def reset_locked_clocks(self):
+        """nvmlDeviceResetGpuLockedClocks: unlocked (the default)."""
+        self._check()
+        self._lock_mhz = None
+        self.lock_writes += 1
+
     def clocks_event_reasons(self):
         """NVML clocks-event reasons bitmask (CLOCKS_EVENT_* constants)."""
         self._check()
@@ -239,6 +330,8 @@ class VirtualGPU:
             "gpu_draw_w": self.draw_w,
             "gpu_power_reading_w": round(self._ring_sum / len(self._ring)) / 1000.0,
             "gpu_limit_w": self._limit_w,
+            "gpu_locked_max_mhz": None if self._lock_mhz is None else self._lock_mhz[1],
+            "gpu_clock_mhz": self.clock_mhz,
             "gpu_reasons": self._reasons,
             "gpu_lost": self._lost,
             "gpu_shutdown": self._shutdown,
