@@ -1,0 +1,89 @@
+"""Early warning: the GPU temperature's recent slope -> the time to the warn threshold.
+
+Off by default (``early_warning``); WARN with reason ``early_warning`` when the warn
+threshold is nearer than ``early_warning_horizon_s`` at the least-squares slope of the
+last ``early_warning_window_s``; it clears once the ETA is back above the horizon x
+:data:`EARLY_WARNING_CLEAR_FACTOR` (or gone).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+# An early warning clears once the ETA is back above horizon * this (or gone).
+EARLY_WARNING_CLEAR_FACTOR = 1.25
+
+
+def lsq_slope(points: Iterable[tuple[float, float]]) -> float | None:
+    """Least-squares slope dy/dt of ``(t, y)`` points; None for < 2 points or one instant.
+
+    >>> lsq_slope([(0, 50.0), (10, 51.0), (20, 52.0)])
+    0.1
+    """
+    pts = list(points)
+    n = len(pts)
+    if n < 2:
+        return None
+    mt = sum(p[0] for p in pts) / n
+    my = sum(p[1] for p in pts) / n
+    stt = sum((p[0] - mt) ** 2 for p in pts)
+    if stt <= 0.0:
+        return None
+    return sum((p[0] - mt) * (p[1] - my) for p in pts) / stt
+
+
+def time_to_threshold(
+    current_c: float | None, threshold_c: float, slope_c_per_s: float | None
+) -> float | None:
+    """Seconds until ``threshold_c`` at the current slope: 0 if already there, None if
+    not heading there (slope <= 0 or unknown).
+
+    >>> time_to_threshold(81.0, 87.0, 0.02)
+    300.0
+    >>> time_to_threshold(81.0, 87.0, -0.01) is None
+    True
+    """
+    if current_c is None:
+        return None
+    if current_c >= threshold_c:
+        return 0.0
+    if slope_c_per_s is None or slope_c_per_s <= 0.0:
+        return None
+    return (threshold_c - current_c) / slope_c_per_s
+
+
+class EarlyWarning:
+    """The temperature history of one pair and whether its early warning is on."""
+
+    def __init__(self, window_s: float, horizon_s: float):
+        self.window_s = window_s
+        self.horizon_s = horizon_s
+        self.active = False
+        self._history: deque[tuple[float, float]] = deque()
+
+    def observe(self, now: float, gpu_c: float) -> None:
+        """One GPU temperature reading at ``now`` (time going back starts over)."""
+        h = self._history
+        if h and now < h[-1][0]:
+            h.clear()
+        h.append((now, gpu_c))
+        while h and h[0][0] < now - self.window_s:
+            h.popleft()
+
+    def estimate_eta(self, current_c: float | None, threshold_c: float):
+        """(eta_s, slope_c_per_s) from the history of the last window; (None, None)
+        until half a window (and 3 points)."""
+        pts = self._history
+        if len(pts) < 3 or pts[-1][0] - pts[0][0] < self.window_s / 2:
+            return None, None
+        slope = lsq_slope(pts)
+        return time_to_threshold(current_c, threshold_c, slope), slope
+
+    def warns(self, eta_s: float | None) -> bool:
+        """Is the early warning on for this ETA (with the clearing hysteresis)?"""
+        clear_at = self.horizon_s * EARLY_WARNING_CLEAR_FACTOR
+        self.active = eta_s is not None and (
+            eta_s < self.horizon_s or (self.active and eta_s <= clear_at)
+        )
+        return self.active

@@ -1,0 +1,71 @@
+"""Is the module's telemetry news? Silence, the grace for a module never heard from,
+and stale telemetry (frames that keep coming but whose sequence number or uptime does
+not advance: byte-identical frames are silence). docs/policy.md, "Blind spots".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from modbridge.model import ModuleStatus
+from modbridge.policy.config import PolicyConfig
+
+# Default stale_telemetry_s: max(module_silent_s, this). uptime_s counts whole seconds
+# and telemetry comes once a second by default: a healthy uptime can rest for ~2 s.
+STALE_MIN_S = 3.0
+
+
+def stale_limit_s(cfg: PolicyConfig) -> float:
+    """``stale_telemetry_s``, or its default ``max(module_silent_s, STALE_MIN_S)``."""
+    if cfg.stale_telemetry_s is not None:
+        return cfg.stale_telemetry_s
+    return max(cfg.module_silent_s, STALE_MIN_S)
+
+
+@dataclass
+class Silence:
+    """The verdict on one module's telemetry at one instant."""
+
+    silent: bool
+    source: str = "module"  # what says so: "module" (no frames), "telemetry_stale"
+    stale_s: float | None = None  # seq/uptime frozen this long (past the limit)
+    never_heard_s: float | None = None  # no frame at all since the pair's first evaluation
+
+
+class TelemetryFreshness:
+    """Remembers when the telemetry's sequence number and uptime last advanced."""
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self._progress: dict[str, tuple] = {}  # "seq"/"uptime" -> (value, changed at)
+
+    def stale_s(self, now: float, module: ModuleStatus) -> float | None:
+        """Seconds the telemetry's sequence number or uptime has not advanced, once that
+        exceeds ``stale_telemetry_s`` (else None): frames that repeat are not news."""
+        limit = stale_limit_s(self.config)
+        worst = None
+        for key, v in (("seq", module.telemetry_seq), ("uptime", module.telemetry.get("uptime_s"))):
+            if v is None:
+                self._progress.pop(key, None)
+                continue
+            seen = self._progress.get(key)
+            if seen is None or seen[0] != v or now < seen[1]:
+                self._progress[key] = (v, now)
+                continue
+            frozen = now - seen[1]
+            if frozen > limit and (worst is None or frozen > worst):
+                worst = frozen
+        return None if worst is None else round(worst, 3)
+
+    def judge(self, now: float, module: ModuleStatus, age_s: float | None,
+              first_at: float) -> Silence:  # fmt: skip
+        """Silent: no frame for ``module_silent_s``, never heard from for
+        ``module_grace_s`` after ``first_at``, or stale telemetry."""
+        cfg = self.config
+        if age_s is None:
+            waited = now - first_at
+            return Silence(waited > cfg.module_grace_s, never_heard_s=waited)
+        stale = self.stale_s(now, module)
+        if age_s > cfg.module_silent_s:
+            return Silence(True, stale_s=stale)
+        return Silence(stale is not None, "telemetry_stale", stale_s=stale)
