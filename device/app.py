@@ -552,8 +552,11 @@ class App:
                 ff = self.gpu_power_mw if host_ok else 0
                 req0 = self.pid.step(err, 0, dt, ff)
             req1 = req0
-        if self.tune.status == C.TUNE_RUNNING:
-            req0, req1 = self._autotune(dt, idx, state, req0, req1)
+        if self.tune.status == C.TUNE_RUNNING or self.tune.ended:  # ended: by an abort
+            d = self._autotune(dt, idx, state)
+            if d >= 0:
+                req0 = d
+                req1 = d
         st = self.selftest
         if st is not None:
             d = st.duty(now)
@@ -573,9 +576,10 @@ class App:
                 self.next_tel = ticks_add(now, self.telemetry_ms)
             self.telemetry(now)
 
-    def _autotune(self, dt, idx, state, req0, req1):
-        """A running relay autotune replaces the control law's request (the safety
-        layer still floors it); aborted by any safety cause, by leaving HOSTED/auto."""
+    def _autotune(self, dt, idx, state):
+        """The relay autotune's request, -1 when it does not run: it replaces the
+        control law's (the safety layer still floors it); it stops on any safety
+        cause and on leaving HOSTED/auto. Allocates only for its event and report."""
         sf = self.safety
         tune = self.tune
         err = self.worst_out[1]
@@ -583,8 +587,6 @@ class App:
         fl = sf.floor[0] if sf.floor[0] > sf.floor[1] else sf.floor[1]
         d = tune.update(dt, err, self.sup.causes | sf.causes, hosted, fl)
         if d >= 0:
-            req0 = d
-            req1 = d
             self.pid.track(d, err)  # the PID takes over bumplessly when it ends
         if tune.ended:
             tune.ended = False
@@ -592,7 +594,7 @@ class App:
             self.events.push(C.REASON_AUTOTUNE, sev, False, -1, tune.status, state, state)
         if tune.report_pending:
             self.send("autotune_report", tune.report())
-        return req0, req1
+        return d
 
     def _manual_lease(self, now, host_ok, causes):
         """MANUAL is a lease (device.safety S5): it ends after ``MANUAL_LEASE_MS``,
