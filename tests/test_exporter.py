@@ -630,3 +630,198 @@ def test_docs_list_exactly_the_exported_metrics():
     assert exposed - table == set(), "metrics missing from docs/metrics.md"
     assert table - exposed == set(), "docs/metrics.md lists metrics that are not exported"
     assert f"{X.DEFAULT_PORT}" in doc
+
+
+# -- rendering once per snapshot version (Renderer, Endpoint) ----------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from prometheus_client.openmetrics.exposition import (  # noqa: E402
+    generate_latest as generate_openmetrics,
+)
+from prometheus_client.utils import floatToGoString  # noqa: E402
+
+PROPS = settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,  # deterministic: the same cases every run
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+OM_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+
+
+def reference(snap, fmt=X.TEXT, clock=lambda: NOW) -> bytes:
+    """What prometheus_client makes of a registry with BridgeCollector (the renderer
+    before this one: Metric families per scrape, then generate_latest)."""
+    reg = X.make_registry(lambda: snap, process_metrics=False, clock=clock)
+    return (generate_latest if fmt == X.TEXT else generate_openmetrics)(reg)
+
+
+def fleet(n=3, **kw):
+    return snapshot(
+        [module(module_id=f"{MOD}{i:02x}", port=f"/dev/ttyUSB{i}", **kw) for i in range(n)],
+        [gpu(uuid=f"{UUID}{i}") for i in range(n)],
+        [pair(module_id=f"{MOD}{i:02x}", gpu_uuid=f"{UUID}{i}") for i in range(n)],
+    )
+
+
+def test_renderer_is_byte_equal_to_prometheus_client_in_both_formats():
+    snaps = [
+        snapshot(),
+        fleet(8),
+        None,
+        snapshot([module(link_up=False)]),
+        snapshot([ModuleStatus(port="/dev/ttyUSB3")], gpus=[], pairs=[]),
+        snapshot([module(module_id='e661\x1b[2J"x\\\n', board="p\x07")], gpus=[], pairs=[]),
+        snapshot(gpus=[GpuSample(uuid=UUID, name="H200", state="lost", error="lost")]),
+    ]
+    for fmt in (X.TEXT, X.OPENMETRICS):
+        for snap in snaps:
+            r = X.Renderer(lambda snap=snap: snap, clock=lambda: NOW)
+            assert r.render(fmt) == reference(snap, fmt), (fmt, snap)
+            assert r.render(fmt) == reference(snap, fmt)  # from the cache: the same
+    # and both parse with prometheus_client's parsers into every family of the fleet
+    want = {f.name for f in X.make_registry(lambda: fleet(8), process_metrics=False).collect()}
+    text = X.Renderer(lambda: fleet(8), clock=lambda: NOW).render(X.TEXT).decode()
+    parsed = [f.name for f in text_string_to_metric_families(text)]
+    assert len(parsed) == len(want) >= len(X.FAMILIES) - 2  # no memory temp, no GPU fan
+    om = X.Renderer(lambda: fleet(8), clock=lambda: NOW).render(X.OPENMETRICS).decode()
+    assert {f.name for f in parse_openmetrics(om)} == want
+
+
+def test_one_render_per_snapshot_version_and_ages_per_scrape():
+    snap = fleet(2)
+    clock = [NOW]
+    r = X.Renderer(lambda: snap, clock=lambda: clock[0])
+    bodies = []
+    for step in range(3):
+        clock[0] = NOW + step
+        bodies.append(r.render())
+        assert bodies[-1] == reference(snap, clock=lambda: clock[0])
+    assert r.renders == 1  # one snapshot, three scrapes: rendered once
+    ages = [
+        {m.name: m for m in text_string_to_metric_families(b.decode())}[
+            "modbridge_scrape_snapshot_age_seconds"
+        ]
+        .samples[0]
+        .value
+        for b in bodies
+    ]
+    assert ages == [0.5, 1.5, 2.5]  # the clocked samples are filled per scrape
+    r.render(X.OPENMETRICS)
+    assert r.renders == 1  # a second format of the same version: no new walk
+    snap = fleet(2)
+    r.render()
+    assert r.renders == 2  # a new snapshot object: a new version
+
+
+def test_a_link_going_down_between_snapshots_shows_in_the_next_scrape():
+    # the link thread updates a module's live status between two snapshots; the
+    # scrape must show it as the per-scrape renderer did (a new version), not the cache
+    snap = fleet(2)
+    r = X.Renderer(lambda: snap, clock=lambda: NOW)
+    r.render()
+    snap.modules[0].link_up = False
+    body = r.render()
+    assert r.renders == 2 and body == reference(snap)
+    f = {m.name: m for m in text_string_to_metric_families(body.decode())}
+    temps = {dict(k)["module"] for k in values(f, "modbridge_module_temperature_celsius")}
+    assert temps == {f"{MOD}01"}
+    snap.modules[1].telemetry = dict(snap.modules[1].telemetry, temp_gpu=80_000)  # a frame
+    snap.modules[1].frames_total += 1
+    body = r.render()
+    assert r.renders == 3 and body == reference(snap)
+    snap.pairs[0].level = 2
+    snap.pairs[0].actions_total["lower"] += 1
+    assert r.render() == reference(snap) and r.renders == 4
+
+
+def test_a_family_at_rest_keeps_its_text_and_a_changed_one_is_rewritten():
+    a = fleet(2)
+    b = fleet(2)
+    b.gpus[1] = gpu(uuid=f"{UUID}1", power_w=-0.0)  # equals 0.0, written "-0.0"
+    c = fleet(2)
+    c.gpus[1] = gpu(uuid=f"{UUID}1", power_w=0.0)
+    cur = [a]
+    r = X.Renderer(lambda: cur[0], clock=lambda: NOW)
+    for snap in (a, b, c, b, a):
+        cur[0] = snap
+        assert r.render() == reference(snap)
+    assert r.renders == 5
+
+
+def test_prefixes_of_a_module_that_went_away_are_dropped():
+    cur = [fleet(3)]
+    r = X.Renderer(lambda: cur[0], clock=lambda: NOW)
+    r.render()
+    gone = f"{MOD}02"
+
+    def cached_labels():
+        return {v for p in r._prefixes.values() for labels in p for v in labels}
+
+    assert gone in cached_labels()
+    for _ in range(2):
+        cur[0] = fleet(2)
+        r.render()
+    assert gone not in cached_labels()
+
+
+label_text = st.text(
+    st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=12
+)
+numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0.0, -0.0, 1e6, -1e6, 999_999.9, 1e21, 1e-7, 2**53 + 1]),
+)
+
+
+@PROPS
+@given(st.lists(st.tuples(label_text, label_text, numbers, numbers), min_size=1, max_size=4))
+def test_renderer_matches_prometheus_client_on_any_labels_and_values(rows):
+    cur = [None]
+    r = X.Renderer(lambda: cur[0], clock=lambda: NOW)
+    for mod_id, board, power, limit in rows:  # a sequence of versions through one cache
+        cur[0] = snapshot(
+            [module(module_id=mod_id or None, board=board)],
+            [gpu(power_w=power, enforced_limit_w=limit)],
+            [pair(module_id=mod_id or None, eta_s=power)],
+        )
+        for fmt in (X.TEXT, X.OPENMETRICS):
+            assert r.render(fmt) == reference(cur[0], fmt)
+
+
+@PROPS
+@given(numbers)
+def test_value_text_is_floattogostring(v):
+    assert X.value_text(v) == floatToGoString(v)
+
+
+def test_endpoint_negotiates_like_prometheus_client_and_gzips():
+    import gzip
+
+    snap = fleet(2)
+    ep = X.Endpoint(lambda: snap, process_metrics=False, clock=lambda: NOW)
+    status, headers, body = ep.respond("GET", "/metrics", "", None, None)
+    assert status == 200 and dict(headers)["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert body == reference(fleet(2))
+    status, headers, zbody = ep.respond("GET", "/metrics", "", OM_ACCEPT, "deflate, gzip;q=1")
+    assert dict(headers)["Content-Encoding"] == "gzip"
+    assert dict(headers)["Content-Type"].startswith("application/openmetrics-text")
+    assert gzip.decompress(zbody) == reference(fleet(2), X.OPENMETRICS)
+    # name[] filters and other escapings are prometheus_client's own rendering
+    _, _, only = ep.respond("GET", "/metrics", "name[]=modbridge_module_up", None, None)
+    assert [f.name for f in text_string_to_metric_families(only.decode())] == [
+        "modbridge_module_up"
+    ]
+    utf8 = "text/plain;version=1.0.0;escaping=allow-utf-8"
+    _, headers, body = ep.respond("GET", "/metrics", "", utf8, None)
+    assert "escaping=allow-utf-8" in dict(headers)["Content-Type"]
+    assert body == generate_latest(ep.registry, escaping="allow-utf-8")
+    assert ep.respond("POST", "/metrics", "", None, None)[0] == 405
+    assert ep.respond("OPTIONS", "/metrics", "", None, None)[:2] == (
+        200,
+        [("Allow", "OPTIONS,GET")],
+    )
+    assert ep.respond("GET", "/favicon.ico", "", None, None) == (200, [], b"")
+    assert ep.renderer.renders == 1  # two formats of one snapshot version: one walk
