@@ -49,7 +49,7 @@ from modbridge.actuator.power import SIGNALS, PowerLimiter
 from modbridge.config import BridgeConfig, ModuleMapping, match_gpu
 from modbridge.errors import ModbridgeError
 from modbridge.exporter.eventlog import EventLog
-from modbridge.gpu.base import GpuBackend, GpuError, GpuSample
+from modbridge.gpu.base import GpuBackend, GpuError, GpuSample, throttle_temp_c
 from modbridge.link.keys import KeyStore
 from modbridge.link.session import LinkError, ModuleLink
 from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
@@ -88,6 +88,11 @@ class UnknownModule(ModbridgeError):
     exit_code = 3
 
 
+# heartbeat ``gpu_slowdown`` range (protocol/catalog.py), degC
+SLOWDOWN_MIN_C = 40
+SLOWDOWN_MAX_C = 125
+
+
 def heartbeat_fields(sample: GpuSample | None) -> dict | None:
     """A GPU reading as heartbeat fields in wire units (None fields omitted)."""
     if sample is None or sample.state != "ok":
@@ -101,6 +106,9 @@ def heartbeat_fields(sample: GpuSample | None) -> dict | None:
         out["gpu_power"] = max(0, int(round(sample.power_w * 1000)))
     if sample.enforced_limit_w is not None:
         out["power_limit"] = max(0, int(round(sample.enforced_limit_w * 1000)))
+    slowdown = throttle_temp_c(sample)
+    if slowdown is not None and slowdown <= SLOWDOWN_MAX_C:  # above: lowers nothing
+        out["gpu_slowdown"] = max(SLOWDOWN_MIN_C * 1000, int(round(slowdown * 1000)))
     return out
 
 

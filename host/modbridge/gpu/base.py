@@ -212,6 +212,15 @@ class GpuBackend(abc.ABC):
         """Release the library / processes."""
 
 
+def throttle_temp_c(sample: GpuSample) -> float | None:
+    """The temperature at which the GPU starts to slow itself down: the lower of NVML's
+    SLOWDOWN (``slowdown_temp_c``) and GPU_MAX (``max_operating_temp_c``, where the
+    software thermal slowdown begins), None when neither is known. The module keeps
+    its GPU-channel limits under it (heartbeat ``gpu_slowdown``, docs/autotune.md)."""
+    known = [t for t in (sample.slowdown_temp_c, sample.max_operating_temp_c) if t is not None]
+    return min(known) if known else None
+
+
 def error_sample(info: GpuInfo, err: GpuError) -> GpuSample:
     """The sample of a GPU that could not be read: ids, ``state`` and ``error`` only."""
     return GpuSample(

@@ -304,6 +304,18 @@ class VirtualGPU:
         self._lock_mhz = None
         self.lock_writes += 1
 
+    def temperature_thresholds_c(self):
+        """NVML's temperature thresholds in degC, like nvmlDeviceGetTemperatureThreshold:
+        ``slowdown`` (SLOWDOWN: the hardware slowdown), ``shutdown`` (SHUTDOWN) and
+        ``max_operating`` (GPU_MAX: where the software thermal slowdown starts)."""
+        self._check()
+        gp = self._gp
+        return {
+            "slowdown": gp["hw_slowdown_c"],
+            "shutdown": gp["shutdown_c"],
+            "max_operating": gp["slowdown_c"],
+        }
+
     def clocks_event_reasons(self):
         """NVML clocks-event reasons bitmask (CLOCKS_EVENT_* constants)."""
         self._check()
