@@ -43,9 +43,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from modbridge.actuator import Actuator, ClockFractions, make_actuator
 from modbridge.actuator.gpulock import GpuLock
 from modbridge.actuator.journal import LimitJournal
-from modbridge.actuator.power import SIGNALS, PowerLimiter
+from modbridge.actuator.power import SIGNALS
 from modbridge.config import BridgeConfig, ModuleMapping, match_gpu
 from modbridge.errors import ModbridgeError
 from modbridge.exporter.eventlog import EventLog
@@ -144,7 +145,7 @@ class Bridge:
         self.clock = clock
         self.engine = PolicyEngine(config.policy, event_log)
         self.links: dict[str, ModuleLink] = {}
-        self.limiters: dict[str, PowerLimiter] = {}
+        self.limiters: dict[str, Actuator] = {}  # power, clocks or both, per GPU
         self.samples: dict[str, GpuSample] = {}
         self.pairs: dict[str, PairState] = {}  # by port
         self.decision_at: dict[str, float] = {}  # reaction-time bookkeeping by GPU
@@ -222,9 +223,14 @@ class Bridge:
         infos = self._owned_gpus()
         self._open_state(infos)
         for info in infos:
-            lim = PowerLimiter(
+            lim = make_actuator(  # docs/bridge.md, "Locked clocks"
+                self.config.actuator_for(info.uuid, info.pci_bus_id),
                 self.backend,
                 info.uuid,
+                fallback=self.config.fallback,
+                fractions=ClockFractions(
+                    self.config.clocks_warn_fraction, self.config.clocks_critical_fraction
+                ),
                 dry_run=self.config.dry_run,
                 on_exit=self.config.on_exit,
                 log=self.event_log,
@@ -403,7 +409,7 @@ class Bridge:
         self._write_event("bridge", level="alert", action="fail_safe", message=why)
         ok = self.stop(why)
         if self.journal is not None and not self.config.dry_run:
-            from modbridge.actuator.power import restore_journaled
+            from modbridge.actuator import restore_journaled
 
             try:
                 rows = restore_journaled(self.backend, self.state_dir, log=self.event_log)
@@ -554,22 +560,19 @@ class Bridge:
             st = link.status
             st.duplicate_ports = dups.get(st.module_id, ()) if st.link_up else ()
 
-    def _act(self, uuid: str, lim: PowerLimiter, d, now: float):
-        if d.target_limit_w is None:
+    def _act(self, uuid: str, lim: Actuator, d, now: float):
+        if not lim.wants(d.level, d.target_limit_w):
             self._refused.pop(uuid, None)
             return lim.restore("policy: " + (",".join(d.reasons) or "all clear"))
         refused = self._refused.get(uuid)
-        if (
-            refused is not None
-            and abs(refused[0] - d.target_limit_w) < 1e-6
-            and now - refused[1] < REFUSED_RETRY_S
-        ):
+        want = (d.level, d.target_limit_w)
+        if refused is not None and refused[0] == want and now - refused[1] < REFUSED_RETRY_S:
             return None  # refused a moment ago: not again every tick
-        res = lim.apply(d.target_limit_w, ",".join(d.reasons), d.values)
+        res = lim.apply(d.target_limit_w, ",".join(d.reasons), d.values, level=d.level)
         if res.action == "backoff":
             return None
         if res.action == "refused":
-            self._refused[uuid] = (d.target_limit_w, now)
+            self._refused[uuid] = (want, now)
         else:
             self._refused.pop(uuid, None)
         return res

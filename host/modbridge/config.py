@@ -10,6 +10,12 @@ Example (``docs/bridge.md`` has every key)::
     event_log = "/var/log/modbridge/events.jsonl"
     state_dir = "/var/lib/modbridge"       # journal of original limits, GPU locks
     keys_dir = "/var/lib/modbridge/keys"   # the modules' signing keys (docs/pairing.md)
+    actuator = "power"          # power | clocks | both (per module: [[module]] actuator)
+    fallback = true             # the other actuator stands in when one is refused
+
+    [clocks]                    # the clocks actuator: level -> fraction of the max clock
+    warn_fraction = 0.8
+    critical_fraction = 0.5
 
     [exporter]
     address = "127.0.0.1"
@@ -46,6 +52,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 DEFAULT_PATHS = (Path("/etc/modbridge/modbridge.toml"), Path("~/.config/modbridge.toml"))
 BACKENDS = ("auto", "nvml", "nvidia-smi", "sim")
 ON_EXIT = ("restore", "keep")
+ACTUATORS = ("power", "clocks", "both")  # modbridge.actuator.ACTUATORS
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _MODULE_ID = re.compile(r"^[0-9a-f]{2,64}$")
@@ -68,6 +75,7 @@ class ModuleMapping:
     module_id: str | None  # None: match whatever module is on ``port``
     gpu: str | None  # UUID or PCI bus id; None: the only GPU
     port: str | None = None
+    actuator: str | None = None  # None: [bridge] actuator
 
 
 @dataclass
@@ -86,11 +94,24 @@ class BridgeConfig:
     exporter_port: int = 9659
     exporter_enabled: bool = True
     modules: list[ModuleMapping] = field(default_factory=list)
+    # which actuator each GPU uses (a [[module]] actuator overrides it for its GPU), and
+    # whether the other stands in when it is refused (docs/bridge.md, "Locked clocks")
+    actuator: str = "power"
+    fallback: bool = True
+    clocks_warn_fraction: float = 0.8
+    clocks_critical_fraction: float = 0.5
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     path: str | None = None
 
     def ports(self) -> list[str]:
         return [m.port for m in self.modules if m.port]
+
+    def actuator_for(self, uuid: str, pci_bus_id: str) -> str:
+        """The actuator of one GPU: its module mapping's, else ``[bridge] actuator``."""
+        for m in self.modules:
+            if m.actuator and m.gpu and match_gpu(m.gpu, uuid, pci_bus_id):
+                return m.actuator
+        return self.actuator
 
 
 _SECTIONS = {
@@ -103,6 +124,12 @@ _SECTIONS = {
         "event_log": (str,),
         "keys_dir": (str,),
         "state_dir": (str,),
+        "actuator": (ACTUATORS,),
+        "fallback": (bool,),
+    },
+    "clocks": {
+        "warn_fraction": (float, 0.05, 0.99),
+        "critical_fraction": (float, 0.05, 0.99),
     },
     "exporter": {
         "address": (str,),
@@ -142,7 +169,7 @@ def parse(data: dict, path: str = "<config>") -> BridgeConfig:
     """Validate a parsed TOML document; raise ConfigFileError listing every problem."""
     problems: list[str] = []
     cfg = BridgeConfig(path=path)
-    known = {"bridge", "exporter", "policy", "module"}
+    known = {"bridge", "exporter", "clocks", "policy", "module"}
     for key in data:
         if key not in known:
             problems.append(f"{key}: unknown section (sections are {', '.join(sorted(known))})")
@@ -158,8 +185,13 @@ def parse(data: dict, path: str = "<config>") -> BridgeConfig:
             before = len(problems)
             _check(section, key, value, specs[key], problems)
             if len(problems) == before:
-                attr = key if section == "bridge" else f"exporter_{key}"
+                attr = key if section == "bridge" else f"{section}_{key}"
                 setattr(cfg, attr, float(value) if specs[key][0] is float else value)
+    if cfg.clocks_critical_fraction > cfg.clocks_warn_fraction:
+        problems.append(
+            f"clocks.critical_fraction: must not be above warn_fraction "
+            f"({cfg.clocks_critical_fraction} > {cfg.clocks_warn_fraction})"
+        )
     try:
         cfg.policy = PolicyConfig.from_dict(data.get("policy"))
     except PolicyConfigError as e:
@@ -176,8 +208,8 @@ def parse(data: dict, path: str = "<config>") -> BridgeConfig:
             problems.append(f"{where}: must be a table")
             continue
         for key in m:
-            if key not in ("id", "gpu", "port"):
-                problems.append(f"{where}.{key}: unknown key (keys are id, gpu, port)")
+            if key not in ("id", "gpu", "port", "actuator"):
+                problems.append(f"{where}.{key}: unknown key (keys are id, gpu, port, actuator)")
         mid = m.get("id")
         gpu = m.get("gpu")
         port = m.get("port")
@@ -207,7 +239,15 @@ def parse(data: dict, path: str = "<config>") -> BridgeConfig:
             problems.append(f"{where}.port: must be a device path, got {port!r}")
         if mid is None and port is None:
             problems.append(f"{where}: needs an id or a port to know which module it is")
-        cfg.modules.append(ModuleMapping(mid, gpu, port))
+        actuator = m.get("actuator")
+        if actuator is not None and actuator not in ACTUATORS:
+            problems.append(f"{where}.actuator: must be one of {', '.join(ACTUATORS)}, "
+                            f"got {actuator!r}")  # fmt: skip
+            actuator = None
+        if actuator is not None and gpu is None:
+            problems.append(f"{where}.actuator: needs the module's gpu (the actuator acts "
+                            "on a GPU; [bridge] actuator sets it for every GPU)")  # fmt: skip
+        cfg.modules.append(ModuleMapping(mid, gpu, port, actuator))
     if problems:
         raise ConfigFileError(path, problems)
     return cfg

@@ -1,1 +1,266 @@
-"""The GPU side of a decision: power-limit writes, their journal, one owner per GPU."""
+"""The GPU side of a decision: power-limit writes and locked clocks, their journals, one
+owner per GPU.
+
+Every actuator satisfies :class:`Actuator` (the bridge sees nothing else), and
+:func:`make_actuator` is the one place one is built for a GPU from the config:
+
+    lim = make_actuator("clocks", backend, uuid, journal=LimitJournal(state_dir))
+    lim.start()                                    # journaled originals restored first
+    if lim.wants(d.level, d.target_limit_w):
+        lim.apply(d.target_limit_w, "fan_stall", d.values, level=d.level)
+    else:
+        lim.restore("all clear")
+
+``actuator`` per GPU (config ``[bridge] actuator``, ``[[module]] actuator``): ``power``
+(the power limit), ``clocks`` (a locked max graphics clock) or ``both``. With
+``fallback`` (the default) the other one stands in when the chosen one is refused
+(NotSupported: consumer cards cannot set a power limit; NoPermission; a failed
+start), with one alert per episode (docs/bridge.md, "Locked clocks").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Protocol
+
+from modbridge.actuator.clocks import ClockFractions, ClockLocker, restore_journaled_clocks
+from modbridge.actuator.journal import ClockJournal, LimitJournal
+from modbridge.actuator.power import (
+    BACKOFF_MAX_S,
+    ApplyResult,
+    PowerLimiter,
+)
+from modbridge.actuator.power import restore_journaled as restore_journaled_limits
+from modbridge.gpu.base import GpuError
+
+_log = logging.getLogger(__name__)
+
+ACTUATORS = ("power", "clocks", "both")
+_FAILED = ("refused", "failed")
+# While the secondary stands in, the primary is tried again after this, doubling up to
+# BACKOFF_MAX_S (the secondary protects the GPU meanwhile: no need to hammer a refusal).
+FALLBACK_RETRY_S = 30.0
+
+
+class Actuator(Protocol):
+    """What the bridge needs of one GPU's actuator (PowerLimiter, ClockLocker, Combined)."""
+
+    uuid: str
+    dry_run: bool
+    on_exit: str
+    original_w: float | None
+    actions_total: Counter
+    refused_total: int
+
+    @property
+    def holding(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def observe(self, sample) -> None: ...
+
+    def wants(self, level: int, target_w: float | None) -> bool: ...
+
+    def apply(self, target_w, reason: str, values: dict | None = None,
+              level: int | None = None) -> ApplyResult: ...  # fmt: skip
+
+    def restore(self, reason: str = "restore", force: bool = False) -> ApplyResult | None: ...
+
+    def close(self, reason: str = "exit") -> ApplyResult | None: ...
+
+
+class Combined:
+    """Two actuators on one GPU: ``mode="both"`` drives both on every decision;
+    ``mode="fallback"`` drives the primary and, while it is refused (or cannot start),
+    the secondary instead: one ``fallback`` alert when an episode begins, one
+    ``fallback_end`` event when the primary works again (it is retried after 30 s,
+    doubling to 5 min; the secondary's hold is then restored). Attributes it does not
+    have (``current_w``, ``min_w``...) are the primary's."""
+
+    def __init__(self, primary, secondary, mode="fallback", log=None, monotonic=time.monotonic,
+                 backoff_first_s=FALLBACK_RETRY_S, backoff_max_s=BACKOFF_MAX_S):  # fmt: skip
+        if mode not in ("fallback", "both"):
+            raise ValueError(f"mode must be fallback or both, got {mode!r}")
+        self.primary, self.secondary, self.mode = primary, secondary, mode
+        self.members = (primary, secondary)
+        self._emit = log
+        self._mono = monotonic
+        self.backoff_first_s, self.backoff_max_s = backoff_first_s, backoff_max_s
+        self.fallen = False  # in a fallback episode: the secondary acts
+        self.episodes = 0
+        self._retry_at: float | None = None
+        self._delay = 0.0
+        self._started: dict[int, bool] = {}
+
+    def __getattr__(self, name):
+        if name in ("primary", "secondary", "members"):
+            raise AttributeError(name)
+        return getattr(self.primary, name)
+
+    @property
+    def holding(self) -> bool:
+        return any(m.holding for m in self.members)
+
+    @property
+    def original_w(self):
+        for m in self.members:
+            if isinstance(m, PowerLimiter):
+                return m.original_w
+        return None
+
+    @property
+    def actions_total(self) -> Counter:
+        return self.primary.actions_total + self.secondary.actions_total
+
+    @property
+    def refused_total(self) -> int:
+        return self.primary.refused_total + self.secondary.refused_total
+
+    def _event(self, level, action, message, **fields):
+        (_log.warning if level == "alert" else _log.info)("%s: %s", self.primary.uuid, message)
+        if self._emit is None:
+            return
+        fields = {"gpu_uuid": self.primary.uuid, "level": level, "action": action,
+                  "message": message, **fields}  # fmt: skip
+        try:
+            if hasattr(self._emit, "write"):
+                self._emit.write("actuator", **fields)
+            else:
+                self._emit({"event": "actuator", **fields})
+        except Exception:  # noqa: BLE001 - a broken sink must not stop the actuator
+            _log.exception("actuator event sink failed")
+
+    def _start(self, m) -> bool:
+        try:
+            m.start()
+        except GpuError as e:
+            self._started[id(m)] = False
+            _log.info("%s: %s actuator unavailable: %s", m.uuid, type(m).__name__, e)
+            return False
+        self._started[id(m)] = True
+        return True
+
+    def start(self) -> None:
+        """Start both (each restores what its journal holds). Raises the primary's
+        GpuError only when neither can start."""
+        errors = []
+        for m in self.members:
+            try:
+                m.start()
+                self._started[id(m)] = True
+            except GpuError as e:
+                self._started[id(m)] = False
+                errors.append(e)
+        if len(errors) == 2:
+            raise errors[0]
+        if self.mode == "fallback" and not self._started[id(self.primary)]:
+            self._fall(f"cannot start: {errors[0]}")
+
+    def _fall(self, why: str) -> None:
+        self._delay = self.backoff_first_s if not self.fallen else min(
+            self.backoff_max_s, self._delay * 2)  # fmt: skip
+        self._retry_at = self._mono() + self._delay
+        if not self.fallen:
+            self.fallen = True
+            self.episodes += 1
+            stands_in = self._started.get(id(self.secondary)) or self._start(self.secondary)
+            other = type(self.secondary).__name__
+            self._event("alert", "fallback",
+                        f"{type(self.primary).__name__} {why}; "
+                        + (f"{other} acts instead" if stands_in else f"{other} cannot stand in")
+                        + f" (the primary is tried again after {self._delay:g} s, doubling; "
+                        "one alert per episode)", stands_in=bool(stands_in),
+                        primary=type(self.primary).__name__,
+                        secondary=type(self.secondary).__name__)  # fmt: skip
+
+    def observe(self, sample) -> None:
+        for m in self.members:
+            if self._started.get(id(m)):
+                m.observe(sample)
+
+    def wants(self, level, target_w) -> bool:
+        return any(m.wants(level, target_w) for m in self.members)
+
+    def _member_apply(self, m, target_w, reason, values, level):
+        if not self._started.get(id(m)) and not self._start(m):
+            return ApplyResult(None, None, None, False, "cannot start", "failed")
+        if m.wants(level, target_w):
+            return m.apply(target_w, reason, values, level=level)
+        return m.restore(reason) or ApplyResult(None, None, None, False)
+
+    def apply(self, target_w, reason, values=None, level=None) -> ApplyResult:
+        if self.mode == "both":
+            results = [self._member_apply(m, target_w, reason, values, level)
+                       for m in self.members]  # fmt: skip
+            return next((r for r in results if r.wrote), results[0])
+        if self.fallen and self._retry_at is not None and self._mono() < self._retry_at:
+            return self._member_apply(self.secondary, target_w, reason, values, level)
+        res = self._member_apply(self.primary, target_w, reason, values, level)
+        if res.action in _FAILED or (res.action == "backoff" and self.fallen):
+            self._fall(f"{res.action}: {res.error}")
+            return self._member_apply(self.secondary, target_w, reason, values, level)
+        if self.fallen:
+            self.fallen = False
+            self._retry_at, self._delay = None, 0.0
+            self.secondary.restore("fallback over: the primary actuator works again")
+            self._event("info", "fallback_end",
+                        f"{type(self.primary).__name__} works again: "
+                        f"{type(self.secondary).__name__} released")  # fmt: skip
+        return res
+
+    def restore(self, reason="restore", force=False):
+        results = [m.restore(reason, force=force) for m in self.members
+                   if self._started.get(id(m))]  # fmt: skip
+        return next((r for r in results if r is not None and r.error), None) or next(
+            (r for r in results if r is not None), None)  # fmt: skip
+
+    def close(self, reason="exit"):
+        results = [m.close(reason) for m in self.members if self._started.get(id(m))]
+        return next((r for r in results if r is not None and r.error), None) or next(
+            (r for r in results if r is not None), None)  # fmt: skip
+
+    def counters(self) -> dict:
+        return {**self.primary.counters(), "fallen_back": self.fallen,
+                "fallback_episodes": self.episodes,
+                "secondary": self.secondary.counters()}  # fmt: skip
+
+
+def make_actuator(kind: str, backend, uuid: str, *, fallback: bool = True, dry_run=False,
+                  on_exit="restore", log=None, journal: LimitJournal | None = None,
+                  monotonic=time.monotonic, fractions: ClockFractions | None = None):  # fmt: skip
+    """The actuator for one GPU: ``kind`` in ACTUATORS; ``journal`` the power-limit
+    journal (the clock journal lives beside it, in the same state directory)."""
+    if kind not in ACTUATORS:
+        raise ValueError(f"actuator must be one of {', '.join(ACTUATORS)}, got {kind!r}")
+    common = {"dry_run": dry_run, "on_exit": on_exit, "log": log, "monotonic": monotonic}
+    power = PowerLimiter(backend, uuid, journal=journal, **common)
+    clocks = ClockLocker(backend, uuid, fractions=fractions,
+                         journal=None if journal is None else ClockJournal(journal.state_dir),
+                         **common)  # fmt: skip
+    if kind == "both":
+        return Combined(power, clocks, "both", log=log, monotonic=monotonic)
+    primary, secondary = (power, clocks) if kind == "power" else (clocks, power)
+    if not fallback:
+        return primary
+    return Combined(primary, secondary, "fallback", log=log, monotonic=monotonic)
+
+
+def restore_journaled(backend, state_dir, dry_run=False, log=None) -> list[dict]:
+    """``modbridge restore``: every journaled power limit, then every journaled clock
+    lock, back to its original (rows of both, see the two functions)."""
+    return (restore_journaled_limits(backend, state_dir, dry_run=dry_run, log=log)
+            + restore_journaled_clocks(backend, state_dir, dry_run=dry_run, log=log))  # fmt: skip
+
+
+__all__ = [
+    "ACTUATORS",
+    "Actuator",
+    "ClockFractions",
+    "ClockLocker",
+    "Combined",
+    "PowerLimiter",
+    "make_actuator",
+    "restore_journaled",
+]

@@ -6,6 +6,10 @@
     journal.clear(uuid)                     # once the original is read back as enforced
     journal.entries()                       # every journaled GPU (``modbridge restore``)
 
+The locked-clocks actuator (:mod:`modbridge.actuator.clocks`) keeps its originals the
+same way in ``clocks/<uuid>.json`` (:class:`ClockJournal`): ``"original": null`` for
+"unlocked" or ``[min, max]`` MHz for an operator's lock.
+
 One JSON file per GPU UUID, ``limits/<uuid>.json``::
 
     {"version": 1, "uuid": "GPU-...", "original_w": 700.0, "intended_w": 490.0,
@@ -151,16 +155,20 @@ def parse_entry(uuid: str, raw: bytes) -> tuple[JournalEntry | None, str | None]
     )
 
 
-class LimitJournal:
-    """The journal under ``state_dir``/limits. See the module docstring."""
+class _JournalDir:
+    """One JSON file per GPU under ``state_dir``/``subdir``: atomic writes, checked reads
+    (an unusable file is set aside as ``.bad``), clear, list."""
+
+    subdir = _SUBDIR
+    what = "original power limit"
 
     def __init__(self, state_dir, clock=time.time):
         self.state_dir = Path(state_dir)
-        self.dir = self.state_dir / _SUBDIR
+        self.dir = self.state_dir / self.subdir
         self._clock = clock
         self._ready = False
 
-    def ensure(self) -> LimitJournal:
+    def ensure(self):
         """Create the directories (0700) and check they are writable (JournalError)."""
         if not self._ready:
             ensure_dir(self.state_dir)
@@ -171,22 +179,22 @@ class LimitJournal:
     def path(self, uuid: str) -> Path:
         return self.dir / f"{file_name(uuid)}.json"
 
-    def record(self, uuid: str, original_w: float, intended_w: float | None) -> JournalEntry:
-        """Journal ``original_w`` (and the limit about to be written), fsync'd.
-        Raises JournalError: the caller must then not write the limit."""
-        entry = JournalEntry(uuid, float(original_w), intended_w, self._clock(), os.getpid())
+    def _write(self, uuid: str, entry):
         try:
             self.ensure()
             data = json.dumps(entry.as_dict(), sort_keys=True).encode() + b"\n"
             atomic_write(self.path(uuid), data)
         except OSError as e:
             raise JournalError(
-                f"cannot journal the original power limit of {uuid} in {self.dir}: "
-                f"{e.strerror or e}"
+                f"cannot journal the {self.what} of {uuid} in {self.dir}: {e.strerror or e}"
             ) from e
         return entry
 
-    def read(self, uuid: str, quarantine=True) -> tuple[JournalEntry | None, str | None]:
+    @staticmethod
+    def _parse(uuid: str, raw: bytes):
+        return parse_entry(uuid, raw)
+
+    def read(self, uuid: str, quarantine=True) -> tuple:
         """``(entry, None)``, ``(None, None)`` (no entry) or ``(None, problem)``: a file
         that cannot be used, set aside as ``.bad`` (``quarantine``) so it is reported once."""
         path = self.path(uuid)
@@ -200,7 +208,7 @@ class LimitJournal:
             raw = os.read(fd, 65536)
         finally:
             os.close(fd)
-        entry, problem = parse_entry(uuid, raw)
+        entry, problem = self._parse(uuid, raw)
         if problem is not None:
             problem = f"{path}: {problem}"
             try:
@@ -230,3 +238,97 @@ class LimitJournal:
         except OSError as e:
             raise JournalError(f"cannot list the journal {self.dir}: {e.strerror or e}") from e
         return [n[: -len(".json")] for n in names if n.endswith(".json") and not n.startswith(".")]
+
+
+class LimitJournal(_JournalDir):
+    """The journal of original power limits under ``state_dir``/limits (module docstring)."""
+
+    def record(self, uuid: str, original_w: float, intended_w: float | None) -> JournalEntry:
+        """Journal ``original_w`` (and the limit about to be written), fsync'd.
+        Raises JournalError: the caller must then not write the limit."""
+        entry = JournalEntry(uuid, float(original_w), intended_w, self._clock(), os.getpid())
+        return self._write(uuid, entry)
+
+
+# ----------------------------------------------------------------------------- clocks
+
+
+@dataclass(frozen=True)
+class ClockEntry:
+    """One GPU's journaled clock lock: ``original`` is the ``(min, max)`` lock found
+    before the first write (an operator's), None for "unlocked" (the default); the
+    lock about to be written is ``intended_max_mhz``."""
+
+    uuid: str
+    original: tuple[int, int] | None
+    intended_max_mhz: int | None
+    time: float
+    pid: int
+
+    def as_dict(self) -> dict:
+        return {
+            "version": VERSION,
+            "kind": "clocks",
+            "uuid": self.uuid,
+            "original": None if self.original is None else list(self.original),
+            "intended_max_mhz": self.intended_max_mhz,
+            "time": self.time,
+            "pid": self.pid,
+        }
+
+
+def _mhz(value) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 < value < 100_000 else None
+
+
+def parse_clock_entry(uuid: str, raw: bytes) -> tuple[ClockEntry | None, str | None]:
+    """A clock entry from a file's bytes, or None and why it cannot be used."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        return None, f"not JSON ({e.__class__.__name__}: {str(e)[:80]})"
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+    if data.get("version") != VERSION or data.get("kind") != "clocks":
+        return None, f"not a version {VERSION} clocks entry"
+    if data.get("uuid") != uuid:
+        return None, f"names another GPU ({str(data.get('uuid'))[:64]!r})"
+    original = data.get("original")
+    if original is not None:
+        pair = original if isinstance(original, list) and len(original) == 2 else [None, None]
+        lo, hi = _mhz(pair[0]), _mhz(pair[1])
+        if lo is None or hi is None or lo > hi:
+            return None, f"original is not a clock lock in MHz ({str(original)[:40]!r})"
+        original = (lo, hi)
+    ts, pid = data.get("time"), data.get("pid")
+    return (
+        ClockEntry(
+            uuid=uuid,
+            original=original,
+            intended_max_mhz=_mhz(data.get("intended_max_mhz")),
+            time=float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else 0.0,
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
+        ),
+        None,
+    )
+
+
+class ClockJournal(_JournalDir):
+    """The journal of original clock locks under ``state_dir``/clocks: the same
+    transactions as :class:`LimitJournal` (one fsync'd file per GPU)."""
+
+    subdir = "clocks"
+    what = "original clock lock"
+
+    def record(self, uuid: str, original: tuple[int, int] | None,
+               intended_max_mhz: int | None) -> ClockEntry:  # fmt: skip
+        """Journal the original lock (None: unlocked) before a lock is written."""
+        entry = ClockEntry(uuid, None if original is None else tuple(original),
+                           intended_max_mhz, self._clock(), os.getpid())  # fmt: skip
+        return self._write(uuid, entry)
+
+    @staticmethod
+    def _parse(uuid: str, raw: bytes):
+        return parse_clock_entry(uuid, raw)

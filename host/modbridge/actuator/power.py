@@ -77,22 +77,17 @@ class ApplyResult:
     action: str = "skip"
 
 
-class PowerLimiter:
-    """Owns one GPU's power limit. See the module docstring."""
+class ActuatorBase:
+    """What every actuator (power limit, locked clocks) shares: identity, dry run and
+    ``on_exit``, the event sink, refusal back-off with one alert per episode, and the
+    counters the bridge reads. ``EVENT`` is the event-log kind, ``WHAT`` the word in
+    messages."""
 
-    def __init__(
-        self,
-        backend: GpuBackend,
-        uuid: str,
-        dry_run=False,
-        on_exit="restore",
-        log=None,
-        clock=time.time,
-        journal: LimitJournal | None = None,
-        monotonic=time.monotonic,
-        backoff_first_s: float = BACKOFF_FIRST_S,
-        backoff_max_s: float = BACKOFF_MAX_S,
-    ):
+    EVENT = "power_limit"
+    WHAT = "power-limit"
+
+    def __init__(self, backend, uuid, dry_run, on_exit, log, clock, monotonic,
+                 backoff_first_s, backoff_max_s):  # fmt: skip
         if on_exit not in ON_EXIT:
             raise ValueError(f"on_exit must be one of {ON_EXIT}, got {on_exit!r}")
         self.backend = backend
@@ -101,7 +96,6 @@ class PowerLimiter:
         self.on_exit = on_exit
         self._emit = log
         self._clock = clock
-        self.journal = journal
         self._mono = monotonic
         self.backoff_first_s = backoff_first_s
         self.backoff_max_s = backoff_max_s
@@ -110,19 +104,16 @@ class PowerLimiter:
         self.episode_refusals = 0  # refusals in the current episode
         self.external_changes = 0
         self._lock = threading.RLock()  # the signal handler may restore mid-apply
-        self.original_w: float | None = None
-        self.min_w: float | None = None
-        self.max_w: float | None = None
-        self.default_w: float | None = None
-        self.current_w: float | None = None  # the enforced limit, as last read
         self.last_write_ts: float | None = None  # wall clock of the last successful write
         self.actions_total: Counter = Counter()
         self.refused_total = 0
-        self._touched = False  # we hold a limit below the original
-        self._dry_target_w: float | None = None
+        self._touched = False  # we hold a setting below the original
         self._closed = False
 
-    # ------------------------------------------------------------------ events
+    @property
+    def holding(self) -> bool:
+        """A setting of ours below the original is in force (or was, in a dry run)."""
+        return self._touched
 
     def _event(self, level, action, reason, message, **numbers):
         fields = {
@@ -139,11 +130,113 @@ class PowerLimiter:
             return
         try:
             if hasattr(self._emit, "write"):  # an eventlog.EventLog
-                self._emit.write("power_limit", **fields)
+                self._emit.write(self.EVENT, **fields)
             else:
-                self._emit({"event": "power_limit", **fields})
+                self._emit({"event": self.EVENT, **fields})
         except Exception:  # noqa: BLE001 - a broken sink must not stop the actuator
-            _log.exception("power-limit event sink failed")
+            _log.exception("%s event sink failed", self.WHAT)
+
+    def _in_backoff(self) -> bool:
+        return self._retry_at is not None and self._mono() < self._retry_at
+
+    def _refused_backoff(self) -> bool:
+        """Count a refusal and push the next try out; True for an episode's first."""
+        first = self.episode_refusals == 0
+        self.episode_refusals += 1
+        self.backoff_s = (
+            self.backoff_first_s if first else min(self.backoff_max_s, self.backoff_s * 2)
+        )
+        self._retry_at = self._mono() + self.backoff_s
+        return first
+
+    def _refused(self, err, reason, what, **numbers) -> None:
+        """A refused write: counted, backed off, alerted once per episode."""
+        self.refused_total += 1
+        self.actions_total["refused"] += 1
+        if self._refused_backoff():
+            self._event(
+                "alert",
+                "refused",
+                reason,
+                f"{what} refused ({reason}): {err}; retrying after {self.backoff_s:g} s, "
+                f"doubling up to {self.backoff_max_s:g} s (one alert per episode)",
+                backoff_s=self.backoff_s,
+                not_supported=bool(getattr(err, "not_supported", False)),
+                **numbers,
+            )
+        else:
+            _log.debug("%s: refused again (%d in this episode, next try in %g s)",
+                       self.uuid, self.episode_refusals, self.backoff_s)  # fmt: skip
+
+    def _end_episode(self, reason) -> None:
+        if self.episode_refusals:
+            self._event(
+                "info",
+                "recovered",
+                reason,
+                f"{self.WHAT} writes work again after {self.episode_refusals} refusal(s)",
+                refusals=self.episode_refusals,
+            )
+        self.episode_refusals = 0
+        self.backoff_s = 0.0
+        self._retry_at = None
+
+    def close(self, reason: str = "exit"):
+        """Obey ``on_exit``: restore the original, or keep the current setting."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = True
+            if self.on_exit == "restore":
+                return self.restore(reason, force=True)
+            if self._touched:
+                self._event("info", "keep", reason, self._keep_message(),
+                            **self._keep_numbers())  # fmt: skip
+            return None
+
+    def restore(self, reason: str = "restore", force=False):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _keep_message(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _keep_numbers(self) -> dict:
+        return {}
+
+
+class PowerLimiter(ActuatorBase):
+    """Owns one GPU's power limit. See the module docstring."""
+
+    EVENT = "power_limit"
+    WHAT = "power-limit"
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        uuid: str,
+        dry_run=False,
+        on_exit="restore",
+        log=None,
+        clock=time.time,
+        journal: LimitJournal | None = None,
+        monotonic=time.monotonic,
+        backoff_first_s: float = BACKOFF_FIRST_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+    ):
+        super().__init__(backend, uuid, dry_run, on_exit, log, clock, monotonic,
+                         backoff_first_s, backoff_max_s)  # fmt: skip
+        self.journal = journal
+        self.original_w: float | None = None
+        self.min_w: float | None = None
+        self.max_w: float | None = None
+        self.default_w: float | None = None
+        self.current_w: float | None = None  # the enforced limit, as last read
+        self._dry_target_w: float | None = None
+
+    def wants(self, level: int, target_w: float | None) -> bool:
+        """Does this decision ask for a lower limit (else: restore)? The power limiter
+        follows the policy's target in W."""
+        return target_w is not None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -263,11 +356,6 @@ class PowerLimiter:
             watts = self.max_w
         return watts
 
-    @property
-    def holding(self) -> bool:
-        """A limit of ours below the original is in force (or was, in a dry run)."""
-        return self._touched
-
     def observe(self, sample: GpuSample | None) -> None:
         """Compare a fresh reading with what we believe; adopt an external change.
 
@@ -331,13 +419,15 @@ class PowerLimiter:
         return None
 
     def _backing_off(self, requested, clamped) -> ApplyResult | None:
-        if self._retry_at is not None and self._mono() < self._retry_at:
+        if self._in_backoff():
             return ApplyResult(requested, clamped, self.current_w, False, None, "backoff")
         return None
 
-    def apply(self, target_w: float, reason: str, values: dict | None = None) -> ApplyResult:
+    def apply(self, target_w: float, reason: str, values: dict | None = None,
+              level: int | None = None) -> ApplyResult:  # fmt: skip
         """Set the limit to ``target_w`` (clamped to the constraints, never above the
-        original). Never raises a GpuError."""
+        original). Never raises a GpuError. ``level`` (the policy's) is for actuators
+        that follow levels (the clocks); the limit follows the watts."""
         with self._lock:
             if self.original_w is None:
                 try:
@@ -379,25 +469,12 @@ class PowerLimiter:
                 self._touched = False
             return result
 
-    def close(self, reason: str = "exit") -> ApplyResult | None:
-        """Obey ``on_exit``: restore the original limit, or keep the current one."""
-        with self._lock:
-            if self._closed:
-                return None
-            self._closed = True
-            if self.on_exit == "restore":
-                return self.restore(reason, force=True)
-            if self._touched:
-                self._event(
-                    "info",
-                    "keep",
-                    reason,
-                    f"keeping the power limit at {self.current_w} W (on_exit=keep; the "
-                    "journal keeps the original for the next start or `modbridge restore`)",
-                    current_w=self.current_w,
-                    original_w=self.original_w,
-                )
-            return None
+    def _keep_message(self) -> str:
+        return (f"keeping the power limit at {self.current_w} W (on_exit=keep; the journal "
+                "keeps the original for the next start or `modbridge restore`)")  # fmt: skip
+
+    def _keep_numbers(self) -> dict:
+        return {"current_w": self.current_w, "original_w": self.original_w}
 
     # ------------------------------------------------------------------ the write
 
@@ -432,26 +509,10 @@ class PowerLimiter:
         try:
             enforced = self.backend.set_power_limit_w(self.uuid, clamped)
         except (PowerLimitRefused, GpuNoPermission) as e:
-            self.refused_total += 1
-            self.actions_total["refused"] += 1
             if isinstance(e, PowerLimitRefused) and e.enforced_w is not None:
                 self.current_w = e.enforced_w
                 self._touched = e.enforced_w < self.original_w - SKIP_BAND_W
-            first = self._refused_backoff()
-            if first:
-                self._event(
-                    "alert",
-                    "refused",
-                    reason,
-                    f"power limit {clamped:g} W refused ({reason}): {e}; retrying after "
-                    f"{self.backoff_s:g} s, doubling up to {self.backoff_max_s:g} s "
-                    "(one alert per episode)",
-                    backoff_s=self.backoff_s,
-                    **numbers,
-                )
-            else:
-                _log.debug("%s: refused again (%d in this episode, next try in %g s)",
-                           self.uuid, self.episode_refusals, self.backoff_s)  # fmt: skip
+            self._refused(e, reason, f"power limit {clamped:g} W", **numbers)
             return ApplyResult(requested, clamped, self.current_w, False, str(e), "refused")
         except GpuError as e:
             return self._failed(requested, clamped, reason, e, values)
@@ -471,29 +532,6 @@ class PowerLimiter:
             **numbers,
         )
         return ApplyResult(requested, clamped, enforced, True, None, action)
-
-    def _refused_backoff(self) -> bool:
-        """Count a refusal and push the next try out; True for an episode's first."""
-        first = self.episode_refusals == 0
-        self.episode_refusals += 1
-        self.backoff_s = (
-            self.backoff_first_s if first else min(self.backoff_max_s, self.backoff_s * 2)
-        )
-        self._retry_at = self._mono() + self.backoff_s
-        return first
-
-    def _end_episode(self, reason) -> None:
-        if self.episode_refusals:
-            self._event(
-                "info",
-                "recovered",
-                reason,
-                f"power-limit writes work again after {self.episode_refusals} refusal(s)",
-                refusals=self.episode_refusals,
-            )
-        self.episode_refusals = 0
-        self.backoff_s = 0.0
-        self._retry_at = None
 
     def _failed(self, requested, clamped, reason, err, values) -> ApplyResult:
         self.actions_total["failed"] += 1

@@ -475,14 +475,15 @@ def monitor_cmd(ports, backend, config_path, interval, count, **sim):
 @click.option("--dry-run", is_flag=True, help="Say what would be restored, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per journaled GPU.")
 def restore_cmd(state_dir, backend, config_path, dry_run, as_json):
-    """Put every journaled GPU back to its original power limit, without the loop.
+    """Put every journaled GPU back to its original power limit and clock lock (an
+    unusable clock entry: unlocked), without the loop.
 
     Exit 0 when every GPU is at its original (or would be, with --dry-run), 1 if a
     restore was refused (or a GPU is owned by a running bridge, missing, or its
     journal entry unusable), 3 without a GPU backend.
     """
+    from modbridge.actuator import restore_journaled
     from modbridge.actuator.journal import JournalError, default_state_dir
-    from modbridge.actuator.power import restore_journaled
 
     cfg = _load_config(config_path)
     kind = backend or cfg.backend

@@ -1,0 +1,377 @@
+"""The locked-clocks actuator (modbridge.actuator.clocks) and the fallback between power
+limits and clocks (modbridge.actuator.Combined), against the virtual GPU (which reads
+its lock back) and the fake NVML (which, like NVML, cannot)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from modbridge.actuator import Combined, make_actuator, restore_journaled
+from modbridge.actuator.clocks import ClockFractions, ClockLocker
+from modbridge.actuator.journal import ClockJournal, LimitJournal
+from modbridge.actuator.power import PowerLimiter
+from modbridge.gpu.base import ClocksRefused, GpuNoPermission, PowerLimitRefused
+from modbridge.gpu.fake_nvml import FakeNvml
+from modbridge.gpu.nvml import NvmlBackend
+from modbridge.gpu.virtual import VirtualBackend
+from modbridge.sim import World, load_params
+
+WARN, CRITICAL, NORMAL = 1, 2, 0
+WARN_MHZ, CRITICAL_MHZ = 1575, 990  # 0.8 / 0.5 x 1980 snapped to the 15 MHz grid
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def virtual():
+    w = World(load_params("default").override({"adc.noise_lsb": 0.0}), seed=0, profile="idle")
+    return w.gpu, VirtualBackend([w.gpu])
+
+
+def locker(backend, uuid, tmp_path=None, **kw):
+    journal = ClockJournal(tmp_path / "state") if tmp_path is not None else None
+    events = []
+    lim = ClockLocker(backend, uuid, journal=journal, log=events.append, **kw)
+    return lim, events
+
+
+def acts(events, action=None):
+    return [e for e in events if action is None or e["action"] == action]
+
+
+# ----------------------------------------------------------------------------- mapping
+
+
+def test_levels_map_to_documented_fractions_of_the_max_clock(tmp_path):
+    gpu, b = virtual()
+    lim, _ = locker(b, gpu.uuid, tmp_path)
+    lim.start()
+    assert lim.target_mhz(NORMAL) is None
+    assert lim.target_mhz(WARN) == WARN_MHZ
+    assert lim.target_mhz(CRITICAL) == CRITICAL_MHZ
+    assert lim.target_mhz(NORMAL, target_w=550.0) == WARN_MHZ  # the PSU guard: WARN's clock
+    assert lim.wants(WARN, None) and not lim.wants(NORMAL, None)
+    with pytest.raises(ValueError):
+        ClockFractions(warn_fraction=0.5, critical_fraction=0.6)
+
+
+def test_lock_journaled_before_the_write_and_restored(tmp_path):
+    gpu, b = virtual()
+    lim, events = locker(b, gpu.uuid, tmp_path)
+    lim.start()
+    journal = ClockJournal(tmp_path / "state")
+    seen = []
+    real = b.set_locked_clocks_mhz
+
+    def spy(uuid, lo, hi):
+        entry, problem = journal.read(uuid, quarantine=False)
+        seen.append((entry.original, entry.intended_max_mhz, problem))
+        return real(uuid, lo, hi)
+
+    b.set_locked_clocks_mhz = spy
+    res = lim.apply(None, "fan_stall", level=WARN)
+    assert res.action == "lower" and gpu.locked_clocks_mhz() == (345, WARN_MHZ)
+    assert seen == [(None, WARN_MHZ, None)]  # on disk before the driver saw it
+    assert lim.holding
+    assert lim.apply(None, "fan_stall", level=WARN).action == "skip"
+    assert lim.apply(None, "both_fans_stalled", level=CRITICAL).action == "lower"
+    assert gpu.locked_clocks_mhz() == (345, CRITICAL_MHZ)
+    assert lim.restore("clear").action == "restore"
+    assert gpu.locked_clocks_mhz() is None and not lim.holding
+    assert journal.uuids() == []  # cleared once the original is back
+    assert lim.restore("again") is None  # idempotent
+    assert [e["action"] for e in events] == ["lower", "lower", "restore"]
+    assert all(e["event"] == "clocks" for e in events)
+
+
+def test_no_journal_no_write(tmp_path):
+    gpu, b = virtual()
+    blocker = tmp_path / "state"
+    blocker.write_text("a file, not a directory")
+    lim = ClockLocker(b, gpu.uuid, journal=ClockJournal(blocker))
+    lim.start()
+    res = lim.apply(None, "fan_stall", level=WARN)
+    assert res.action == "failed" and gpu.locked_clocks_mhz() is None and gpu.lock_writes == 0
+
+
+def test_dry_run_writes_nothing_not_even_the_journal(tmp_path):
+    gpu, b = virtual()
+    lim, events = locker(b, gpu.uuid, tmp_path, dry_run=True)
+    lim.start()
+    assert lim.apply(None, "fan_stall", level=WARN).action == "dry_run"
+    assert lim.apply(None, "fan_stall", level=WARN).action == "skip"
+    assert lim.restore("clear").action == "dry_run"
+    assert gpu.lock_writes == 0 and not (tmp_path / "state").exists()
+    assert [e["action"] for e in events] == ["dry_run", "dry_run"]
+    assert "would set clocks lower: 345..1575 MHz" in events[0]["message"]
+
+
+def test_an_operators_lock_is_the_original_and_never_raised(tmp_path):
+    gpu, b = virtual()
+    gpu.set_locked_clocks_mhz(345, 1200)  # nvidia-smi -lgc 345,1200 before the bridge
+    lim, events = locker(b, gpu.uuid, tmp_path)
+    lim.start()
+    assert lim.original == (345, 1200) and not lim.holding
+    assert "kept as the original" in acts(events, "start")[0]["message"]
+    assert lim.apply(None, "fan_stall", level=WARN).action == "skip"  # 1575 > 1200: nothing
+    assert gpu.locked_clocks_mhz() == (345, 1200)
+    lim.apply(None, "stall", level=CRITICAL)
+    assert gpu.locked_clocks_mhz() == (345, CRITICAL_MHZ)
+    lim.close("exit")
+    assert gpu.locked_clocks_mhz() == (345, 1200)  # the operator's lock, not "unlocked"
+
+
+def test_external_change_is_seen_and_the_hold_written_again(tmp_path):
+    gpu, b = virtual()
+    lim, events = locker(b, gpu.uuid, tmp_path)
+    lim.start()
+    lim.apply(None, "stall", level=WARN)
+    gpu.reset_locked_clocks()  # an operator: nvidia-smi -rgc
+    lim.observe(None)
+    ext = acts(events, "external")
+    assert len(ext) == 1 and ext[0]["level"] == "alert" and lim.holding
+    entry, _ = ClockJournal(tmp_path / "state").read(gpu.uuid)
+    assert entry.original is None and entry.intended_max_mhz == WARN_MHZ
+    assert lim.apply(None, "stall", level=WARN).action == "lower"  # the hold again
+    assert gpu.locked_clocks_mhz() == (345, WARN_MHZ)
+    gpu.set_locked_clocks_mhz(345, 900)  # the operator goes lower: theirs now
+    lim.observe(None)
+    assert not lim.holding and lim.original == (345, 900)
+    assert ClockJournal(tmp_path / "state").uuids() == []
+    lim.close()
+    assert gpu.locked_clocks_mhz() == (345, 900)
+
+
+# ----------------------------------------------------------------------------- NVML
+
+
+def test_nvml_lock_restore_and_an_external_reset_seen_by_the_clock(tmp_path):
+    nv = FakeNvml()
+    b = NvmlBackend(nvml=nv)
+    uuid = b.devices()[0].uuid
+    lim, events = locker(b, uuid, tmp_path)
+    lim.start()
+    assert lim.original is None  # NVML cannot read a lock: "unlocked"
+    lim.apply(None, "stall", level=WARN)
+    assert nv.devices[0].locked == (345, WARN_MHZ)
+    nv.devices[0].locked = None  # reset behind our back: the clock reads 1980 again
+    lim.observe(None)
+    assert len(acts(events, "external")) == 1 and lim.holding
+    lim.apply(None, "stall", level=WARN)
+    assert nv.devices[0].locked == (345, WARN_MHZ)
+    lim.close()
+    assert nv.devices[0].locked is None
+    calls = [w["call"] for w in nv.writes]
+    assert calls == ["nvmlDeviceSetGpuLockedClocks"] * 2 + ["nvmlDeviceResetGpuLockedClocks"]
+
+
+def test_refused_writes_back_off_with_one_alert_per_episode(tmp_path):
+    nv = FakeNvml()
+    b = NvmlBackend(nvml=nv)
+    uuid = b.devices()[0].uuid
+    clock = Clock()
+    lim, events = locker(b, uuid, tmp_path, monotonic=clock)
+    lim.start()
+    nv.read_only = True
+    tries = []
+    for _ in range(200):  # 200 s of decisions, one a second
+        tries.append(lim.apply(None, "stall", level=WARN).action)
+        clock.t += 1.0
+    assert tries.count("refused") == 8  # 1, 2, 4 ... 128 s apart
+    assert len(acts(events, "refused")) == 1  # one alert
+    nv.read_only = False
+    clock.t += 300
+    assert lim.apply(None, "stall", level=WARN).action == "lower"
+    assert len(acts(events, "recovered")) == 1 and lim.backoff_s == 0.0
+    assert lim.refused_total == 8
+
+
+def test_not_supported_is_a_refusal_flagged_not_supported(tmp_path):
+    nv = FakeNvml()
+    b = NvmlBackend(nvml=nv)
+    uuid = b.devices()[0].uuid
+    nv.fail("nvmlDeviceSetGpuLockedClocks", "NVMLError_NotSupported")
+    lim, events = locker(b, uuid, tmp_path)
+    lim.start()
+    assert lim.apply(None, "stall", level=WARN).action == "refused"
+    assert acts(events, "refused")[0]["not_supported"] is True
+    assert not lim.holding and lim.close() is None  # nothing of ours in force
+    # the entry written before the refused write stays: the next start puts the
+    # original back (a reset: harmless) and clears it
+    assert ClockJournal(tmp_path / "state").uuids() == [uuid]
+    nv.clear_failures()
+    again, _ = locker(b, uuid, tmp_path)
+    again.start()
+    assert ClockJournal(tmp_path / "state").uuids() == [] and nv.devices[0].locked is None
+
+
+# ----------------------------------------------------------------------------- crash safety
+
+
+def test_start_after_a_crash_puts_the_journaled_original_back(tmp_path):
+    gpu, b = virtual()
+    gpu.set_locked_clocks_mhz(345, 1800)  # the operator's
+    first, _ = locker(b, gpu.uuid, tmp_path)
+    first.start()
+    first.apply(None, "stall", level=CRITICAL)
+    assert gpu.locked_clocks_mhz() == (345, CRITICAL_MHZ)
+    del first  # SIGKILL: no close
+    second, events = locker(b, gpu.uuid, tmp_path)
+    second.start()
+    assert gpu.locked_clocks_mhz() == (345, 1800) and second.original == (345, 1800)
+    assert not second.holding and ClockJournal(tmp_path / "state").uuids() == []
+    assert acts(events, "start") and acts(events, "restore")
+
+
+def test_with_nvml_a_journaled_gpu_is_always_put_back_at_start(tmp_path):
+    nv = FakeNvml()
+    b = NvmlBackend(nvml=nv)
+    uuid = b.devices()[0].uuid
+    ClockJournal(tmp_path / "state").record(uuid, None, CRITICAL_MHZ)
+    nv.devices[0].locked = (345, CRITICAL_MHZ)  # what the dead run left
+    lim, _ = locker(b, uuid, tmp_path)
+    lim.start()
+    assert nv.devices[0].locked is None and not lim.holding
+
+
+JUNK = st.one_of(
+    st.binary(max_size=200),
+    st.builds(lambda d: json.dumps(d).encode(), st.dictionaries(
+        st.sampled_from(["version", "kind", "uuid", "original", "intended_max_mhz", "pid"]),
+        st.one_of(st.none(), st.integers(-5, 5000), st.text(max_size=8), st.booleans(),
+                  st.lists(st.integers(-5, 5000), max_size=3), st.floats()),
+        max_size=6)),
+)  # fmt: skip
+
+
+@given(raw=JUNK, left=st.one_of(st.none(), st.sampled_from(range(345, 1981, 15))),
+       uuid_ok=st.booleans())  # fmt: skip
+@settings(max_examples=300, deadline=None)
+def test_a_corrupt_or_foreign_journal_never_leaves_clocks_low_nor_above_defaults(
+    tmp_path_factory, raw, left, uuid_ok
+):
+    """Whatever bytes the journal holds and whatever lock a dead run left: after start
+    the clocks are unlocked or locked at the journal's original (checked), never lower;
+    nothing is above the default (unlocked), and the GPU's max never moves."""
+    tmp = tmp_path_factory.mktemp("j")
+    gpu, b = virtual()
+    if uuid_ok and raw.startswith(b"{"):
+        try:
+            d = json.loads(raw)
+            d["uuid"] = gpu.uuid
+            raw = json.dumps(d).encode()
+        except ValueError:
+            pass
+    journal = ClockJournal(tmp / "state").ensure()
+    journal.path(gpu.uuid).write_bytes(raw)
+    if left is not None:
+        gpu.set_locked_clocks_mhz(345, left)
+    entry, problem = ClockJournal(tmp / "state").read(gpu.uuid, quarantine=False)
+    lim = ClockLocker(b, gpu.uuid, journal=journal)
+    lim.start()
+    after = gpu.locked_clocks_mhz()
+    assert not lim.holding
+    if entry is None or entry.original is None or entry.original[1] >= 1980:
+        assert after is None  # unusable or "unlocked": the default
+    else:
+        assert after is not None and after[1] >= entry.original[1]
+        assert after[1] <= 1980 and after[0] <= after[1]
+    assert gpu.max_graphics_clock_mhz() == 1980
+
+
+# ----------------------------------------------------------------------------- fallback
+
+
+class NoPowerLimit(VirtualBackend):
+    """A consumer card: the power limit cannot be set (NVML NotSupported)."""
+
+    def set_power_limit_w(self, uuid, watts):
+        raise PowerLimitRefused("Not Supported (test)", requested_w=watts, not_supported=True)
+
+
+class NoClocks(VirtualBackend):
+    def set_locked_clocks_mhz(self, uuid, lo, hi):
+        raise GpuNoPermission("clocks: Insufficient Permissions (test)")
+
+
+def build(kind, backend_cls, tmp_path, **kw):
+    w = World(load_params("default").override({"adc.noise_lsb": 0.0}), seed=0, profile="idle")
+    b = backend_cls([w.gpu])
+    events = []
+    clock = Clock()
+    lim = make_actuator(kind, b, w.gpu.uuid, log=events.append, monotonic=clock,
+                        journal=LimitJournal(tmp_path / "state"), **kw)  # fmt: skip
+    lim.start()
+    return w.gpu, lim, events, clock
+
+
+def test_power_refused_falls_back_to_clocks_with_one_alert(tmp_path):
+    gpu, lim, events, clock = build("power", NoPowerLimit, tmp_path)
+    assert isinstance(lim, Combined) and isinstance(lim.primary, PowerLimiter)
+    for _ in range(20):
+        res = lim.apply(490.0, "fan_stall", level=WARN)
+        clock.t += 1.0
+    assert res.action == "skip" and gpu.locked_clocks_mhz() == (345, WARN_MHZ)
+    assert gpu.power_limit_w() == 700.0
+    fallbacks = [e for e in events if e["action"] == "fallback"]
+    assert len(fallbacks) == 1 and fallbacks[0]["stands_in"] is True
+    assert lim.holding and lim.fallen
+    lim.close()
+    assert gpu.locked_clocks_mhz() is None and not lim.holding
+
+
+def test_clocks_refused_falls_back_to_power_and_ends_when_clocks_work(tmp_path):
+    gpu, lim, events, clock = build("clocks", NoClocks, tmp_path)
+    res = lim.apply(490.0, "fan_stall", level=WARN)
+    assert res.action == "lower" and gpu.power_limit_w() == 490.0
+    assert gpu.locked_clocks_mhz() is None
+    lim.primary.backend.set_locked_clocks_mhz = VirtualBackend.set_locked_clocks_mhz.__get__(
+        lim.primary.backend)  # permission back  # fmt: skip
+    clock.t += 31.0  # the primary is tried again after 30 s
+    res = lim.apply(490.0, "fan_stall", level=WARN)
+    assert res.action == "lower" and gpu.locked_clocks_mhz() == (345, WARN_MHZ)
+    assert gpu.power_limit_w() == 700.0  # the stand-in released
+    assert [e["action"] for e in events if e["event"] == "actuator"] == [
+        "fallback", "fallback_end"]  # fmt: skip
+    assert lim.restore("clear").action == "restore" and gpu.locked_clocks_mhz() is None
+
+
+def test_both_drives_both_and_restores_both(tmp_path):
+    gpu, lim, _, _ = build("both", VirtualBackend, tmp_path)
+    lim.apply(490.0, "fan_stall", level=WARN)
+    assert gpu.power_limit_w() == 490.0 and gpu.locked_clocks_mhz() == (345, WARN_MHZ)
+    lim.close()
+    assert gpu.power_limit_w() == 700.0 and gpu.locked_clocks_mhz() is None
+
+
+def test_without_fallback_the_chosen_actuator_alone(tmp_path):
+    gpu, lim, events, _ = build("clocks", NoClocks, tmp_path, fallback=False)
+    assert isinstance(lim, ClockLocker)
+    assert lim.apply(490.0, "fan_stall", level=WARN).action == "refused"
+    assert gpu.power_limit_w() == 700.0
+
+
+def test_modbridge_restore_puts_clocks_and_limits_back(tmp_path):
+    gpu, lim, _, _ = build("both", VirtualBackend, tmp_path)
+    lim.apply(490.0, "fan_stall", level=WARN)  # then the bridge dies
+    b = VirtualBackend([gpu])
+    rows = restore_journaled(b, tmp_path / "state")
+    assert {r.get("actuator", "power"): r["action"] for r in rows} == {
+        "power": "restored", "clocks": "restored"}  # fmt: skip
+    assert gpu.power_limit_w() == 700.0 and gpu.locked_clocks_mhz() is None
+    assert restore_journaled(b, tmp_path / "state") == []
+    assert not os.listdir(tmp_path / "state" / "clocks")
+
+
+def test_clock_refusal_classes_are_gpu_errors():
+    assert issubclass(ClocksRefused, Exception) and ClocksRefused("x").state == "clocks_refused"
