@@ -21,6 +21,7 @@ import serial
 from ptypeer import DEFAULT_TELEMETRY, DEFAULT_UID, PtyPeer, hello_fields
 
 from modbridge.link import session as L
+from modbridge.link.io import LinkIO
 from modbridge.link.session import (
     BadRequest,
     CommandRefused,
@@ -443,27 +444,26 @@ def test_unplug_and_replug_through_a_symlink(links, tmp_path):
 
 def test_backoff_doubles_to_the_cap_with_jitter_and_resets(links):
     link = links("/nonexistent")
-    delays = []
-
-    class Recorder:
-        def wait(self, d):
-            delays.append(d)
-
-        def is_set(self):
-            return False
-
-    link._stop = Recorder()
-    link._rng = random.Random(1)
-    for _ in range(10):
-        link._sleep_backoff()
+    link._backoff = L.Backoff(rng=random.Random(1))
+    delays = [link._backoff.next() for _ in range(10)]
     nominal = [min(0.1 * 2**i, 5.0) for i in range(10)]
     for d, n in zip(delays, nominal, strict=True):
         assert n * 0.8 <= d <= min(n * 1.2, 5.0), (d, n)
     assert len({round(d, 6) for d in delays}) > 5  # jittered, not lockstep
-    link._stop = threading.Event()
-    link._backoff = L.BACKOFF_MAX_S
     link._on_hello(L.Message(C.T_HELLO, "hello", 0, hello_fields()), now=0.0)  # success
-    assert link._backoff == L.BACKOFF_MIN_S
+    assert link._backoff.current == L.BACKOFF_MIN_S
+
+
+def test_a_failed_open_is_retried_at_the_backoff_deadline_not_by_sleeping(links):
+    """The I/O thread never sleeps for one link: a failed open sets the link's next
+    open attempt (its deadline), the thread goes on serving the others."""
+    link = links("/nonexistent", clock=lambda: 100.0)
+    link._backoff = L.Backoff(rng=random.Random(2))
+    assert not link._try_open()
+    first = link._reopen_at - 100.0
+    assert 0.08 <= first <= 0.12 and link._deadline() == link._reopen_at
+    assert not link._try_open()
+    assert 0.16 <= link._reopen_at - 100.0 <= 0.24  # doubled
 
 
 def test_missing_port_is_retried_until_the_module_appears(links, tmp_path):
@@ -561,136 +561,52 @@ def test_open_uses_exclusive_115200_and_a_short_timeout():
 # ----------------------------------------------------------------------------- cost
 
 
-class FakeClock:
-    def __init__(self):
-        self.t = 1024.0
-
-    def __call__(self):
-        return self.t
-
-
-class ScriptedSerial:
-    """A serial port with a scripted module behind it, on a fake clock.
-
-    The module answers hello_request at once and, with ``telemetry_every``, queues
-    a telemetry frame every that many (fake) seconds; the bytes pile up until the
-    link reads them. Counts every call.
-    """
-
-    def __init__(self, clock, telemetry_every=None):
-        self.clock = clock
-        self.telemetry_every = telemetry_every
-        self.rx = bytearray()
-        self.dec = StreamDecoder(accept=C.H2D)
-        self.reads = []  # (size asked, bytes waiting)
-        self.in_waiting_calls = 0
-        self.written = []  # (time, Message)
-        self.opened_with = None
-        self._next_tm = None
-        self.seq = 0
-
-    def open(self, port, baudrate, **kw):
-        self.opened_with = kw
-        return self
-
-    def _produce(self):
-        while self.telemetry_every and self._next_tm is not None and self.clock.t >= self._next_tm:
-            self._next_tm += self.telemetry_every
-            self._send("telemetry", {"state": 1, "temp_gpu": 60000})
-
-    @property
-    def in_waiting(self):
-        self.in_waiting_calls += 1
-        self._produce()
-        return len(self.rx)
-
-    def read(self, size=1):
-        self.reads.append((size, len(self.rx)))
-        out = bytes(self.rx[:size])
-        del self.rx[:size]
-        return out
-
-    def _send(self, name, fields):
-        self.rx += encode_frame(name, fields, self.seq)
-        self.seq += 1
-
-    def write(self, data):
-        for m in self.dec.feed(data):
-            self.written.append((self.clock.t, m))
-            if m.ok and m.name == "hello_request":
-                self._next_tm = self.clock.t
-                self._send("hello", hello_fields(ref=m.seq))
-        return len(data)
-
-    def close(self):
-        pass
-
-
-@pytest.mark.parametrize("telemetry_every", [None, 0.1])
-def test_cpu_cost_is_bounded_read_calls(links, telemetry_every):
-    """The loop is paced, not woken per byte or frame: 2 polls a second (one
-    in_waiting and one read each, for everything waiting), whether the module is
-    silent or sends 10 Hz telemetry; heartbeats exactly on the period. Counted on a
-    fake clock: the link's sleeps advance it."""
-    clock = FakeClock()
-    seconds = 10.0
-    end = clock.t + seconds
-    port = ScriptedSerial(clock, telemetry_every)
-    link = links("fake", clock=clock, open_fn=port.open, heartbeat_period_s=1.0)
-    sleeps = []
-    at_end, release = threading.Event(), threading.Event()
-
-    def fake_wait(delay):
-        if clock.t >= end:
-            at_end.set()
-            release.wait(WAIT)
-            return
-        sleeps.append(delay)
-        clock.t += delay
-
-    link._wait = fake_wait
-    link.start()
-    try:
-        assert at_end.wait(WAIT)
-        frames = link.status.frames_total
-        reads = len(port.reads)
-        heartbeats = [t for t, m in port.written if m.ok and m.name == "heartbeat"]
-    finally:
-        link._stop.set()
-        release.set()
-    assert port.opened_with["timeout"] == 0  # non-blocking reads: the loop paces itself
-    assert L.POLL_PERIOD_S == 0.5  # exact in binary: the fake clock adds up exactly
-    polls_per_s = 1 / L.POLL_PERIOD_S
-    assert reads <= seconds * polls_per_s + 3, (reads, frames)
-    assert port.in_waiting_calls == reads
-    assert min(sleeps) >= L.FAST_POLL_S  # never a busy loop
-    assert sum(1 for d in sleeps if d < L.POLL_PERIOD_S) <= 2  # fast polls: handshake only
-    # every read asked for everything waiting, at least one byte (no per-byte reads)
-    assert all(size == max(1, waiting) for size, waiting in port.reads)
-    assert len(heartbeats) in (10, 11)
-    gaps = {round(b - a, 6) for a, b in zip(heartbeats, heartbeats[1:], strict=False)}
-    assert gaps == {1.0}
-    if telemetry_every:
-        assert frames >= seconds / telemetry_every
-        assert reads <= frames / 4  # ~5 frames per read
-        assert link.decoder.fast_frames == frames  # all good frames took the fast path
-
-
-def test_pending_request_polls_fast(links):
-    """While an answer is due the loop polls every FAST_POLL_S, then slows down."""
-    with PtyPeer() as peer:
-        link = links(peer.path, heartbeat_period_s=10.0)  # sleeps paced by polls only
-        sleeps = []
-        real_wait = link._wait
-        link._wait = lambda d: (sleeps.append(d), real_wait(d))
-        link.start()
+@pytest.mark.parametrize("telemetry_period_s", [None, 0.05])
+def test_the_io_thread_wakes_for_data_and_deadlines_only(links, telemetry_period_s):
+    """No poll: the I/O thread wakes when bytes arrive (one read for what is waiting)
+    and at deadlines (heartbeats), whether the module is silent or sends 20 Hz
+    telemetry. Counted, not timed."""
+    with PtyPeer(telemetry_period_s=telemetry_period_s) as peer:
+        link = links(peer.path, heartbeat_period_s=0.2).start()
         assert link.wait_up(WAIT)
-        time.sleep(0.6)
-        sleeps.clear()
-        assert link.request("config_save").name == "ack"
-        time.sleep(0.6)
-        assert L.FAST_POLL_S in sleeps or min(sleeps) <= L.FAST_POLL_S
-        assert sleeps[-1] > L.FAST_POLL_S  # back to the slow pace
+        assert peer.wait_for(lambda: len(peer.heartbeats) >= 2)
+        io = link._io
+        it0, hb0 = io.iterations, link.heartbeats_sent
+        fr0, rd0 = link.status.frames_total, link.reads
+        assert peer.wait_for(lambda: len(peer.heartbeats) >= 8, 2 * WAIT)
+        wakes = io.iterations - it0
+        beats = link.heartbeats_sent - hb0
+        frames = link.status.frames_total - fr0
+        reads = link.reads - rd0
+    assert beats >= 5
+    assert reads <= frames  # a read returns at least one frame's bytes (or several)
+    assert wakes <= beats + reads + 3, (wakes, beats, reads)
+    if telemetry_period_s:
+        assert frames >= 10 and link.decoder.fast_frames >= frames
+    else:
+        assert frames == 0 and wakes <= beats + 3  # a silent module: heartbeats only
+
+
+def test_heartbeats_are_on_a_common_grid():
+    """Every link of one period sends on the same grid points (one wake-up for all)."""
+    links_ = [ModuleLink(f"p{i}", heartbeat_period_s=0.5) for i in range(3)]
+    for i, link in enumerate(links_):
+        link._write = lambda frame: None
+        link._send_heartbeat(100.0 + 0.1 * i)
+    assert {link._next_hb for link in links_} == {100.5}
+    links_[0]._send_heartbeat(100.5)
+    assert links_[0]._next_hb == 101.0
+
+
+def test_an_answer_is_read_when_it_arrives(links):
+    """A request's answer wakes the I/O thread (no fast poll needed): with heartbeats
+    10 s apart the link has no deadline for seconds, and the answer is still read."""
+    with PtyPeer() as peer:
+        link = links(peer.path, heartbeat_period_s=10.0).start()
+        assert link.wait_up(WAIT)
+        it0 = link._io.iterations
+        assert link.request("config_save", timeout=WAIT).name == "ack"
+        assert link._io.iterations - it0 <= 3  # the answer's bytes, maybe split
 
 
 # ----------------------------------------------------------------------------- decoder
@@ -1305,6 +1221,84 @@ def test_stop_during_the_restart_backoff_is_prompt(links, monkeypatch):
         link.stop()
         assert time.monotonic() - t0 < 2.0
         assert not link._thread.is_alive() and link.state == L.STOPPED
+
+
+def test_a_crash_of_the_io_thread_itself_restarts_it_and_is_reported(links, caplog):
+    """The selector loop (not one link's step) fails: the thread lives on, builds a
+    fresh selector, every link is told, and the links still work."""
+    with PtyPeer() as peer1, PtyPeer() as peer2:
+        io = LinkIO(name="modbridge-link test-io")
+        a = links(peer1.path, io=io).start()
+        b = links(peer2.path, io=io).start()
+        assert a.wait_up(WAIT) and b.wait_up(WAIT)
+        assert a._thread is b._thread  # one thread for both
+        real = io._timeout
+        boom = [2]
+
+        def broken():
+            if boom[0]:
+                boom[0] -= 1
+                raise RuntimeError("selector bug")
+            return real()
+
+        with caplog.at_level("DEBUG", logger="modbridge.link.io"):
+            io._timeout = broken
+            io.wake()
+            assert wait_for(lambda: io.restarts == 2)
+        assert io.thread.is_alive() and io.episodes == 1 and io.failing
+        assert "selector bug" in io.error
+        assert [r for r in caplog.records if r.levelname == "ERROR" and "I/O thread failed"
+                in r.getMessage()]  # fmt: skip
+        assert a.thread_restarts == 2 and "selector bug" in a.thread_error
+        assert a.request("config_save").name == "ack" and b.request("config_save").name == "ack"
+        n = len(peer2.heartbeats)
+        assert peer2.wait_for(lambda: len(peer2.heartbeats) > n)
+        for link in (a, b):
+            link.stop()
+        io.stop()
+        assert not io.thread.is_alive()
+
+
+def test_one_failing_link_does_not_disturb_the_others_on_the_same_thread(links):
+    with PtyPeer(telemetry_period_s=0.05) as peer1, PtyPeer(telemetry_period_s=0.05) as peer2:
+        io = LinkIO(name="modbridge-link test-io")
+        a = links(peer1.path, io=io).start()
+        b = links(peer2.path, io=io).start()
+        assert a.wait_up(WAIT) and b.wait_up(WAIT)
+        times = _break_service(a, 3)
+        frames = b.status.frames_total
+        assert wait_for(lambda: len(times) == 3 and a.link_up)
+        assert b.status.frames_total > frames and b.thread_restarts == 0
+        assert b.status.reconnects == 0 and a.status.reconnects == 3
+        for link in (a, b):
+            link.stop()
+        io.stop()
+
+
+def test_silence_is_a_deadline_and_an_unplug_is_silent_after_the_debounce(links, tmp_path):
+    """The hello's telemetry period gives the silence timeout; on_silent comes once,
+    not before the deadline; an unplug makes the deadline UNPLUG_DEBOUNCE_S after the
+    loss when that is sooner than the timeout."""
+    silent = []
+    with PtyPeer(symlink=tmp_path / "m", telemetry_period_s=0.2) as peer:
+        link = links(tmp_path / "m", on_silent=lambda st: silent.append(time.monotonic()),
+                     silence_max_s=5.0).start()  # fmt: skip
+        assert link.wait_up(WAIT)
+        st = link.status
+        assert st.silent_after_s == 1.0  # max(1.75 x 200 ms, the 1 s floor), under 5 s
+        assert wait_for(lambda: st.telemetry_at is not None)
+        assert silent == []  # frames keep coming
+        peer.unplug()
+        assert wait_for(lambda: silent)
+        assert st.lost_at is not None and not st.link_up
+        due = st.silence_deadline()
+        assert due == min(st.last_frame_at + 1.0, st.lost_at + L.UNPLUG_DEBOUNCE_S)
+        assert silent[0] >= due  # not early
+        time.sleep(0.2)
+        assert len(silent) == 1  # once per silence
+        peer.replug()
+        assert link.wait_up(WAIT) and st.lost_at is None
+    assert L.silence_timeout_s(1000, 5.0) == 1.75 and L.silence_timeout_s(1000, 1.2) == 1.2
 
 
 # ----------------------------------------------------------------------------- wire strings

@@ -51,10 +51,11 @@ from modbridge.config import BridgeConfig, ModuleMapping, match_gpu
 from modbridge.errors import ModbridgeError
 from modbridge.exporter.eventlog import EventLog
 from modbridge.gpu.base import GpuBackend, GpuError, GpuSample, throttle_temp_c
+from modbridge.link.io import LinkIO
 from modbridge.link.keys import KeyStore
 from modbridge.link.session import LinkError, ModuleLink
-from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
-from modbridge.policy.engine import LEVEL_NAMES, PairInput, PolicyEngine
+from modbridge.model import UNPLUG_DEBOUNCE_S, BridgeSnapshot, ModuleStatus, PairState
+from modbridge.policy.engine import LEVEL_NAMES, STALE_MIN_S, PairInput, PolicyConfig, PolicyEngine
 from modbridge.sanitize import sanitize
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,21 @@ def heartbeat_fields(sample: GpuSample | None) -> dict | None:
     return out
 
 
+def engine_config(policy: PolicyConfig) -> PolicyConfig:
+    """The policy as the bridge runs it. Silence is the links' deadline
+    (:meth:`ModuleStatus.silence_deadline`: derived from each module's telemetry
+    period, at most ``module_silent_s``, sooner after an unplug), so the engine's own
+    threshold is set below every deadline (:data:`UNPLUG_DEBOUNCE_S`, or
+    ``module_silent_s`` if smaller, less 0.1 %) and :meth:`Bridge._frame_age` hands it
+    an age above that only once the deadline has passed. ``stale_telemetry_s`` keeps
+    the value the configured ``module_silent_s`` gives it."""
+    stale = policy.stale_telemetry_s
+    if stale is None:
+        stale = max(policy.module_silent_s, STALE_MIN_S)
+    threshold = min(policy.module_silent_s, UNPLUG_DEBOUNCE_S) * 0.999
+    return dataclasses.replace(policy, module_silent_s=threshold, stale_telemetry_s=stale)
+
+
 def _same_port(a: str | None, b: str | None) -> bool:
     """The same device: equal paths, or paths resolving to the same node."""
     if not a or not b:
@@ -143,7 +159,9 @@ class Bridge:
         self.ports = list(dict.fromkeys(ports))
         self.event_log = event_log
         self.clock = clock
-        self.engine = PolicyEngine(config.policy, event_log)
+        self.engine = PolicyEngine(engine_config(config.policy), event_log)
+        self.io = LinkIO()  # one I/O thread (a selector) for every module link
+        self.urgent_ticks = 0  # ticks run at once for an alarm, fault change or silence
         self.links: dict[str, ModuleLink] = {}
         self.limiters: dict[str, Actuator] = {}  # power, clocks or both, per GPU
         self.samples: dict[str, GpuSample] = {}
@@ -251,7 +269,10 @@ class Bridge:
                 heartbeat_source=lambda p=port: self._heartbeat(p),
                 on_event=self._on_event,
                 on_telemetry=self._on_telemetry,
+                on_silent=self._on_silent,
+                silence_max_s=self.config.policy.module_silent_s,
                 keys=self.keys,
+                io=self.io,
             )
             try:
                 link.start()
@@ -259,6 +280,7 @@ class Bridge:
                 for started in self.links.values():
                     started.stop()
                 self.links.clear()
+                self.io.stop()
                 raise
             self.links[port] = link
         # A first snapshot at once: a scrape before the first tick sees the modules.
@@ -305,6 +327,7 @@ class Bridge:
         self._stopped = True
         for link in self.links.values():
             link.stop()
+        self.io.stop()
         ok = True
         for lim in self.limiters.values():
             try:
@@ -428,6 +451,27 @@ class Bridge:
         if self._faults_seen.get(status.port, 0) != faults:
             self._faults_seen[status.port] = faults
             self._wake.set()
+
+    def _on_silent(self, status: ModuleStatus) -> None:
+        """A module's silence deadline passed (I/O thread): decide now."""
+        self._wake.set()
+
+    def _frame_age(self, st: ModuleStatus, now: float) -> float | None:
+        """The last frame's age as the policy sees it: the true age once the module's
+        silence deadline has passed, else at most the engine's threshold (not silent
+        yet; see :func:`engine_config`). Without a deadline (a link that reports
+        none), the configured ``module_silent_s`` is applied here."""
+        age = st.last_frame_age_s(now)
+        if age is None:
+            return None
+        due = st.silence_deadline()
+        if due is None:
+            silent = age > self.config.policy.module_silent_s
+        else:
+            silent = now >= due
+        if silent:
+            return max(age, self.engine.config.module_silent_s * 1.001)
+        return min(age, self.engine.config.module_silent_s)
 
     def _on_event(self, status: ModuleStatus, msg) -> None:
         self.last_event_at = self.clock()
@@ -603,7 +647,7 @@ class Bridge:
                     module=st,
                     gpu=self.samples.get(uuid) if uuid else None,
                     link_up=st.link_up,
-                    last_frame_age_s=st.last_frame_age_s(now),
+                    last_frame_age_s=self._frame_age(st, now),
                     original_limit_w=pair.original_limit_w,
                 )
             )

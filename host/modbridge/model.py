@@ -14,6 +14,28 @@ from dataclasses import dataclass, field
 
 from protocol import catalog as C
 
+# Silence (docs/bridge.md, "Silence and unplug"): a module is silent once its last
+# frame is older than max(SILENT_PERIODS telemetry periods, SILENT_FLOOR_S), at most
+# the policy's module_silent_s; a port that disappeared is silent UNPLUG_DEBOUNCE_S
+# after the loss if that is sooner (a replug within it is not a silence).
+SILENT_PERIODS = 1.75  # one frame may be late by 3/4 of a period; one missing is silence
+SILENT_FLOOR_S = 1.0  # fast telemetry: still 1 s (USB latency, a busy host)
+UNPLUG_DEBOUNCE_S = 0.5
+
+
+def silence_timeout_s(telemetry_ms: int | None, max_s: float | None) -> float | None:
+    """The silence timeout for a module announcing ``telemetry_ms`` in its hello.
+
+    >>> silence_timeout_s(1000, 5.0), silence_timeout_s(100, 5.0), silence_timeout_s(1000, 1.0)
+    (1.75, 1.0, 1.0)
+    >>> silence_timeout_s(None, 5.0), silence_timeout_s(None, None) is None
+    (5.0, True)
+    """
+    if not telemetry_ms:
+        return max_s
+    derived = max(SILENT_PERIODS * telemetry_ms / 1000.0, SILENT_FLOOR_S)
+    return derived if max_s is None else min(derived, max_s)
+
 
 def _milli(v):
     return None if v is None else v / 1000.0
@@ -41,6 +63,8 @@ class ModuleStatus:
     module_resets: int = 0  # boot banners / unsolicited hellos while connected
     last_error: str | None = None
     recent_events: list = field(default_factory=list)  # last few event dicts
+    silent_after_s: float | None = None  # silence timeout (silence_timeout_s), from hello
+    lost_at: float | None = None  # when the port was lost (None: not lost since the hello)
     # set by the bridge: every port (this one too) whose module announces this id
     duplicate_ports: tuple[str, ...] = ()
 
@@ -58,6 +82,17 @@ class ModuleStatus:
         if self.last_frame_at is None:
             return None
         return (time.monotonic() if now is None else now) - self.last_frame_at
+
+    def silence_deadline(self) -> float | None:
+        """When this module counts as silent: ``last_frame_at + silent_after_s``, or
+        ``lost_at + UNPLUG_DEBOUNCE_S`` if the port is lost and that is sooner; None
+        without a frame or a timeout (the policy's own timeouts decide)."""
+        if self.last_frame_at is None or self.silent_after_s is None:
+            return None
+        due = self.last_frame_at + self.silent_after_s
+        if self.lost_at is not None and not self.link_up:
+            due = min(due, max(self.lost_at, self.last_frame_at) + UNPLUG_DEBOUNCE_S)
+        return due
 
     @property
     def state(self) -> str | None:

@@ -1,16 +1,39 @@
-"""The serial link to one module: open, handshake, receive, heartbeat, commands, replug.
+"""The serial link to one module: handshake, receive, heartbeat, commands, replug.
 
-:class:`ModuleLink` owns one port and one thread. The thread reads everything
-waiting on the port, feeds it to a stream decoder, updates the module's
-:class:`~modbridge.model.ModuleStatus`, sends a heartbeat every
-``heartbeat_period_s`` while the link is up, and completes the requests other threads
-made with :meth:`ModuleLink.request`. When the port goes away (pyserial raises
+:class:`ModuleLink` is the facade (pyserial / liquidctl style: small modules behind
+one class) over the link's parts in this package:
+
+* :mod:`~modbridge.link.port` opens the port (exclusive, 115200 8N1, non-blocking)
+  and maps open errors to messages that say what to do; the reopen back-off.
+* :mod:`~modbridge.link.codec` decodes the module's bytes (:class:`HostDecoder`, a
+  CPython fast path beside the reference decoder, boot banners).
+* :mod:`~modbridge.link.requests` matches answers to pending requests.
+* :mod:`~modbridge.link.heartbeat` builds and checks the heartbeat's fields.
+* :mod:`~modbridge.link.io` is the thread: one selector over every port
+  (:class:`~modbridge.link.io.LinkIO`), shared by all the bridge's links; a link
+  started alone gets one of its own.
+* :mod:`~modbridge.link.errors` the exceptions.
+
+What the link does. Bytes are read when they arrive (the selector wakes on the
+port's fd) and every frame is stamped then (``status.last_frame_at``), decoded,
+and put into the module's :class:`~modbridge.model.ModuleStatus`; callbacks
+(``on_telemetry``, ``on_event``, ``on_silent``) run in the I/O thread. While the
+link is up a heartbeat is sent every ``heartbeat_period_s`` on a grid common to all
+links (one wake-up serves all of them). When the port goes away (pyserial raises
 ``SerialException``; ``is_open`` stays True, so it is never trusted) the link goes
-down, the port is closed and reopened with exponential backoff; the port path is
-opened afresh each time, so a udev-style symlink that now points elsewhere is
-followed. After every open: a 0x00 flush, ``hello_request``, and the ``hello`` fills
-the module's identity. A module of another protocol major version is reported in
-``status.last_error`` and never sent heartbeats or commands.
+down at once (``status.lost_at``), the port is closed and reopened with exponential
+backoff; the path is opened afresh each time, so a udev-style symlink that now
+points elsewhere is followed. After every open: a 0x00 flush, ``hello_request``,
+and the ``hello`` fills the module's identity and its telemetry period. A module of
+another protocol major version is reported in ``status.last_error`` and never sent
+heartbeats or commands.
+
+Silence is a deadline (:meth:`ModuleStatus.silence_deadline`): the last frame plus
+a timeout derived from the telemetry period the hello announces
+(:func:`modbridge.model.silence_timeout_s`: max(1.75 periods, 1 s), capped by
+``silence_max_s``, the policy's ``module_silent_s``), or, once the port is lost,
+``UNPLUG_DEBOUNCE_S`` after the loss if that is sooner. When it passes, ``on_silent(status)``
+is called once (until the next frame): the bridge decides at once.
 
 Signing (docs/pairing.md). A module that announces a ``nonce`` in its hello (a fresh
 one every boot) verifies every command but the open reads (:data:`OPEN_REQUESTS`),
@@ -26,18 +49,20 @@ and cools on its own), and ``status.last_error`` says to run ``modbridge pair``.
 module without a nonce in its hello (firmware from before signing) gets unsigned
 frames, as it always did.
 
-Supervision. The thread runs its loop under a supervisor: an exception that escapes
-the loop (a bug in decoding, a handler, a callback path not already guarded) never
-ends the thread. The port is closed, pending requests fail with :class:`LinkDown`,
-and the loop starts over (reopen, hello) after a back-off that doubles per failure
-from ``THREAD_BACKOFF_MIN_S`` to ``THREAD_BACKOFF_MAX_S``. The first failure of an
-episode is logged at ERROR with its traceback and put in ``status.last_error``; the
-rest of the episode at DEBUG. The episode ends (INFO "running again", back-off
-reset) once the loop has run ``THREAD_HEALTHY_S`` without failing. Counters for the
-status and the exporter: ``thread_restarts`` (every restart), ``thread_episodes``,
+Supervision. Each link's step in the I/O thread runs under a supervisor: an
+exception that escapes it (a bug in decoding, a handler, a callback path not already
+guarded) never ends the thread. The port is closed, pending requests fail with
+:class:`LinkDown`, and the link starts over (reopen, hello) after a back-off that
+doubles per failure from ``THREAD_BACKOFF_MIN_S`` to ``THREAD_BACKOFF_MAX_S``; the
+other links are not disturbed. The first failure of an episode is logged at ERROR
+with its traceback and put in ``status.last_error``; the rest of the episode at
+DEBUG. The episode ends (INFO "running again", back-off reset) once the link has run
+``THREAD_HEALTHY_S`` without failing. Counters for the status and the exporter:
+``thread_restarts`` (every restart, the I/O thread's own included), ``thread_episodes``,
 ``thread_failing`` (in an episode now) and ``thread_error`` (the last failure, one
 line). A lost port (``SerialException``/``OSError``) is not a failure: it is the
-ordinary reconnect path.
+ordinary reconnect path. The I/O thread's own loop is supervised the same way
+(:mod:`modbridge.link.io`).
 
 Strings from the wire (the module's id, firmware version and board, a NACK's field
 and text) go through :func:`modbridge.sanitize.sanitize` wherever they reach a log
@@ -45,81 +70,89 @@ line, ``status.last_error`` or an exception's message; the status fields
 (``module_id``, ``fw_version``, ``board``) and :class:`CommandRefused`'s ``field``
 and ``text`` keep the raw values, for matching, and whoever prints them sanitises.
 
-The link only reports: deciding that a silent module is a problem (``last_frame_at``
-too old) is the policy's job.
+The link only reports: what a silent module means is the policy's business.
 
-Cost. A thread wake-up is what costs (about 50 us of CPU on a small VM even for a
-bare ``sleep``), so the loop is paced rather than woken by every byte or frame: it
-sleeps on an event until the next poll (``POLL_PERIOD_S``, twice a second) or the
-next heartbeat, whichever comes first, then makes one non-blocking ``in_waiting`` +
-``read(max(1, in_waiting))`` for everything that arrived (5 telemetry frames at
-10 Hz). Frames are therefore stamped (``last_frame_at``) up to ``POLL_PERIOD_S``
-after they arrived. While a request waits for its answer, during the handshake, or
-after a read of more than ``BIG_READ`` bytes (the tty buffer must not overflow), it
-polls every ``FAST_POLL_S``, so answers come back within ~10 ms. A pyserial read on
-an unplugged port raises at once, so an unplug is seen within one poll. Good binary
-frames take a CPython fast path (:class:`HostDecoder`), 2-4x cheaper than the
-pure-Python reference decoder it falls back to for anything unusual.
+Cost. A thread wake-up is what costs (~50-200 us of CPU on a small VM), so there is
+one thread for all links, it wakes for data and for deadlines only (no poll), and
+heartbeats share one grid: at the 1 Hz default telemetry, 8 modules cost ~9
+wake-ups a second. Good binary frames take a CPython fast path (:class:`HostDecoder`),
+2-4x cheaper than the pure-Python reference decoder it falls back to for anything
+unusual.
 """
 
 from __future__ import annotations
 
-import binascii
-import errno
 import logging
+import math
 import random
 import threading
 import time
 from collections.abc import Callable
 
-import cbor2
 import serial
 
-from modbridge.errors import ModbridgeError
+from modbridge.link.codec import (  # noqa: F401 - re-exported: the link's public names
+    BANNER_PREFIX,
+    Banner,
+    HostDecoder,
+    _cobs_decode,
+)
+from modbridge.link.errors import (  # noqa: F401 - re-exported
+    BadRequest,
+    CommandRefused,
+    IncompatibleModule,
+    LinkDown,
+    LinkError,
+    NotPaired,
+    PortBusy,
+    PortNotFound,
+    PortPermissionDenied,
+    RequestTimeout,
+    Unauthorized,
+    not_paired_text,
+    version_error_text,
+)
+from modbridge.link.heartbeat import checked_fields, heartbeat_fields
+from modbridge.link.io import LinkIO
 from modbridge.link.keys import PAIRING_WINDOW_S, KeyStore, KeyStoreError
-from modbridge.model import ModuleStatus
+from modbridge.link.port import (  # noqa: F401 - re-exported
+    BACKOFF_JITTER,
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    BAUDRATE,
+    WRITE_TIMEOUT_S,
+    Backoff,
+    open_error,
+    open_port,
+)
+from modbridge.link.requests import (  # noqa: F401 - re-exported
+    OPEN_REQUESTS,
+    REPLY_TYPES,
+    REQUEST_TIMEOUT_S,
+    PendingRequests,
+    ref_type,
+)
+from modbridge.link.requests import REQUEST_TIMEOUTS as _REQUEST_TIMEOUTS
+from modbridge.model import UNPLUG_DEBOUNCE_S, ModuleStatus, silence_timeout_s  # noqa: F401
 from modbridge.sanitize import sanitize
 from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
 from protocol.errors import ProtocolError
-from protocol.frame import MIN_FRAME, StreamDecoder, encode_frame
-from protocol.message import FMT_CBOR, Message, fields_from_keys, lookup
+from protocol.frame import encode_frame
+from protocol.message import Message, lookup
 from protocol.sign import Signer
 
 log = logging.getLogger(__name__)
 
-BAUDRATE = 115200
-POLL_PERIOD_S = 0.5  # pacing of the read loop (telemetry is processed <= this late)
-FAST_POLL_S = 0.01  # while a request is pending, during the handshake, after a big read
-BIG_READ = 1024  # bytes in one read that mean "more is coming": poll again soon
-WRITE_TIMEOUT_S = 0.5
+POLL_PERIOD_S = 0.5  # only for a port object without a fileno() (a test double)
 HELLO_TIMEOUT_S = 1.0  # first wait for a hello; doubles per retry up to BACKOFF_MAX_S
 HELLO_TRIES = 3  # unanswered hello_requests before last_error says so
-BACKOFF_MIN_S = 0.1
-BACKOFF_MAX_S = 5.0
-BACKOFF_JITTER = 0.2  # +-20 %
 STOP_TIMEOUT_S = 2.0
-THREAD_BACKOFF_MIN_S = 0.1  # first restart of the loop after an escaped exception
+THREAD_BACKOFF_MIN_S = 0.1  # first restart of a link after an escaped exception
 THREAD_BACKOFF_MAX_S = 5.0
 THREAD_HEALTHY_S = 30.0  # this long without a failure ends an episode
 RECENT_EVENTS = 32
-BANNER_PREFIX = b"MODULER READY v"
 DEFAULT_MAX_FRAME = 512  # until the module's hello says otherwise
-
-# Default answer timeouts (SPEC 10: at least 1 s; more for flash and sampling).
-REQUEST_TIMEOUT_S = 1.0
-_REQUEST_TIMEOUTS = {"config_save": 3.0, "config_reset": 3.0, "cal_read": 5.0, "selftest": 20.0}
-# Requests answered by something other than ack; selftest is acked first, then reported.
-_FINAL_REPLY = {
-    "hello_request": "hello",
-    "config_get": "config",
-    "cal_read": "cal_raw",
-    "selftest": "selftest_report",
-}
-_REPLY_TYPES = ("ack", "nack", "config", "cal_raw", "selftest_report")
-#: Requests a signing module accepts unsigned (reads); every other one, and every
-#: heartbeat, is signed.
-OPEN_REQUESTS = ("hello_request", "config_get", "cal_read")
 LINK_ID = 0  # the bridge's signing link id (one link per module: exclusive open)
 
 # link states
@@ -129,335 +162,23 @@ UP = "up"  # hello received, protocol compatible: heartbeats flow
 INCOMPATIBLE = "incompatible"  # the module speaks another major version
 STOPPED = "stopped"
 
-
-# ----------------------------------------------------------------------------- errors
-
-
-class LinkError(ModbridgeError):
-    """The serial link to a module failed; the message says what to do."""
-
-
-class PortNotFound(LinkError):
-    """The port path does not exist (module unplugged, wrong path)."""
-
-
-class PortPermissionDenied(LinkError):
-    """The user may not open the port."""
-
-
-class PortBusy(LinkError):
-    """Another process holds the port."""
-
-
-class IncompatibleModule(LinkError):
-    """The module speaks another protocol major version."""
-
-
-class LinkDown(LinkError):
-    """A request was made while the link is not up."""
-
-
-class RequestTimeout(LinkError):
-    """The module did not answer a request in time."""
-
-
-class BadRequest(LinkError):
-    """A request that does not fit the protocol catalog (never sent)."""
-
-
-class NotPaired(LinkError):
-    """The module verifies signatures and the key store has no usable key for it."""
-
-
-class CommandRefused(LinkError):
-    """The module answered a request with a NACK; nothing changed on the module."""
-
-    def __init__(self, port: str, request: str, nack: Message):
-        code = nack.fields.get("code", 0)
-        self.code = code
-        self.code_name = C.ERRORS[code] if 0 <= code < len(C.ERRORS) else str(code)
-        self.field = nack.fields.get("field")
-        self.text = nack.fields.get("text")
-        self.nack = nack
-        where = f" ({sanitize(self.field)})" if self.field else ""
-        detail = f": {sanitize(self.text)}" if self.text else ""
-        super().__init__(f"{port}: module refused {request}: {self.code_name}{where}{detail}")
-
-
-class Unauthorized(CommandRefused):
-    """The module refused a signed request's signature (wrong key, or a replay)."""
-
-    def __init__(self, port: str, request: str, nack: Message, hint: str):
-        super().__init__(port, request, nack)
-        self.args = (f"{self.args[0]}: {hint}",)
-
-
-def not_paired_text(port: str, uid: str, why: str | None = None) -> str:
-    detail = f" ({why})" if why else ""
-    return f"module {sanitize(uid)} is not paired{detail}: run `modbridge pair {port}`"
-
-
-def version_error_text(major: int, minor: int | None = None) -> str:
-    theirs = f"{major}.{minor}" if minor is not None else f"{major}.x"
-    return (
-        f"module speaks protocol {theirs}, modbridge speaks {VERSION_MAJOR}.x: "
-        "upgrade modbridge or reflash the module"
-    )
-
-
-def open_error(port: str, exc: BaseException) -> LinkError:
-    """Map an exception from opening ``port`` to a one-line error that says what to do."""
-    code = getattr(exc, "errno", None)
-    text = str(exc)
-    if code in (errno.EACCES, errno.EPERM) or isinstance(exc, PermissionError):
-        return PortPermissionDenied(
-            f"{port}: permission denied: add your user to the dialout group "
-            "(sudo usermod -aG dialout $USER) and log in again"
-        )
-    if code in (errno.EBUSY, errno.EAGAIN, errno.EWOULDBLOCK) or "exclusively lock" in text:
-        return PortBusy(f"{port}: port in use by another program (another modbridge? mpremote?)")
-    if code in (errno.ENOENT, errno.ENODEV, errno.ENXIO) or isinstance(exc, FileNotFoundError):
-        return PortNotFound(
-            f"{port}: no such port: is the module plugged in? `modbridge list` shows modules"
-        )
-    return LinkError(f"{port}: cannot open: {text}")
-
-
-def open_port(port: str, open_fn: Callable = serial.Serial, timeout: float = 0):
-    """Open ``port`` exclusively at 115200 8N1; raises a :class:`LinkError` subclass.
-
-    ``timeout`` is pyserial's read timeout: 0 (the link's choice) makes reads
-    non-blocking, the link paces itself.
-    """
-    try:
-        return open_fn(
-            port, BAUDRATE, timeout=timeout, write_timeout=WRITE_TIMEOUT_S, exclusive=True
-        )
-    except (serial.SerialException, OSError) as e:
-        raise open_error(port, e) from e
-
-
-# ----------------------------------------------------------------------------- decoder
-
-
-def _cobs_decode(enc: bytes) -> bytes | None:
-    """Canonical COBS decode block by block (slices, not bytes); None if malformed."""
-    out = bytearray()
-    i = 0
-    n = len(enc)
-    while i < n:
-        code = enc[i]
-        j = i + code
-        if code == 0 or j > n:
-            return None
-        out += enc[i + 1 : j]
-        i = j
-        if code < 0xFF and i < n:
-            out.append(0)
-    return bytes(out)
-
-
-_INT_MIN = -(1 << 64)
-_INT_MAX = (1 << 64) - 1
-_MAX_DEPTH = 8
-
-
-def _plain(value, depth: int) -> bool:
-    """True if ``value`` holds only what the project's CBOR subset can carry."""
-    t = type(value)
-    if t is int:
-        return _INT_MIN <= value <= _INT_MAX
-    if t is str or t is bytes or t is bool or t is float:
-        return True
-    if depth >= _MAX_DEPTH:
-        return False
-    if t is list:
-        return all(_plain(v, depth + 1) for v in value)
-    if t is dict:
-        for k, v in value.items():
-            if type(k) not in (int, str, bytes) or not _plain(k, depth + 1):
-                return False
-            if not _plain(v, depth + 1):
-                return False
-        return True
-    return False  # None, tags, datetimes, sets, ...: the reference decoder decides
-
-
-class Banner:
-    """A boot banner line (``MODULER READY v<fw>``) seen on the stream."""
-
-    ok = False
-    kind = "banner"
-
-    def __init__(self, fw_version: str):
-        self.fw_version = fw_version
-
-
-class HostDecoder(StreamDecoder):
-    """:class:`~protocol.frame.StreamDecoder` for module -> host traffic, CPython fast.
-
-    A binary frame is first tried on a fast path (slice-wise COBS,
-    ``binascii.crc_hqx`` for the CRC-16/IBM-3740, ``cbor2`` for the payload, accepted
-    only when ``cbor2`` re-encodes it to the very same bytes and every value is of a
-    subset type, then the catalog's own ``fields_from_keys``). Anything the fast path
-    does not accept outright goes to the reference decoder, which decides and counts;
-    so results are identical, only cheaper for good frames. Also records the peer's
-    version when a frame of another major version arrives (``peer_version``) and
-    yields a :class:`Banner` item (before the ``noise`` it is counted as) for a boot
-    banner line.
-    """
-
-    def __init__(self):
-        super().__init__(accept=C.D2H)
-        self.peer_version: tuple[int, int] | None = None
-        self.fast_frames = 0
-
-    def _end_binary(self, out):
-        enc = bytes(self._buf[: self._n])
-        raw = _cobs_decode(enc)
-        if raw is not None and MIN_FRAME <= len(raw) <= len(self._raw):
-            n = len(raw)
-            if binascii.crc_hqx(raw[: n - 2], 0xFFFF) == (raw[n - 2] << 8) | raw[n - 1]:
-                if raw[0] != VERSION_MAJOR:
-                    self.peer_version = (raw[0], raw[1])
-                else:
-                    msg = _fast_message(raw)
-                    if msg is not None:
-                        self._n = 0
-                        self._state = 0  # _IDLE
-                        self.frames += 1
-                        self.fast_frames += 1
-                        out.append(msg)
-                        return
-        super()._end_binary(out)
-
-    def _end_text(self, out):
-        line = bytes(self._buf[: self._n]).strip()
-        if line.startswith(BANNER_PREFIX):
-            fw = line[len(BANNER_PREFIX) :].decode("ascii", "replace")
-            out.append(Banner(fw))
-        super()._end_text(out)
-
-
-_INT_KINDS = (C.K_UINT, C.K_INT, C.K_ENUM)
-_fast_specs: dict = {}
-
-
-def _fast_spec(mdef):
-    """key -> (name, kind, lo, hi) of a message's fields, and its required names."""
-    spec = _fast_specs.get(mdef[C.M_TYPE])
-    if spec is None:
-        by_key = {
-            f[C.F_KEY]: (f[C.F_NAME], f[C.F_KIND], f[C.F_LO], f[C.F_HI]) for f in mdef[C.M_FIELDS]
-        }
-        required = frozenset(f[C.F_NAME] for f in mdef[C.M_FIELDS] if f[C.F_REQUIRED])
-        spec = _fast_specs[mdef[C.M_TYPE]] = (by_key, required)
-    return spec
-
-
-def _fast_fields(mdef, keyed: dict) -> dict | None:
-    """The catalog check of ``fields_from_keys`` for the common cases (integer, bool
-    and text fields, integer keys); None for anything else, which then goes the
-    reference way. A differential test keeps the two in agreement."""
-    by_key, required = _fast_spec(mdef)
-    out = {}
-    prev = -1
-    for k, v in keyed.items():
-        if type(k) is not int or k <= prev:  # ascending keys: same field order as the catalog
-            return None
-        prev = k
-        tv = type(v)
-        if tv is int and not _INT_MIN <= v <= _INT_MAX:
-            return None
-        f = by_key.get(k)
-        if f is None:  # a newer minor's field: ignored, if it is a plain int
-            if tv is int:
-                continue
-            return None
-        name, kind, lo, hi = f
-        if tv is int:
-            if kind not in _INT_KINDS:
-                return None
-            if (lo is not None and v < lo) or (hi is not None and v > hi):
-                return None
-            if kind == C.K_UINT and v < 0:
-                return None
-        elif tv is bool:
-            if kind != C.K_BOOL:
-                return None
-        elif tv is str:
-            if (
-                kind != C.K_STR
-                or (lo is not None and len(v) < lo)
-                or (hi is not None and len(v) > hi)
-            ):
-                return None
-        else:
-            return None
-        out[name] = v
-    if not required.issubset(out):
-        return None
-    return out
-
-
-def _fast_message(raw: bytes) -> Message | None:
-    mdef = C.by_type(raw[2])
-    if mdef is None or mdef[C.M_DIR] != C.D2H:
-        return None
-    payload = raw[5:-2]
-    if payload:
-        try:
-            keyed = cbor2.loads(payload)
-            if type(keyed) is not dict or cbor2.dumps(keyed) != payload:
-                return None
-        except Exception:  # noqa: BLE001 - anything odd: the reference decoder decides
-            return None
-    else:
-        keyed = {}
-    fields = _fast_fields(mdef, keyed)
-    if fields is None:
-        if not _plain(keyed, 0):
-            return None
-        try:
-            fields = fields_from_keys(mdef, keyed)
-        except ProtocolError:
-            return None
-    seq = (raw[3] << 8) | raw[4]
-    return Message(raw[2], mdef[C.M_NAME], seq, fields, raw[1], FMT_CBOR)
-
-
-# ----------------------------------------------------------------------------- link
-
-
-class _Pending:
-    __slots__ = ("name", "type", "final", "done", "reply", "acked")
-
-    def __init__(self, name: str, type_id: int, final: str | None):
-        self.name = name
-        self.type = type_id
-        self.final = final  # reply type that completes it; None: ack
-        self.done = threading.Event()
-        self.reply: Message | None = None
-        self.acked = False
-
-
-def _wire_int(v):
-    """Heartbeat values must be ints on the wire; round floats, keep the rest for the check."""
-    if isinstance(v, float) and v == v and abs(v) < 1e12:
-        return round(v)
-    return v
+_INF = math.inf
 
 
 class ModuleLink:
-    """One module on one serial port, served by its own daemon thread.
+    """One module on one serial port, served by an I/O thread (:class:`LinkIO`:
+    ``io``, shared with other links; None: one of its own, started with the link).
 
     ``heartbeat_source()`` returns the heartbeat fields in wire units (``gpu_temp``
     m degC, ``gpu_power``/``power_limit`` mW, ``gpu_mem_temp``, ``host_time`` s,
     ``period_ms``); None values are omitted, ``host_time`` and ``period_ms`` are
     filled in when absent, and a source returning None (no GPU reading right now)
     still sends a heartbeat (the host is alive). The source, ``on_telemetry(status,
-    msg)`` and ``on_event(status, msg)`` run in the link thread and must be quick
-    (return cached GPU readings; never run nvidia-smi from here).
+    msg)``, ``on_event(status, msg)`` and ``on_silent(status)`` (the silence deadline
+    passed, see the module docstring; once until the next frame) run in the I/O
+    thread and must be quick (return cached GPU readings, set an event; never run
+    nvidia-smi from here). ``silence_max_s`` caps the silence timeout (None: no
+    deadline unless the hello announces a telemetry period).
 
     ``keys`` is the :class:`~modbridge.link.keys.KeyStore` the module's key is looked up in
     (default: ``KeyStore()``, see :func:`modbridge.link.keys.default_dir`); ``link_id`` the
@@ -481,6 +202,9 @@ class ModuleLink:
         hello_timeout_s: float = HELLO_TIMEOUT_S,
         keys: KeyStore | None = None,
         link_id: int = LINK_ID,
+        on_silent: Callable | None = None,
+        silence_max_s: float | None = None,
+        io: LinkIO | None = None,
     ):
         self.port = port
         self.status = status if status is not None else ModuleStatus(port=port)
@@ -488,6 +212,8 @@ class ModuleLink:
         self.heartbeat_source = heartbeat_source
         self.on_event = on_event
         self.on_telemetry = on_telemetry
+        self.on_silent = on_silent
+        self.silence_max_s = silence_max_s
         self.clock = clock
         self.open_fn = open_fn
         self.poll_period_s = poll_period_s
@@ -512,20 +238,27 @@ class ModuleLink:
         self._last_ts = 0  # the last signature timestamp this link sent (any signer)
         self._nonce_stale = False  # a boot banner: wait for the new hello before signing
         self._auth_rehello = False  # a refused heartbeat asked for a fresh nonce already
+        self._hb_nonces: dict[int, bytes] = {}  # seq -> nonce of the last signed heartbeats
         self._key_error_shown: str | None = None  # the last_error the key situation set
 
         self._ser = None
-        self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._wake = threading.Event()  # set: poll now (stop, a new request)
         self._up = threading.Condition()
         self._wlock = threading.Lock()
         self._seq_lock = threading.Lock()
         self._seq = 0
-        self._pending: dict[int, _Pending] = {}
-        self._plock = threading.Lock()
+        self._pending = PendingRequests()
         self._rng = random.Random()
-        self._backoff = BACKOFF_MIN_S
+        self._backoff = Backoff(rng=self._rng)
+        self._reopen_at = 0.0  # clock time of the next open attempt while the port is closed
+        self._selectable = True  # the I/O thread says: its port has a file descriptor
+        self._last_service = 0.0
+        self._silent_reported = False  # on_silent called for this silence already
+        self._started = False
+        self._io = io
+        self._own_io = False
+        self.reads = 0  # reads that returned bytes
+        self.bytes_read = 0
         self._lost_once = False  # the port was open before: a reopen is a reconnect
         self._next_hb = 0.0
         self._hello_seqs: set[int] = set()
@@ -544,14 +277,15 @@ class ModuleLink:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, fail_fast: bool = True) -> ModuleLink:
-        """Open the port and start the link thread.
+        """Open the port and have the I/O thread serve the link.
 
         With ``fail_fast`` the first open happens here and a busy port or a
         permission problem raises (they will not fix themselves); a missing port
-        never raises, the thread keeps trying (the module may be plugged in later;
-        ``status.last_error`` says so). Without it every error is retried.
+        never raises, the link keeps trying (the module may be plugged in later;
+        ``status.last_error`` says so). Without it every error is retried. A link
+        made without ``io`` starts an I/O thread of its own.
         """
-        if self._thread is not None:
+        if self._started:
             raise RuntimeError("link already started")
         if fail_fast:
             try:
@@ -563,22 +297,23 @@ class ModuleLink:
                 self._note_error(e)
             else:
                 self._opened()
-        self._thread = threading.Thread(
-            target=self._run, name=f"modbridge-link {self.port}", daemon=True
-        )
-        self._thread.start()
+        self._started = True
+        if self._io is None:
+            self._io = LinkIO(name=f"modbridge-link {self.port}")
+            self._own_io = True
+        self._io.add(self)
         return self
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """Stop the thread and close the port; joins within ``timeout``."""
+        """Stop serving the link and close the port; done within ``timeout``."""
         self._stop.set()
-        self._wake.set()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout)
-            if t.is_alive():
-                log.warning("%s: link thread did not stop within %.1f s", self.port, timeout)
-        if t is None:
+        io = self._io
+        if io is not None and self._started:
+            if not io.remove(self, timeout):
+                log.warning("%s: link did not stop within %.1f s", self.port, timeout)
+            if self._own_io:
+                io.stop(timeout)
+        else:
             self._close()
         self._set_state(STOPPED)
         self._fail_pending(LinkDown(f"{self.port}: link stopped"))
@@ -588,6 +323,11 @@ class ModuleLink:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """The I/O thread serving this link (shared with the bridge's other links)."""
+        return self._io.thread if self._io is not None else None
 
     @property
     def link_up(self) -> bool:
@@ -718,10 +458,7 @@ class ModuleLink:
             encode_frame(name, fields or {}, seq)  # validate before taking a timestamp
         except ProtocolError as e:
             raise BadRequest(f"{self.port}: {name}: {e}") from None
-        p = _Pending(name, mdef[C.M_TYPE], _FINAL_REPLY.get(name))
-        with self._plock:
-            self._pending[seq] = p
-        self._wake.set()  # the loop switches to fast polling until the answer is in
+        p = self._pending.add(seq, name, mdef[C.M_TYPE])
         try:
             try:
                 self._send(name, fields or {}, seq, signer)
@@ -730,8 +467,7 @@ class ModuleLink:
             if not p.done.wait(timeout):
                 raise RequestTimeout(f"{self.port}: no answer to {name} within {timeout:g} s")
         finally:
-            with self._plock:
-                self._pending.pop(seq, None)
+            self._pending.discard(seq)
         reply = p.reply
         if isinstance(reply, LinkError):
             raise reply
@@ -739,38 +475,101 @@ class ModuleLink:
             raise CommandRefused(self.port, name, reply)
         return reply
 
-    # -- the thread ------------------------------------------------------------------
-    def _run(self) -> None:
-        """The thread: :meth:`_loop` under a supervisor that restarts it."""
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._loop()
-                except BaseException as e:  # noqa: BLE001 - the supervisor: restart, never die
-                    self._loop_failed(e)
-        finally:
-            self._close()
-            self._set_state(STOPPED)
+    # -- in the I/O thread -------------------------------------------------------------
+    def _due(self) -> bool:
+        return self.clock() >= self._deadline()
 
-    def _loop(self) -> None:
-        """Open, service, wait, until stopped; a lost port is reopened here. Anything
-        else that raises escapes to the supervisor (:meth:`_run`)."""
-        while not self._stop.is_set():
+    def _deadline(self) -> float:
+        """When the I/O thread must step this link even without data (clock time)."""
+        if self._stop.is_set():
+            return _INF
+        if self._ser is None:
+            due = self._reopen_at
+        else:
+            due = _INF
+            state = self.state
+            if state == UP:
+                due = self._next_hb
+                if self._nonce_stale:
+                    due = min(due, self._hello_deadline)
+            elif state == HANDSHAKE:
+                due = self._hello_deadline
+            if not self._selectable:
+                due = min(due, self._last_service + self.poll_period_s)
+        if self.on_silent is not None and not self._silent_reported:
+            silent_at = self.status.silence_deadline()
+            if silent_at is not None and silent_at < due:
+                due = silent_at
+        return due
+
+    def _step(self) -> None:
+        """Service the link once (read what is waiting, run its timers, reopen a lost
+        port) under the link's supervisor: a lost port is the reconnect path, anything
+        else restarts the link (:meth:`_loop_failed`); nothing escapes to the thread."""
+        if self._stop.is_set():
+            return
+        try:
             if self.thread_failing and time.monotonic() - self._failed_at >= THREAD_HEALTHY_S:
                 self._loop_recovered()
             try:
                 if self._ser is None:
-                    if not self._try_open():
-                        self._sleep_backoff()
-                        continue
-                delay = self._service()
+                    if self.clock() >= self._reopen_at:
+                        self._try_open()
+                else:
+                    self._service()
             except (serial.SerialException, OSError) as e:
                 self._lost(e)
-                continue
-            self._wait(delay)
+            self._check_silence()
+        except BaseException as e:  # noqa: BLE001 - the supervisor: restart, never die
+            self._loop_failed(e)
+
+    def _service(self) -> None:
+        """Read everything waiting (stamped now), dispatch it, run the timers. The
+        read is non-blocking; on an unplugged port it raises (the selector reports the
+        fd readable), which :meth:`_step` turns into a reconnect."""
+        ser = self._ser
+        n = ser.in_waiting
+        data = ser.read(n if n > 0 else 1)
+        now = self.clock()
+        self._last_service = now
+        if data:
+            self.bytes_read += len(data)
+            self.reads += 1
+            for item in self.decoder.feed(data):
+                self._dispatch(item, now)
+        state = self.state
+        if state == UP:
+            if now >= self._next_hb:
+                self._send_heartbeat(now)
+            if self._nonce_stale and now >= self._hello_deadline:
+                self._send_hello_request(now)  # a reset without its hello yet: ask again
+        elif state == HANDSHAKE and now >= self._hello_deadline:
+            if self._hello_tries >= HELLO_TRIES:
+                self._note_error(
+                    LinkError(
+                        f"{self.port}: no hello from the module after "
+                        f"{self._hello_tries} tries: is the modbridge firmware running on it?"
+                    )
+                )
+            self._send_hello_request(now)
+
+    def _check_silence(self) -> None:
+        if self.on_silent is None or self._silent_reported:
+            return
+        silent_at = self.status.silence_deadline()
+        if silent_at is None or self.clock() < silent_at:
+            return
+        self._silent_reported = True
+        try:
+            self.on_silent(self.status)
+        except Exception:  # noqa: BLE001 - a callback bug must not break the link
+            if "cb on_silent" not in self._logged:
+                self._logged.add("cb on_silent")
+                log.exception("%s: on_silent callback failed", self.port)
 
     def _loop_failed(self, exc: BaseException) -> None:
-        """An exception escaped the loop: report (once per episode), clean up, back off."""
+        """An exception escaped the link's step: report (once per episode), clean up,
+        reopen after a back-off (the I/O thread goes on with the other links)."""
         now = time.monotonic()
         self.thread_restarts += 1
         self._failed_at = now
@@ -791,6 +590,8 @@ class ModuleLink:
         try:
             self.status.last_error = msg
             self._lost_once = True  # the reopen counts as a reconnect
+            if self.state in (UP, HANDSHAKE, INCOMPATIBLE):
+                self.status.lost_at = self.clock()
             self._close()
             self._set_state(DOWN)
             self._fail_pending(LinkDown(f"{self.port}: link thread restarted"))
@@ -798,7 +599,7 @@ class ModuleLink:
             log.debug("%s: cleaning up after a link thread failure", self.port, exc_info=True)
             self._ser = None
         delay = self._thread_backoff * self._rng.uniform(1 - BACKOFF_JITTER, 1 + BACKOFF_JITTER)
-        self._stop.wait(delay)
+        self._reopen_at = self.clock() + delay
 
     def _loop_recovered(self) -> None:
         self.thread_failing = False
@@ -808,11 +609,19 @@ class ModuleLink:
             self.port, THREAD_HEALTHY_S, self.thread_restarts,
         )  # fmt: skip
 
+    def _io_failed(self, msg: str) -> None:
+        """The shared I/O thread's loop failed and is restarting (reported per link;
+        the port stays open)."""
+        self.thread_restarts += 1
+        self.thread_error = msg
+        self.status.last_error = msg
+
     def _try_open(self) -> bool:
         try:
             self._ser = open_port(self.port, self.open_fn)
         except LinkError as e:
             self._note_error(e)
+            self._reopen_at = self.clock() + self._backoff.next()
             return False
         self._opened()
         return True
@@ -825,57 +634,9 @@ class ModuleLink:
         self._hello_seqs.clear()
         self._hello_tries = 0
         self._flush_next = True
+        self._selectable = True  # until the I/O thread finds it has no fd
         self._set_state(HANDSHAKE)
         self._send_hello_request(self.clock())
-
-    def _wait(self, delay: float) -> None:
-        """Sleep until the next poll; a request or stop() wakes it early."""
-        self._wake.wait(delay)
-        self._wake.clear()
-
-    def _service(self) -> float:
-        """One poll: read what is waiting, dispatch it, run the timers.
-
-        Returns how long to sleep before the next poll. The read is non-blocking;
-        on an unplugged port it raises (``in_waiting`` alone would not notice).
-        """
-        ser = self._ser
-        n = ser.in_waiting
-        data = ser.read(n if n > 0 else 1)
-        now = self.clock()
-        if data:
-            for item in self.decoder.feed(data):
-                self._dispatch(item, now)
-        state = self.state
-        if state == UP:
-            if now >= self._next_hb:
-                self._send_heartbeat(now)
-            deadline = self._next_hb
-            if self._nonce_stale:  # a reset without its hello yet: ask (again)
-                if now >= self._hello_deadline:
-                    self._send_hello_request(now)
-                deadline = min(deadline, self._hello_deadline)
-        elif state == HANDSHAKE:
-            if now >= self._hello_deadline:
-                if self._hello_tries >= HELLO_TRIES:
-                    self._note_error(
-                        LinkError(
-                            f"{self.port}: no hello from the module after "
-                            f"{self._hello_tries} tries: is the modbridge firmware running on it?"
-                        )
-                    )
-                self._send_hello_request(now)
-            deadline = self._hello_deadline
-        else:
-            deadline = now + self.poll_period_s
-        delay = min(self.poll_period_s, deadline - now)
-        if (
-            self._pending
-            or len(data) >= BIG_READ
-            or (state == HANDSHAKE and self._hello_tries <= 1)
-        ):
-            delay = min(delay, FAST_POLL_S)  # an answer is due, or more data: fetch it soon
-        return max(delay, 0.0)
 
     def _lost(self, exc: BaseException) -> None:
         was = self.state
@@ -885,15 +646,11 @@ class ModuleLink:
             msg = f"{self.port}: link lost: {exc}"
             self.status.last_error = msg
             if was in (UP, HANDSHAKE, INCOMPATIBLE):
+                self.status.lost_at = self.clock()
                 log.warning("%s", msg)
             self._set_state(DOWN)
             self._fail_pending(LinkDown(f"{self.port}: link lost"))
-            self._sleep_backoff()
-
-    def _sleep_backoff(self) -> None:
-        delay = self._backoff * self._rng.uniform(1 - BACKOFF_JITTER, 1 + BACKOFF_JITTER)
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
-        self._stop.wait(min(delay, BACKOFF_MAX_S))
+            self._reopen_at = self.clock() + self._backoff.next()
 
     def _close(self) -> None:
         ser, self._ser = self._ser, None
@@ -983,43 +740,28 @@ class ModuleLink:
         self._hello_tries += 1
         self._hello_deadline = now + timeout
 
+    def _once(self, key: str) -> bool:
+        if key in self._logged:
+            return False
+        self._logged.add(key)
+        return True
+
     def heartbeat_fields(self) -> dict:
         """The next heartbeat's fields (wire units), from ``heartbeat_source``."""
-        fields = {}
-        if self.heartbeat_source is not None:
-            try:
-                got = self.heartbeat_source()
-            except Exception:  # noqa: BLE001 - a broken source must not stop heartbeats
-                if "hb-source" not in self._logged:
-                    self._logged.add("hb-source")
-                    log.exception("%s: heartbeat source failed", self.port)
-                got = None
-            if got:
-                fields = {k: _wire_int(v) for k, v in got.items() if v is not None}
-        fields.setdefault("host_time", int(time.time()) & 0xFFFFFFFF)
-        fields.setdefault("period_ms", min(int(self.heartbeat_period_s * 1000), 600000))
-        return fields
+        return heartbeat_fields(self.heartbeat_source, self.heartbeat_period_s, self._once,
+                                self.port)  # fmt: skip
 
     def _send_heartbeat(self, now: float) -> None:
+        """One heartbeat now; the next at the following point of the period's grid
+        (``k * period`` on the link's clock), common to every link of that period, so
+        that one wake-up of the I/O thread serves them all."""
         period = self.heartbeat_period_s
-        self._next_hb = self._next_hb + period if self._next_hb + period > now else now + period
-        fields = self.heartbeat_fields()
+        self._next_hb = (math.floor(now / period) + 1) * period
         seq = self._next_seq()
-        for _ in range(len(fields) + 1):
-            try:
-                frame = encode_frame("heartbeat", fields, seq)
-                break
-            except ProtocolError as e:
-                bad = getattr(e, "field", None)
-                key = f"hb-field {bad}"
-                if key not in self._logged:
-                    self._logged.add(key)
-                    log.warning("%s: heartbeat field dropped: %s", self.port, e)
-                if bad not in fields:
-                    return
-                del fields[bad]
-        else:  # pragma: no cover - every loop drops a field or breaks
+        checked = checked_fields(self.heartbeat_fields(), seq, self._once, self.port)
+        if checked is None:
             return
+        fields, frame = checked
         if not self.signing_supported:
             self._write(frame)
             self.heartbeats_sent += 1
@@ -1034,6 +776,9 @@ class ModuleLink:
             self._note_error(e)
             return
         self.heartbeats_sent += 1
+        self._hb_nonces[seq] = signer.nonce  # a refusal names the seq: which nonce was it?
+        if len(self._hb_nonces) > 16:
+            del self._hb_nonces[next(iter(self._hb_nonces))]
 
     # -- receiving -------------------------------------------------------------------
     def _dispatch(self, item, now: float) -> None:
@@ -1041,6 +786,7 @@ class ModuleLink:
         if item.ok:
             st.frames_total += 1
             st.last_frame_at = now
+            self._silent_reported = False
             name = item.name
             if name == "telemetry":
                 st.telemetry = item.fields
@@ -1051,7 +797,7 @@ class ModuleLink:
                 self._on_event(item, now)
             elif name == "hello":
                 self._on_hello(item, now)
-            elif name in _REPLY_TYPES:
+            elif name in REPLY_TYPES:
                 self._on_reply(item)
             return
         if isinstance(item, Banner):
@@ -1102,8 +848,7 @@ class ModuleLink:
         ref = f.get("ref")
         solicited = ref is not None and ref in self._hello_seqs
         if self.state in (UP, INCOMPATIBLE) and not solicited:
-            with self._plock:
-                requested = ref is not None and ref in self._pending
+            requested = ref is not None and ref in self._pending
             if not requested:
                 if self._banner_reset:
                     self._banner_reset = False
@@ -1123,13 +868,15 @@ class ModuleLink:
         st.proto_version = f"{VERSION_MAJOR}.{f['proto_minor']}"
         self.max_frame = f["max_frame"]
         self.telemetry_ms = f.get("telemetry_ms")
+        st.silent_after_s = silence_timeout_s(self.telemetry_ms, self.silence_max_s)
         self._on_nonce(uid, f.get("nonce"), f.get("paired"))
         if ref is not None:
             self._complete(ref, msg)
         if self.state != UP:
             st.connected_at = now
             st.last_error = None
-            self._backoff = BACKOFF_MIN_S
+            st.lost_at = None
+            self._backoff.reset()
             self._logged.clear()
             self._next_hb = now  # first heartbeat right away: the module goes HOSTED
             self._set_state(UP)
@@ -1213,10 +960,14 @@ class ModuleLink:
             self._incompatible(f"module refused protocol {VERSION_MAJOR}.{VERSION_MINOR}")
             return
         if msg.name == "nack" and f.get("code") == C.ERR_UNAUTHORIZED:
-            self.auth_refusals += 1
-            if _ref_type(msg) == C.T_HEARTBEAT:
+            if ref_type(msg) == C.T_HEARTBEAT:
+                used = self._hb_nonces.pop(ref, None)
+                if used is not None and used != self.nonce:
+                    return  # signed over a nonce replaced since: it crossed a reset
+                self.auth_refusals += 1
                 self._heartbeat_refused()
                 return
+            self.auth_refusals += 1
         self._complete(ref, msg)
 
     def _heartbeat_refused(self) -> None:
@@ -1239,31 +990,10 @@ class ModuleLink:
             log.warning("%s", msg)
 
     def _complete(self, ref: int, msg: Message) -> None:
-        with self._plock:
-            p = self._pending.get(ref)
-        if p is None:
-            return  # late, or the answer to a request that timed out
-        if msg.name in ("ack", "nack") and _ref_type(msg) not in (p.type, 0):
-            return
-        if msg.name == "ack" and p.final is not None and p.final != "ack":
-            if p.final != "selftest_report":
-                p.reply = msg  # an ack where data was expected: still an answer
-                p.done.set()
-            else:
-                p.acked = True
-            return
-        if msg.name not in ("ack", "nack") and msg.name != (p.final or "ack"):
-            return
-        p.reply = msg
-        p.done.set()
+        self._pending.complete(ref, msg)
 
     def _fail_pending(self, err: LinkError) -> None:
-        with self._plock:
-            pending = list(self._pending.values())
-        for p in pending:
-            if not p.done.is_set():
-                p.reply = err
-                p.done.set()
+        self._pending.fail_all(err)
 
     def _incompatible(self, text: str) -> None:
         msg = f"{self.port}: {text}"
@@ -1272,7 +1002,3 @@ class ModuleLink:
         self.status.last_error = msg
         self._set_state(INCOMPATIBLE)
         self._fail_pending(IncompatibleModule(msg))
-
-
-def _ref_type(msg: Message) -> int:
-    return msg.fields.get("ref_type", 0)

@@ -1,0 +1,203 @@
+"""The host's decoder for module -> host traffic: the reference
+:class:`~protocol.frame.StreamDecoder` with a CPython fast path for good binary
+frames, and boot banners as items of their own."""
+
+from __future__ import annotations
+
+import binascii
+
+import cbor2
+
+from protocol import VERSION_MAJOR
+from protocol import catalog as C
+from protocol.errors import ProtocolError
+from protocol.frame import MIN_FRAME, StreamDecoder
+from protocol.message import FMT_CBOR, Message, fields_from_keys
+
+BANNER_PREFIX = b"MODULER READY v"
+
+
+def _cobs_decode(enc: bytes) -> bytes | None:
+    """Canonical COBS decode block by block (slices, not bytes); None if malformed."""
+    out = bytearray()
+    i = 0
+    n = len(enc)
+    while i < n:
+        code = enc[i]
+        j = i + code
+        if code == 0 or j > n:
+            return None
+        out += enc[i + 1 : j]
+        i = j
+        if code < 0xFF and i < n:
+            out.append(0)
+    return bytes(out)
+
+
+_INT_MIN = -(1 << 64)
+_INT_MAX = (1 << 64) - 1
+_MAX_DEPTH = 8
+
+
+def _plain(value, depth: int) -> bool:
+    """True if ``value`` holds only what the project's CBOR subset can carry."""
+    t = type(value)
+    if t is int:
+        return _INT_MIN <= value <= _INT_MAX
+    if t is str or t is bytes or t is bool or t is float:
+        return True
+    if depth >= _MAX_DEPTH:
+        return False
+    if t is list:
+        return all(_plain(v, depth + 1) for v in value)
+    if t is dict:
+        for k, v in value.items():
+            if type(k) not in (int, str, bytes) or not _plain(k, depth + 1):
+                return False
+            if not _plain(v, depth + 1):
+                return False
+        return True
+    return False  # None, tags, datetimes, sets, ...: the reference decoder decides
+
+
+class Banner:
+    """A boot banner line (``MODULER READY v<fw>``) seen on the stream."""
+
+    ok = False
+    kind = "banner"
+
+    def __init__(self, fw_version: str):
+        self.fw_version = fw_version
+
+
+class HostDecoder(StreamDecoder):
+    """:class:`~protocol.frame.StreamDecoder` for module -> host traffic, CPython fast.
+
+    A binary frame is first tried on a fast path (slice-wise COBS,
+    ``binascii.crc_hqx`` for the CRC-16/IBM-3740, ``cbor2`` for the payload, accepted
+    only when ``cbor2`` re-encodes it to the very same bytes and every value is of a
+    subset type, then the catalog's own ``fields_from_keys``). Anything the fast path
+    does not accept outright goes to the reference decoder, which decides and counts;
+    so results are identical, only cheaper for good frames. Also records the peer's
+    version when a frame of another major version arrives (``peer_version``) and
+    yields a :class:`Banner` item (before the ``noise`` it is counted as) for a boot
+    banner line.
+    """
+
+    def __init__(self):
+        super().__init__(accept=C.D2H)
+        self.peer_version: tuple[int, int] | None = None
+        self.fast_frames = 0
+
+    def _end_binary(self, out):
+        enc = bytes(self._buf[: self._n])
+        raw = _cobs_decode(enc)
+        if raw is not None and MIN_FRAME <= len(raw) <= len(self._raw):
+            n = len(raw)
+            if binascii.crc_hqx(raw[: n - 2], 0xFFFF) == (raw[n - 2] << 8) | raw[n - 1]:
+                if raw[0] != VERSION_MAJOR:
+                    self.peer_version = (raw[0], raw[1])
+                else:
+                    msg = _fast_message(raw)
+                    if msg is not None:
+                        self._n = 0
+                        self._state = 0  # _IDLE
+                        self.frames += 1
+                        self.fast_frames += 1
+                        out.append(msg)
+                        return
+        super()._end_binary(out)
+
+    def _end_text(self, out):
+        line = bytes(self._buf[: self._n]).strip()
+        if line.startswith(BANNER_PREFIX):
+            fw = line[len(BANNER_PREFIX) :].decode("ascii", "replace")
+            out.append(Banner(fw))
+        super()._end_text(out)
+
+
+_INT_KINDS = (C.K_UINT, C.K_INT, C.K_ENUM)
+_fast_specs: dict = {}
+
+
+def _fast_spec(mdef):
+    """key -> (name, kind, lo, hi) of a message's fields, and its required names."""
+    spec = _fast_specs.get(mdef[C.M_TYPE])
+    if spec is None:
+        by_key = {
+            f[C.F_KEY]: (f[C.F_NAME], f[C.F_KIND], f[C.F_LO], f[C.F_HI]) for f in mdef[C.M_FIELDS]
+        }
+        required = frozenset(f[C.F_NAME] for f in mdef[C.M_FIELDS] if f[C.F_REQUIRED])
+        spec = _fast_specs[mdef[C.M_TYPE]] = (by_key, required)
+    return spec
+
+
+def _fast_fields(mdef, keyed: dict) -> dict | None:
+    """The catalog check of ``fields_from_keys`` for the common cases (integer, bool
+    and text fields, integer keys); None for anything else, which then goes the
+    reference way. A differential test keeps the two in agreement."""
+    by_key, required = _fast_spec(mdef)
+    out = {}
+    prev = -1
+    for k, v in keyed.items():
+        if type(k) is not int or k <= prev:  # ascending keys: same field order as the catalog
+            return None
+        prev = k
+        tv = type(v)
+        if tv is int and not _INT_MIN <= v <= _INT_MAX:
+            return None
+        f = by_key.get(k)
+        if f is None:  # a newer minor's field: ignored, if it is a plain int
+            if tv is int:
+                continue
+            return None
+        name, kind, lo, hi = f
+        if tv is int:
+            if kind not in _INT_KINDS:
+                return None
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                return None
+            if kind == C.K_UINT and v < 0:
+                return None
+        elif tv is bool:
+            if kind != C.K_BOOL:
+                return None
+        elif tv is str:
+            if (
+                kind != C.K_STR
+                or (lo is not None and len(v) < lo)
+                or (hi is not None and len(v) > hi)
+            ):
+                return None
+        else:
+            return None
+        out[name] = v
+    if not required.issubset(out):
+        return None
+    return out
+
+
+def _fast_message(raw: bytes) -> Message | None:
+    mdef = C.by_type(raw[2])
+    if mdef is None or mdef[C.M_DIR] != C.D2H:
+        return None
+    payload = raw[5:-2]
+    if payload:
+        try:
+            keyed = cbor2.loads(payload)
+            if type(keyed) is not dict or cbor2.dumps(keyed) != payload:
+                return None
+        except Exception:  # noqa: BLE001 - anything odd: the reference decoder decides
+            return None
+    else:
+        keyed = {}
+    fields = _fast_fields(mdef, keyed)
+    if fields is None:
+        if not _plain(keyed, 0):
+            return None
+        try:
+            fields = fields_from_keys(mdef, keyed)
+        except ProtocolError:
+            return None
+    seq = (raw[3] << 8) | raw[4]
+    return Message(raw[2], mdef[C.M_NAME], seq, fields, raw[1], FMT_CBOR)

@@ -1,0 +1,267 @@
+"""One I/O thread for many module links: a selector over their ports, deadlines for
+everything else.
+
+:class:`LinkIO` owns one daemon thread. It sleeps in ``selector.select()`` on every
+open port's file descriptor (and a wake-up pipe) with a timeout that ends at the
+earliest deadline any link has (its next heartbeat, hello retry, reopen, silence
+deadline). A port with bytes waiting is serviced at once: frames are read, decoded
+and stamped when they arrive, not at a poll. A link whose deadline has come is
+serviced too; nothing else wakes the thread, so an idle fleet costs one wake-up per
+heartbeat grid point (links put their heartbeats on a common grid) and one per frame.
+
+The links do the work (:meth:`ModuleLink._step` reads, decodes, dispatches, runs
+its timers, reopens a lost port), each under its own supervisor: an exception that
+escapes one link's step restarts that link (close, back off, reopen, hello) and is
+reported on that link, the others go on. The hub's own loop (the selector, the
+registrations) runs under a supervisor too: an exception that escapes it is
+counted (``restarts``, ``episodes``, ``failing``, ``error``), logged at ERROR once
+per episode, every link is told (its ``thread_restarts`` and ``last_error``), and the
+loop starts over with a fresh selector after a back-off that doubles from
+``THREAD_BACKOFF_MIN_S``; ``THREAD_HEALTHY_S`` without a failure ends the episode.
+
+A port object without a ``fileno()`` (a test double) cannot be selected: it is
+serviced every ``poll_period_s`` of its link instead.
+
+Only the hub thread touches the selector: :meth:`add` and :meth:`remove` queue the
+change and wake the thread; a link's (re)opened or closed port is picked up at the
+next iteration by comparing the port object with the one registered.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import selectors
+import threading
+import time
+from collections import deque
+
+from modbridge.sanitize import sanitize
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_S = 5.0  # never sleep longer than this (a deadline computed wrong heals)
+THREAD_BACKOFF_MIN_S = 0.1
+THREAD_BACKOFF_MAX_S = 5.0
+THREAD_HEALTHY_S = 30.0
+JOIN_TIMEOUT_S = 2.0
+
+
+class LinkIO:
+    """The selector thread serving a set of links (see the module docstring)."""
+
+    def __init__(self, name: str = "modbridge-link io"):
+        self.name = name
+        self._links: list = []
+        self._ops: deque = deque()  # ("add"|"remove", link, done Event | None)
+        self._ops_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._woken = False
+        self._watched: dict = {}  # link -> (port object, fd)
+        self._rng = random.Random()
+        # counters (the exporter / status may show them)
+        self.iterations = 0  # wake-ups of the thread
+        self.restarts = 0
+        self.episodes = 0
+        self.failing = False
+        self.error: str | None = None
+        self._backoff = THREAD_BACKOFF_MIN_S
+        self._failed_at = 0.0
+
+    # -- from any thread -------------------------------------------------------------
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def start(self) -> LinkIO:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        return self
+
+    def add(self, link) -> None:
+        self._queue("add", link, None)
+        self.start()
+
+    def remove(self, link, timeout: float = JOIN_TIMEOUT_S) -> bool:
+        """Stop serving ``link`` (its port is closed in the I/O thread); True once
+        done, False if the thread did not get to it within ``timeout``."""
+        if threading.current_thread() is self._thread or self._thread is None:
+            self._drop(link)
+            return True
+        done = threading.Event()
+        self._queue("remove", link, done)
+        return done.wait(timeout)
+
+    def wake(self) -> None:
+        """Make the thread recompute its deadlines now."""
+        if not self._woken:
+            self._woken = True
+            try:
+                os.write(self._wfd, b"\0")
+            except (BlockingIOError, OSError):
+                pass
+
+    def stop(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+        self._stop.set()
+        self.wake()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+            if t.is_alive():
+                log.warning("%s: I/O thread did not stop within %.1f s", self.name, timeout)
+        for link in list(self._links):
+            self._drop(link)
+        self._apply_ops()  # complete removals queued after the thread ended
+        for fd in (self._rfd, self._wfd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._rfd = self._wfd = -1
+
+    def _queue(self, op: str, link, done) -> None:
+        with self._ops_lock:
+            self._ops.append((op, link, done))
+        self.wake()
+
+    # -- the thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._loop()
+                except BaseException as e:  # noqa: BLE001 - the supervisor: restart, never die
+                    self._failed(e)
+        finally:
+            for link in list(self._links):
+                self._drop(link)
+            self._apply_ops()
+
+    def _loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        self._watched = {}
+        try:
+            sel.register(self._rfd, selectors.EVENT_READ, None)
+            while not self._stop.is_set():
+                if self.failing and time.monotonic() - self._failed_at >= THREAD_HEALTHY_S:
+                    self._recovered()
+                self._apply_ops()
+                self._sync(sel)
+                timeout = self._timeout()
+                events = sel.select(timeout)
+                self.iterations += 1
+                ready = set()
+                for key, _mask in events:
+                    if key.data is None:
+                        self._drain()
+                    else:
+                        ready.add(key.data)
+                for link in list(self._links):
+                    if link in ready or link._due():
+                        link._step()
+        finally:
+            self._watched = {}
+            sel.close()
+
+    def _drain(self) -> None:
+        self._woken = False
+        try:
+            while os.read(self._rfd, 64):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _apply_ops(self) -> None:
+        while True:
+            with self._ops_lock:
+                if not self._ops:
+                    return
+                op, link, done = self._ops.popleft()
+            if op == "add":
+                if link not in self._links:
+                    self._links.append(link)
+            else:
+                self._drop(link)
+            if done is not None:
+                done.set()
+
+    def _drop(self, link) -> None:
+        if link in self._links:
+            self._links.remove(link)
+        self._watched.pop(link, None)
+        try:
+            link._close()
+        except Exception:  # noqa: BLE001 - the port is gone anyway
+            log.debug("%s: closing", getattr(link, "port", link), exc_info=True)
+
+    def _sync(self, sel) -> None:
+        """Make the selector match every link's current port (opened, closed, reopened)."""
+        stale = []
+        for link, (ser, fd) in self._watched.items():
+            if link._ser is not ser or link not in self._links:
+                stale.append(link)
+                if fd is not None:
+                    try:
+                        sel.unregister(fd)
+                    except (KeyError, ValueError, OSError):
+                        pass
+        for link in stale:
+            del self._watched[link]
+        for link in self._links:
+            ser = link._ser
+            if ser is None or link in self._watched:
+                continue
+            try:
+                fd = ser.fileno()
+            except Exception:  # noqa: BLE001 - a port object without an fd: polled
+                fd = None
+            if fd is not None:
+                try:
+                    sel.register(fd, selectors.EVENT_READ, link)
+                except (KeyError, ValueError, OSError):
+                    fd = None  # serviced by its deadline (poll) instead
+            link._selectable = fd is not None
+            self._watched[link] = (ser, fd)
+
+    def _timeout(self) -> float:
+        wait = MAX_WAIT_S
+        for link in self._links:
+            left = link._deadline() - link.clock()
+            if left < wait:
+                wait = left
+        return max(wait, 0.0)
+
+    # -- supervision -------------------------------------------------------------------
+    def _failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        self.restarts += 1
+        self._failed_at = now
+        self.error = f"{type(exc).__name__}: {sanitize(exc)}"
+        msg = f"{self.name}: I/O thread failed ({self.error}): restarting it"
+        if not self.failing:
+            self.failing = True
+            self.episodes += 1
+            self._backoff = THREAD_BACKOFF_MIN_S
+            log.error("%s (logged once until it runs %g s without failing)", msg,
+                      THREAD_HEALTHY_S, exc_info=exc)  # fmt: skip
+        else:
+            self._backoff = min(self._backoff * 2, THREAD_BACKOFF_MAX_S)
+            log.debug("%s (restart %d)", msg, self.restarts)
+        for link in list(self._links):
+            try:
+                link._io_failed(msg)
+            except Exception:  # noqa: BLE001 - report the others whatever one does
+                log.debug("%s: reporting an I/O failure", link, exc_info=True)
+        self._stop.wait(self._backoff * self._rng.uniform(0.8, 1.2))
+
+    def _recovered(self) -> None:
+        self.failing = False
+        self._backoff = THREAD_BACKOFF_MIN_S
+        log.info("%s: I/O thread running again (%g s without failing; %d restarts so far)",
+                 self.name, THREAD_HEALTHY_S, self.restarts)  # fmt: skip
