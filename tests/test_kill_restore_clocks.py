@@ -1,0 +1,128 @@
+"""The crash ratchet for locked clocks, and why it cannot happen: a bridge with
+``actuator = "clocks"`` SIGKILLed at random instants across lock / hold / unlock,
+restarted each time, always ends at the true original lock.
+
+The GPU is a file (tests/filegpu.py) that remembers its lock across the killed
+processes. Two GPUs: one that reads its lock back (the virtual GPU's way; the true
+original is an operator's ``-lgc 345,1800``, so a run that adopted a lowered lock as
+the original would ratchet 1800 -> 1440 -> ...), and one that cannot (NVML's way; the
+true original is "unlocked"). Also here: SIGHUP/SIGQUIT/SIGTERM unlock like a stop.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+
+import pytest
+import test_kill_restore as base
+from filegpu import FileGpu
+from test_kill_restore import finish, ready
+
+SEED = 11
+
+CHILD = r"""
+import json, random, sys, time
+sys.path.insert(0, sys.argv[1])
+from filegpu import FileGpuBackend, UUID
+from modbridge.bridge import Bridge
+from modbridge.config import BridgeConfig
+
+gpu_path, state_dir, seed = sys.argv[2], sys.argv[3], int(sys.argv[4])
+backend = FileGpuBackend(gpu_path)
+b = Bridge(BridgeConfig(actuator="clocks"), backend, [], state_dir=state_dir).start()
+uninstall = b.install_signal_handlers()
+lim = b.limiters[UUID]
+clocks = lim.primary
+print("ready " + json.dumps({"lock": backend.gpu.lock, "original": clocks.original,
+                              "holding": lim.holding, "limit_w": backend.gpu.limit_w}),
+      flush=True)
+rng = random.Random(seed)
+while not b._stop.is_set():
+    lim.apply(None, "warn", level=1)                               # lock
+    time.sleep(rng.uniform(0, 0.004))                              # hold
+    if rng.random() < 0.3:
+        lim.apply(None, "critical", level=2)                       # lock lower
+        time.sleep(rng.uniform(0, 0.004))
+    lim.restore("clear")                                           # unlock
+    time.sleep(rng.uniform(0, 0.002))
+ok = b.stop()
+uninstall()
+print("stopped " + json.dumps({"lock": backend.gpu.lock, "ok": ok}), flush=True)
+"""
+
+
+def spawn(tmp_path, seed):
+    script = tmp_path / "child.py"
+    if not script.exists():
+        script.write_text(CHILD)
+    return base.spawn(tmp_path, seed)
+
+
+def as_lock(value):
+    return None if value is None else tuple(value)
+
+
+@pytest.mark.parametrize(
+    "lock_known,original,iterations",
+    [(True, (345, 1800), 100), (False, None, 50)],
+    ids=["lock-readable", "nvml-like"],
+)
+def test_sigkill_at_random_instants_never_ratchets_the_clocks(
+    tmp_path, lock_known, original, iterations
+):
+    gpu = FileGpu.create(tmp_path / "gpu.json", write_delay_s=0.001)
+    gpu.update(lock=None if original is None else list(original), lock_known=lock_known)
+    rng = random.Random(SEED)
+    seen_low = 0  # kills that left the GPU locked below its original
+    for i in range(iterations):
+        proc = spawn(tmp_path, seed=SEED * 1000 + i)
+        try:
+            if rng.random() < 0.15:
+                time.sleep(rng.uniform(0.0, 0.25))  # possibly mid journal restore
+            else:
+                st = ready(proc)
+                assert as_lock(st["lock"]) == original, (i, st)
+                assert as_lock(st["original"]) == original, (i, st)
+                assert st["holding"] is False and st["limit_w"] == 700.0, (i, st)
+                time.sleep(rng.uniform(0.0, 0.06))
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            finish(proc)
+        if gpu.lock != original:
+            seen_low += 1
+            assert gpu.lock is not None and gpu.lock[1] < (original or (0, 1980))[1]
+    assert seen_low >= iterations // 4, seen_low  # the kills really landed mid-hold
+    proc = spawn(tmp_path, seed=1)
+    try:
+        st = ready(proc)
+        assert as_lock(st["lock"]) == original
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        finish(proc)
+    assert proc.returncode == 0, err
+    assert as_lock(json.loads(out.split("stopped ", 1)[1])["lock"]) == original
+    assert gpu.lock == original and gpu.limit_w == 700.0
+    assert not list((tmp_path / "state" / "clocks").glob("*.json"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM])
+def test_signals_unlock_like_a_stop(tmp_path, sig):
+    gpu = FileGpu.create(tmp_path / "gpu.json")
+    proc = spawn(tmp_path, seed=2)
+    try:
+        ready(proc)
+        deadline = time.monotonic() + 10
+        while gpu.read()["clock_writes"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        finish(proc)
+    assert proc.returncode == 0, err
+    assert json.loads(out.split("stopped ", 1)[1]) == {"lock": None, "ok": True}
+    assert gpu.lock is None
