@@ -304,15 +304,16 @@ class NoClocks(VirtualBackend):
         raise GpuNoPermission("clocks: Insufficient Permissions (test)")
 
 
-def build(kind, backend_cls, tmp_path, **kw):
-    w = World(load_params("default").override({"adc.noise_lsb": 0.0}), seed=0, profile="idle")
-    b = backend_cls([w.gpu])
+def build(kind, backend_cls, tmp_path, gpu=None, **kw):
+    if gpu is None:
+        gpu, _ = virtual()
+    b = backend_cls([gpu])
     events = []
     clock = Clock()
-    lim = make_actuator(kind, b, w.gpu.uuid, log=events.append, monotonic=clock,
+    lim = make_actuator(kind, b, gpu.uuid, log=events.append, monotonic=clock,
                         journal=LimitJournal(tmp_path / "state"), **kw)  # fmt: skip
     lim.start()
-    return w.gpu, lim, events, clock
+    return gpu, lim, events, clock
 
 
 def test_power_refused_falls_back_to_clocks_with_one_alert(tmp_path):
@@ -356,9 +357,18 @@ def test_both_drives_both_and_restores_both(tmp_path):
 
 def test_without_fallback_the_chosen_actuator_alone(tmp_path):
     gpu, lim, events, _ = build("clocks", NoClocks, tmp_path, fallback=False)
-    assert isinstance(lim, ClockLocker)
+    assert isinstance(lim.primary, ClockLocker) and lim.mode == "only"
     assert lim.apply(490.0, "fan_stall", level=WARN).action == "refused"
-    assert gpu.power_limit_w() == 700.0
+    assert gpu.power_limit_w() == 700.0 and not lim.fallen
+
+
+def test_without_fallback_the_other_journal_is_still_restored_at_start(tmp_path):
+    gpu, lim, _, _ = build("both", VirtualBackend, tmp_path)
+    lim.apply(490.0, "fan_stall", level=WARN)  # then the bridge dies; next run: power only
+    assert gpu.locked_clocks_mhz() == (345, WARN_MHZ) and gpu.power_limit_w() == 490.0
+    _, again, _, _ = build("power", VirtualBackend, tmp_path, gpu=gpu, fallback=False)
+    assert gpu.locked_clocks_mhz() is None and gpu.power_limit_w() == 700.0
+    assert not again.holding
 
 
 def test_modbridge_restore_puts_clocks_and_limits_back(tmp_path):

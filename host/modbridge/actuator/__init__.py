@@ -72,17 +72,19 @@ class Actuator(Protocol):
 
 
 class Combined:
-    """Two actuators on one GPU: ``mode="both"`` drives both on every decision;
-    ``mode="fallback"`` drives the primary and, while it is refused (or cannot start),
-    the secondary instead: one ``fallback`` alert when an episode begins, one
-    ``fallback_end`` event when the primary works again (it is retried after 30 s,
-    doubling to 5 min; the secondary's hold is then restored). Attributes it does not
-    have (``current_w``, ``min_w``...) are the primary's."""
+    """Two actuators on one GPU. ``mode="both"`` drives both on every decision.
+    ``mode="only"`` drives the primary alone (the secondary only starts, so that what
+    its journal holds is restored, and stops). ``mode="fallback"`` drives the primary
+    and, while it is refused (or cannot start), the secondary instead: one
+    ``fallback`` alert when an episode begins, one ``fallback_end`` event when the
+    primary works again (it is retried after 30 s, doubling to 5 min; the secondary's
+    hold is then restored). Attributes it does not have (``current_w``, ``min_w``...)
+    are the primary's."""
 
     def __init__(self, primary, secondary, mode="fallback", log=None, monotonic=time.monotonic,
                  backoff_first_s=FALLBACK_RETRY_S, backoff_max_s=BACKOFF_MAX_S):  # fmt: skip
-        if mode not in ("fallback", "both"):
-            raise ValueError(f"mode must be fallback or both, got {mode!r}")
+        if mode not in ("fallback", "both", "only"):
+            raise ValueError(f"mode must be fallback, both or only, got {mode!r}")
         self.primary, self.secondary, self.mode = primary, secondary, mode
         self.members = (primary, secondary)
         self._emit = log
@@ -181,6 +183,8 @@ class Combined:
                 m.observe(sample)
 
     def wants(self, level, target_w) -> bool:
+        if self.mode == "only":
+            return self.primary.wants(level, target_w)
         return any(m.wants(level, target_w) for m in self.members)
 
     def _member_apply(self, m, target_w, reason, values, level):
@@ -195,6 +199,8 @@ class Combined:
             results = [self._member_apply(m, target_w, reason, values, level)
                        for m in self.members]  # fmt: skip
             return next((r for r in results if r.wrote), results[0])
+        if self.mode == "only":
+            return self._member_apply(self.primary, target_w, reason, values, level)
         if self.fallen and self._retry_at is not None and self._mono() < self._retry_at:
             return self._member_apply(self.secondary, target_w, reason, values, level)
         res = self._member_apply(self.primary, target_w, reason, values, level)
@@ -242,9 +248,8 @@ def make_actuator(kind: str, backend, uuid: str, *, fallback: bool = True, dry_r
     if kind == "both":
         return Combined(power, clocks, "both", log=log, monotonic=monotonic)
     primary, secondary = (power, clocks) if kind == "power" else (clocks, power)
-    if not fallback:
-        return primary
-    return Combined(primary, secondary, "fallback", log=log, monotonic=monotonic)
+    mode = "fallback" if fallback else "only"  # "only": the other's journal still restored
+    return Combined(primary, secondary, mode, log=log, monotonic=monotonic)
 
 
 def restore_journaled(backend, state_dir, dry_run=False, log=None) -> list[dict]:
