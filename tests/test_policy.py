@@ -503,9 +503,9 @@ def test_doctests():
     import doctest
 
     from modbridge.exporter import eventlog
-    from modbridge.policy import decision, early, hysteresis, levels, psu, thresholds
+    from modbridge.policy import blindspots, decision, early, hysteresis, levels, psu, thresholds
 
-    for mod in (decision, early, hysteresis, levels, psu, thresholds, eventlog):
+    for mod in (blindspots, decision, early, hysteresis, levels, psu, thresholds, eventlog):
         result = doctest.testmod(mod)
         assert result.failed == 0 and result.attempted > 0, (mod.__name__, result)
 

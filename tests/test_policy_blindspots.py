@@ -165,6 +165,42 @@ def test_manual_low_duty_clears_with_hysteresis():
     assert at(24.5, HOT_C + 1, state=C.STATE_HOSTED) == []
 
 
+def _manual_hot(p, t, state=C.STATE_MANUAL):
+    m = module(t, state=state, duty=0.3, target_c=6.0, ntc_c=72.0)
+    return p.evaluate(t, m, gpu(HOT_C + 1))
+
+
+def test_return_to_auto_is_off_by_default():
+    p = PairPolicy(PolicyConfig())
+    assert not any(_manual_hot(p, t / 2).want_auto for t in range(200))
+    assert _manual_hot(p, 100.0).reasons == ["manual_low_duty"]
+
+
+def test_return_to_auto_asks_at_once_then_backs_off_once_per_episode():
+    p = PairPolicy(PolicyConfig(return_to_auto=True, return_to_auto_retry_s=10.0))
+    asks = [t / 2 for t in range(0, 200) if _manual_hot(p, t / 2).want_auto]
+    assert asks == [0.0, 10.0, 30.0, 70.0]  # 10, 20, 40 s apart
+    d = _manual_hot(p, 100.0, state=C.STATE_HOSTED)  # back in automatic: reason held...
+    assert d.reasons == ["manual_low_duty"] and not d.want_auto  # ...but nothing to ask
+    d = _manual_hot(p, 101.0)  # MANUAL again: a new episode, asked at once
+    assert d.want_auto and d.values["return_to_auto"] == {"attempt": 1, "episode": 2}
+    assert d.as_event()["want_auto"] is True
+
+
+def test_return_to_auto_not_for_a_module_that_is_not_below_automatic():
+    p = PairPolicy(PolicyConfig(return_to_auto=True))
+    m = module(0.0, state=C.STATE_MANUAL, duty=1.0, target_c=6.0)  # full: nothing to gain
+    d = p.evaluate(0.0, m, gpu(HOT_C + 1))
+    assert not d.want_auto and "want_auto" not in d.as_event()
+
+
+def test_return_to_auto_config_keys_are_checked():
+    with pytest.raises(ValueError, match="return_to_auto must be true or false"):
+        PolicyConfig.from_dict({"return_to_auto": 1})
+    with pytest.raises(ValueError, match="return_to_auto_retry_s must be >= 1"):
+        PolicyConfig.from_dict({"return_to_auto_retry_s": 0.5})
+
+
 # --- sensor faults and implausible tach -----------------------------------------------------
 @pytest.mark.parametrize(
     "faults, state, reason",

@@ -55,6 +55,7 @@ from modbridge.link.io import LinkIO
 from modbridge.link.keys import KeyStore
 from modbridge.link.session import LinkError, ModuleLink
 from modbridge.model import UNPLUG_DEBOUNCE_S, BridgeSnapshot, ModuleStatus, PairState
+from modbridge.policy.blindspots import FAN_MODE_AUTO
 from modbridge.policy.engine import LEVEL_NAMES, STALE_MIN_S, PairInput, PolicyConfig, PolicyEngine
 from modbridge.sanitize import sanitize
 
@@ -604,6 +605,32 @@ class Bridge:
             st = link.status
             st.duplicate_ports = dups.get(st.module_id, ()) if st.link_up else ()
 
+    def _return_to_auto(self, port: str, d) -> None:
+        """Ask the module on ``port`` for automatic fan control, off the loop's thread
+        (the policy rate-limits the asks: docs/policy.md, "Returning a module to
+        automatic control"); the outcome is logged and written as a ``fan_mode`` event."""
+        link = self.links.get(port)
+        if link is None:
+            return
+        ask = dict(d.values.get("return_to_auto") or {})
+        who = sanitize(d.module_id or port)
+
+        def send():
+            try:
+                link.request("fan_mode", dict(FAN_MODE_AUTO))
+                result, msg = "ok", "module returned to automatic fan control"
+            except LinkError as e:
+                result, msg = "failed", str(e)
+            (log.info if result == "ok" else log.warning)(
+                "module %s: fan_mode auto (attempt %s): %s", who, ask.get("attempt"), msg
+            )
+            self._write_event("fan_mode", module_id=d.module_id, port=port, action="auto",
+                              result=result, message=msg, **ask)  # fmt: skip
+
+        log.warning("module %s in MANUAL below automatic while hot: asking for fan_mode auto",
+                    who)  # fmt: skip
+        threading.Thread(target=send, name=f"modbridge-auto {port}", daemon=True).start()
+
     def _act(self, uuid: str, lim: Actuator, d, now: float):
         if not lim.wants(d.level, d.target_limit_w):
             self._refused.pop(uuid, None)
@@ -662,6 +689,8 @@ class Bridge:
             pair.reasons = tuple(d.reasons)
             pair.eta_s = d.eta_s
             pair.target_limit_w = d.target_limit_w
+            if d.want_auto:  # [policy] return_to_auto: a signed fan_mode auto
+                self._return_to_auto(port, d)
             lim = self.limiters.get(inp.gpu_uuid) if inp.gpu_uuid else None
             if lim is None:
                 continue

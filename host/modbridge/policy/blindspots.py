@@ -20,6 +20,10 @@ from protocol import catalog as C
 TACH_CONFIRM_S = 5.0
 # manual_low_duty: a MANUAL duty at or above this ratio is what automatic would command.
 MANUAL_FULL_DUTY = 0.98
+# return_to_auto: the fields of the signed request the bridge sends.
+FAN_MODE_AUTO = {"mode": C.FAN_MODES.index("auto")}
+# return_to_auto: retries double from return_to_auto_retry_s up to this.
+RETURN_TO_AUTO_MAX_S = 300.0
 SENSOR_REASONS = ("sensor_open", "sensor_short", "sensor_stale", "sensor_stuck",
                   "sensor_implausible")  # fmt: skip
 
@@ -104,3 +108,41 @@ class BlindSpots:
         )
         values["manual"] = {"duty": duty, "target_error_c": err, "hot_c": hot_c}
         return hot and wants_more and duty is not None and duty < MANUAL_FULL_DUTY
+
+
+class ReturnToAuto:
+    """When to ask a module in MANUAL below automatic for ``fan_mode auto``.
+
+    An episode lasts while the pair's ``manual_low_duty`` holds with the module in
+    MANUAL. Its first request goes at once; while the module stays in MANUAL, one
+    more after ``retry_s``, then after twice that, up to :data:`RETURN_TO_AUTO_MAX_S`.
+    A new episode starts over.
+
+    >>> r = ReturnToAuto(10.0)
+    >>> [t for t in range(0, 80, 5) if r.want(float(t), True)]
+    [0, 10, 30, 70]
+    >>> r.want(80.0, False), r.want(85.0, True), r.episodes
+    (False, True, 2)
+    """
+
+    def __init__(self, retry_s: float, max_s: float = RETURN_TO_AUTO_MAX_S):
+        self.retry_s = retry_s
+        self.max_s = max_s
+        self.attempts = 0  # in this episode
+        self.episodes = 0
+        self.next_at: float | None = None  # None: no episode
+        self._delay = retry_s
+
+    def want(self, now: float, manual_low: bool) -> bool:
+        """Is a request due at ``now``? ``manual_low``: the episode's condition holds."""
+        if not manual_low:
+            self.next_at, self.attempts, self._delay = None, 0, self.retry_s
+            return False
+        if self.next_at is None:
+            self.episodes += 1
+        elif now < self.next_at:
+            return False
+        self.attempts += 1
+        self.next_at = now + self._delay
+        self._delay = min(self._delay * 2, self.max_s)
+        return True

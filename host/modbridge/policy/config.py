@@ -60,6 +60,10 @@ class PolicyConfig:
     sensor_clear_s: float = 10.0  # sensor_fault/tach_implausible/manual_low_duty clear after this
     manual_hot_margin_c: float = 10.0  # "hot" for manual_low_duty: above warn - this
     manual_error_c: float = 1.0  # ... and the module's target error (worst channel) above this
+    # manual_low_duty: ask the module for a signed ``fan_mode auto`` (off: MANUAL may be
+    # deliberate, e.g. a fan test or an autotune; the WARN cut covers the heat anyway)
+    return_to_auto: bool = False
+    return_to_auto_retry_s: float = 10.0  # first retry after this, doubling up to 300 s
     module_grace_s: float = 10.0  # a module never heard from: silent after this
     min_hold_s: float = 60.0  # minimum time at a level before stepping down one level
     early_warning: bool = False
@@ -175,6 +179,8 @@ _KINDS = {
     "sensor_clear_s": _Kind(),
     "manual_hot_margin_c": _Kind(hi=100.0),
     "manual_error_c": _Kind(lo=-50.0, hi=50.0),
+    "return_to_auto": _Kind(kind="bool"),
+    "return_to_auto_retry_s": _Kind(lo=1.0),
     "module_grace_s": _Kind(),
     "min_hold_s": _Kind(),
     "early_warning": _Kind(kind="bool"),

@@ -33,6 +33,10 @@ class Decision:
     at: float = 0.0  # the ``now`` it was made at
     previous_level: int = NORMAL
     can_actuate: bool = True
+    # ask the module for automatic fan control now (a signed ``fan_mode auto``):
+    # ``return_to_auto`` is on and the module is in MANUAL with manual_low_duty;
+    # rate-limited by the pair (blindspots.ReturnToAuto)
+    want_auto: bool = False
 
     @property
     def level_name(self) -> str:
@@ -50,7 +54,7 @@ class Decision:
             "reasons": list(self.reasons),
             "eta_s": self.eta_s,
             "values": dict(self.values),
-        }
+        } | ({"want_auto": True} if self.want_auto else {})
 
 
 def round_w(w):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from modbridge.gpu.base import GpuError, GpuSample
 from modbridge.model import ModuleStatus
+from modbridge.policy.blindspots import ReturnToAuto
 from modbridge.policy.config import PolicyConfig
 from modbridge.policy.crosscheck import SensorCrossCheck
 from modbridge.policy.decision import Decision, target_limit
@@ -23,6 +24,7 @@ from modbridge.policy.levels import (
     R_EARLY_WARNING,
     R_GPU_LOST,
     R_HOLD,
+    R_MANUAL_LOW_DUTY,
     R_MODULE_SILENT,
     R_OVER_TEMP,
     R_PSU_BUDGET,
@@ -58,6 +60,7 @@ class PairPolicy:
         self._module = ModuleRules(cfg)
         self._crosscheck = SensorCrossCheck(cfg)
         self._early = EarlyWarning(cfg.early_warning_window_s, cfg.early_warning_horizon_s)
+        self._auto = ReturnToAuto(cfg.return_to_auto_retry_s)
         self._gpu_thresholds: tuple = (None, None, None)  # slowdown, shutdown, max_operating
         self._original_w: float | None = None
         self._min_w: float | None = None
@@ -195,6 +198,18 @@ class PairPolicy:
         else:
             self._early.active = False
 
+        # return to automatic fan control (if configured) -----------------------------
+        want_auto = self._auto.want(
+            now,
+            cfg.return_to_auto
+            and module is not None
+            and module.state == "MANUAL"
+            and R_MANUAL_LOW_DUTY in active,
+        )
+        if want_auto:
+            values["return_to_auto"] = {"attempt": self._auto.attempts,
+                                        "episode": self._auto.episodes}  # fmt: skip
+
         # level: up at once, down one level per min_hold_s ----------------------------
         raw = raw_level(active)
         prev_level = self._levels.level
@@ -235,4 +250,5 @@ class PairPolicy:
             at=now,
             previous_level=prev_level,
             can_actuate=can_actuate,
+            want_auto=want_auto,
         )
