@@ -165,3 +165,46 @@ def test_image_freezes_exactly_the_manifest(image):
     content = (build_dir / "frozen_content.c").read_text()
     frozen = sorted(set(re.findall(r'"([a-z_0-9/]+\.py)"', content)))
     assert frozen == flash.firmware_sources(BUILD_BOARD)
+
+
+#: Names the firmware reaches only on CPython or where they exist (a try/except
+#: ImportError picks another path on MicroPython).
+OPTIONAL = {
+    "_time.monotonic",  # boards/_common.py: the CPython fallback of time.ticks_ms
+    "hmac",  # protocol/sign.py: the host's fast MAC; MicroPython uses sign.Mac
+    "hmac.new",
+}
+#: Used by the firmware but absent from the F411 images: docs/boards.md "Known issues"
+#: (no RNG on the F411). When device/app.py stops needing it, this test says so.
+KNOWN_GAPS = {"os.urandom"}
+BUILTIN_MODULES = ("_time", "array", "gc", "hashlib", "hmac", "machine", "math",
+                   "micropython", "os", "select", "struct", "sys", "time")  # fmt: skip
+
+
+def builtin_names(files: list[str]) -> set[str]:
+    """``module`` and ``module.attr`` of MicroPython's built-in modules that ``files``
+    import or use (one attribute level: ``machine.Pin``, ``os.rename``)."""
+    import ast
+
+    names = set()
+    for rel in files:
+        for node in ast.walk(ast.parse((REPO_ROOT / rel).read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names if a.name in BUILTIN_MODULES}
+            elif isinstance(node, ast.ImportFrom) and node.module in BUILTIN_MODULES:
+                names |= {f"{node.module}.{a.name}" for a in node.names}
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in BUILTIN_MODULES):  # fmt: skip
+                names.add(f"{node.value.id}.{node.attr}")
+    return names
+
+
+def test_trimmed_image_keeps_every_builtin_the_firmware_uses(image):
+    build_dir = next(mpsource.CACHE_DIR.glob(f"stm32-*-{image['cache_key']}"))
+    text = (build_dir / "genhdr" / "qstrdefs.generated.h").read_text()
+    qstrs = set(re.findall(r"QDEF\d?\(MP_QSTR_(\w+),", text))  # the C side's names
+    used = builtin_names(flash.firmware_sources(BUILD_BOARD))
+    assert {"machine.PWM", "select.poll", "struct.pack_into", "os.rename"} <= used
+    missing = {n for n in used if n.rsplit(".", 1)[-1] not in qstrs} - OPTIONAL
+    assert not missing - KNOWN_GAPS, f"the trimmed image lacks {sorted(missing - KNOWN_GAPS)}"
+    assert not KNOWN_GAPS - missing, f"{sorted(KNOWN_GAPS - missing)} fixed: drop from KNOWN_GAPS"
