@@ -288,17 +288,23 @@ def _fake_tool(bin_dir, name, log):
     return path
 
 
-def test_image_flash_runs_the_flasher_then_mpremote(tmp_path, monkeypatch):
+def _dfu_image(tmp_path, monkeypatch, board):
+    """A fake image for ``board`` in a temporary IMAGE_DIR and a bin/ first on PATH."""
     image_dir = tmp_path / "images"
-    (image_dir / "blackpill_f411").mkdir(parents=True)
-    (image_dir / "blackpill_f411" / "firmware.dfu").write_bytes(b"DfuSe")
+    (image_dir / board).mkdir(parents=True)
+    (image_dir / board / "firmware.dfu").write_bytes(b"DfuSe")
     monkeypatch.setattr(flash, "IMAGE_DIR", image_dir)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return image_dir, bin_dir
+
+
+def test_image_flash_runs_the_flasher_then_mpremote(tmp_path, monkeypatch):
+    image_dir, bin_dir = _dfu_image(tmp_path, monkeypatch, "blackpill_f411")
     log = tmp_path / "calls.log"
     _fake_tool(bin_dir, "dfu-util", log)
     mpremote = _fake_tool(bin_dir, "mpremote", log)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     port = tmp_path / "ttyACM0"
     port.touch()
     plan = flash.deploy("blackpill_f411", str(port), build_dir=tmp_path / "stage",
@@ -325,17 +331,11 @@ def test_image_flash_errors_say_what_to_do(tmp_path, monkeypatch):
 
 
 def test_a_failing_flasher_stops_before_mpremote(tmp_path, monkeypatch):
-    image_dir = tmp_path / "images"
-    (image_dir / "pyboard_v11").mkdir(parents=True)
-    (image_dir / "pyboard_v11" / "firmware.dfu").write_bytes(b"DfuSe")
-    monkeypatch.setattr(flash, "IMAGE_DIR", image_dir)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    _, bin_dir = _dfu_image(tmp_path, monkeypatch, "pyboard_v11")
     (bin_dir / "dfu-util").write_text(
         "#!/bin/sh\necho 'dfu-util: No DFU capable USB device available' >&2\nexit 74\n"
     )
     (bin_dir / "dfu-util").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     with pytest.raises(flash.FlashError) as e:
         flash.deploy("pyboard_v11", "/dev/ttyACM0", build_dir=tmp_path,
                      mpremote_cmd=["false"])  # fmt: skip

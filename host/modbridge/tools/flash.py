@@ -641,31 +641,28 @@ def _without_key(argv: list[str]) -> list[str]:
 
 
 def _mpremote(argv, cwd, port, timeout_s, emit) -> str:
+    return _run(argv, cwd, timeout_s, emit, "mpremote", f" on {port}")
+
+
+def _run_tool(argv: list[str], timeout_s: float, emit: Callable[[str], None], hint: str) -> None:
+    """Run one image-writing command (dfu-util, st-flash, openocd, cp)."""
+    _run(argv, None, timeout_s, emit, argv[0], hint)
+
+
+def _run(argv, cwd, timeout_s, emit, name: str, context: str) -> str:
+    """Run a command; its stdout, or a one-line FlashError naming the tool (``name``),
+    ``context`` and the last line of what it said."""
     emit(shlex.join(argv))
     try:
         proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
-        raise FlashError(f"mpremote timed out after {timeout_s:.0f} s on {port}") from e
+        raise FlashError(f"{name} timed out after {timeout_s:.0f} s{context}") from e
     if proc.returncode != 0:
         raise FlashError(
-            f"mpremote failed (exit {proc.returncode}) on {port}: "
+            f"{name} failed (exit {proc.returncode}){context}: "
             f"{_last_line(proc.stderr or proc.stdout)}"
         )
     return proc.stdout
-
-
-def _run_tool(argv: list[str], timeout_s: float, emit: Callable[[str], None], hint: str) -> None:
-    """Run one image-writing command; a failure says what failed, in one line."""
-    emit(shlex.join(argv))
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        raise FlashError(f"{argv[0]} timed out after {timeout_s:.0f} s") from e
-    if proc.returncode != 0:
-        raise FlashError(
-            f"{argv[0]} failed (exit {proc.returncode}){hint}: "
-            f"{_last_line(proc.stderr or proc.stdout)}"
-        )
 
 
 def _last_line(text: str) -> str:
