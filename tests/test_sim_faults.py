@@ -43,6 +43,8 @@ CONTROLLED = ("gpu", "vram", "mos")
         ("mcu_reset:watchdog@500ms", Fault("mcu_reset", 500, None, "watchdog")),
         ("gpu_lost@100s", Fault("gpu_lost", 100000)),
         ("m1:fan_stall:1@0s", Fault("fan_stall", 0, None, 0, module=1)),
+        ("telemetry_freeze@30s-60s", Fault("telemetry_freeze", 30000, 60000)),
+        ("frozen_telemetry@1min", Fault("telemetry_freeze", 60000)),
     ],
 )
 def test_good_specs(spec, want):
@@ -310,6 +312,20 @@ def test_host_silence(sim):
     t = r.until(23000)  # heard again
     assert t["state"] == C.STATE_HOSTED and t["faults"] == 0, t
     assert len(r.events(C.REASON_HOST_OK, state=C.STATE_HOSTED)) == 2, r.ev
+
+
+def test_telemetry_freeze_repeats_one_frame_byte_for_byte(sim):
+    r = sim("telemetry_freeze@3s-8s")
+    r.until(8000)
+    freeze = r.vm.__dict__["_relay_tx"]  # in front of the runner's relay while on
+    during = [f for t, f in r.tel if t >= 3100]
+    assert len(during) >= 3 and all(f == during[0] for f in during), during
+    assert freeze.repeated >= 3 and freeze.frame.endswith(b"\x00")
+    assert r.vm.telemetry_count >= len(during)  # the tap saw every repeated frame
+    t = r.until(11000)
+    assert "_relay_tx" not in r.vm.__dict__  # the runner's own relay again
+    assert t["uptime_s"] > during[0]["uptime_s"] + 5, (t, during[0])  # the firmware ran on
+    assert t["state"] == C.STATE_STANDALONE and t["faults"] == 0, t  # nothing else happened
 
 
 def test_mcu_reset_keeps_the_config(sim):

@@ -13,6 +13,8 @@
     host_silence@20s-40s        bytes from the host are dropped
     mcu_reset@50s               the MCU resets ("power"; mcu_reset:watchdog@50s, ...)
     gpu_lost@100s               the virtual GPU falls off the bus (NVML GPU_IS_LOST)
+    telemetry_freeze@30s-60s    the host gets the last telemetry frame again, byte for
+                                byte (frozen seq and uptime; the firmware runs on)
     m1:fan_stall:1@5s           only module 1 of a fleet (default: every module)
 
 Times are simulated time from the start, with ``ms``, ``s``, ``min`` or ``h``
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 
 from modbridge.sim.link import RESET_CAUSES
 from modbridge.sim.world import CHANNELS
+from protocol import catalog as C
+from protocol.frame import StreamDecoder
 
 # fault name -> (argument kind, ranged?)
 KINDS = {
@@ -39,12 +43,15 @@ KINDS = {
     "host_silence": (None, True),
     "mcu_reset": ("cause", False),
     "gpu_lost": (None, True),
+    "telemetry_freeze": (None, True),
 }
-ALIASES = {"rail_dip": "dip", "ntc_opened": "ntc_open", "silence": "host_silence"}
+ALIASES = {"rail_dip": "dip", "ntc_opened": "ntc_open", "silence": "host_silence",
+           "frozen_telemetry": "telemetry_freeze"}  # fmt: skip
 
 EXAMPLES = (
     "ntc_open:gpu@30s, ntc_short:vram@10s-20s, fan_stall:2@60s-90s, ina_absent@10s, "
-    "dip:900mV/500ms@45s, host_silence@20s-40s, mcu_reset@50s, gpu_lost@100s"
+    "dip:900mV/500ms@45s, host_silence@20s-40s, mcu_reset@50s, gpu_lost@100s, "
+    "telemetry_freeze@30s-60s"
 )
 
 _UNITS_MS = {"ms": 1, "s": 1000, "min": 60000, "h": 3600000, "": 1000}
@@ -87,7 +94,8 @@ class Fault:
             return f"12 V dip {self.depth_mv} mV/{self.duration_ms} ms"
         if n == "mcu_reset":
             return f"MCU reset ({self.arg})"
-        return {"ina_absent": "INA226 absent", "gpu_lost": "GPU lost"}.get(n, n.replace("_", " "))
+        return {"ina_absent": "INA226 absent", "gpu_lost": "GPU lost",
+                "telemetry_freeze": "telemetry frozen"}.get(n, n.replace("_", " "))  # fmt: skip
 
     def apply(self, vm, on: bool = True) -> None:
         """Switch the fault on (or off) on a ``VirtualModule``."""
@@ -101,11 +109,68 @@ class Fault:
                 vm.world_fault("rail_dip", self.depth_mv, self.duration_ms)
         elif n == "host_silence":
             vm.host_silence(on)
+        elif n == "telemetry_freeze":
+            freeze_telemetry(vm, on)
         elif n == "mcu_reset":
             if on:
                 vm.mcu_reset(self.arg)
         else:  # pragma: no cover - parse_fault admits only KINDS
             raise FaultSpecError(f"unknown fault {n!r}")
+
+
+class TelemetryFreeze:
+    """What the module sends, with every telemetry frame replaced by the first one seen
+    since the freeze began: byte-identical frames (same seq, same uptime), the other
+    messages (hello, ack, events) as they are. Sits in front of the runner's
+    ``_relay_tx`` (pty + tap), so the host and the tap see the same bytes.
+
+    Frames end at a 0x00 delimiter; bytes of an unfinished frame wait for the rest.
+    """
+
+    def __init__(self, relay):
+        self._relay = relay
+        self._buf = b""
+        self.frame: bytes | None = None  # the telemetry frame being repeated
+        self.repeated = 0  # telemetry frames replaced by it
+
+    def __call__(self, data: bytes) -> None:
+        buf = self._buf + bytes(data)
+        end = buf.rfind(b"\x00") + 1
+        self._buf = buf[end:]
+        out = []
+        for chunk in buf[:end].split(b"\x00")[:-1]:
+            frame = chunk + b"\x00"
+            if _is_telemetry(frame):
+                if self.frame is None:
+                    self.frame = frame
+                elif frame != self.frame:
+                    frame = self.frame
+                    self.repeated += 1
+            out.append(frame)
+        if out:
+            self._relay(b"".join(out))
+
+    def flush(self) -> None:
+        if self._buf:
+            self._relay(self._buf)
+            self._buf = b""
+
+
+def _is_telemetry(frame: bytes) -> bool:
+    """Is this one frame (with its delimiter; a text line may precede it) telemetry?"""
+    return any(m.ok and m.name == "telemetry" for m in StreamDecoder(accept=C.D2H).feed(frame))
+
+
+def freeze_telemetry(vm, on: bool = True) -> TelemetryFreeze | None:
+    """Switch the telemetry freeze on (or off) on a ``VirtualModule``; the freeze."""
+    with vm.lock:
+        freeze = vm.__dict__.get("_relay_tx")
+        if on and not isinstance(freeze, TelemetryFreeze):
+            freeze = vm._relay_tx = TelemetryFreeze(vm._relay_tx)
+        elif not on and isinstance(freeze, TelemetryFreeze):
+            del vm._relay_tx  # the runner's own method again
+            freeze.flush()
+        return freeze
 
 
 def parse_time_ms(text: str, what: str = "time") -> int:
