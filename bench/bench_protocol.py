@@ -1,5 +1,10 @@
 """Protocol benchmark: frame sizes, codec speed, telemetry allocation, fuzzing.
 
+Codec keys say which decoder they time: ``..._reference_cpython`` the MicroPython-clean
+StreamDecoder (protocol/) under CPython, ``..._bridge`` the decoder the bridge's links
+feed (HostDecoder, cbor2 fast path); ``fuzz_*_bridge*`` fuzz the latter beside the
+former (:func:`protocol.fuzz.differential`).
+
     python -m bench.run protocol
     python -c "import bench.bench_protocol as b; print(b.run())"
 
@@ -23,6 +28,7 @@ from protocol.telemetry import TelemetryEncoder, index
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FUZZ_CASES_CPYTHON = 100_000
 FUZZ_CASES_MPY = 10_000
+FUZZ_CASES_BRIDGE = 100_000  # differential: the bridge's decoder beside the reference
 FUZZ_SEED = 1
 RUN_S = 1.0  # length of one timing run
 RUNS = 3  # best of
@@ -176,8 +182,21 @@ def telemetry_sizes():
     return n_cbor, n_json
 
 
+def bridge_decoder():
+    """The decoder class the bridge's ModuleLink feeds (CPython fast path over cbor2,
+    falling back to the reference), by its public name wherever the link keeps it."""
+    try:
+        from modbridge.link.codec import HostDecoder
+    except ImportError:
+        from modbridge.link.session import HostDecoder
+    return HostDecoder
+
+
 def codec_rates():
-    """(encode, decode, encode+decode) full telemetry frames per second on CPython."""
+    """Full telemetry frames per second on CPython: encode (``encode_frame``, the one
+    encoder of both the bridge and the reference), then decode with the reference
+    StreamDecoder and with the bridge's decoder (module -> host frames, as a link
+    gets them)."""
     seq = [0]
 
     def encode():
@@ -185,20 +204,20 @@ def codec_rates():
         return encode_frame(C.T_TELEMETRY, TELEMETRY, seq[0])
 
     frames = [encode_frame(C.T_TELEMETRY, TELEMETRY, s) for s in range(256)]
-    dec = StreamDecoder()
-    pos = [0]
+    rates = {"encode": _best_rate(encode, 100)}
+    for name, dec in (("reference", StreamDecoder(accept=C.D2H)), ("bridge", bridge_decoder()())):
+        pos = [0]
 
-    def decode():
-        pos[0] = (pos[0] + 1) & 0xFF
-        return dec.feed(frames[pos[0]])
+        def decode(dec=dec, pos=pos):
+            pos[0] = (pos[0] + 1) & 0xFF
+            return dec.feed(frames[pos[0]])
 
-    def both():
-        return dec.feed(encode())
-
-    got = both()
-    assert len(got) == 1 and got[0].ok and got[0].fields == TELEMETRY, got
-    rates = (_best_rate(encode, 100), _best_rate(decode, 100), _best_rate(both, 100))
-    assert dec.error_total() == 0, dec.errors
+        got = dec.feed(encode())
+        assert len(got) == 1 and got[0].ok and got[0].fields == TELEMETRY, (name, got)
+        rates[name] = _best_rate(decode, 100)
+        assert dec.error_total() == 0, (name, dec.errors)
+        if name == "bridge":  # every good frame took the fast path, none fell back
+            assert dec.fast_frames == dec.frames, (dec.fast_frames, dec.frames)
     return rates
 
 
@@ -208,10 +227,10 @@ def run():
     out["telemetry_frame_bytes_cbor"] = n_cbor
     out["telemetry_frame_bytes_json"] = n_json
 
-    enc_rate, dec_rate, both_rate = codec_rates()
-    out["codec_encode_frames_per_s_cpython"] = round(enc_rate)
-    out["codec_decode_frames_per_s_cpython"] = round(dec_rate)
-    out["codec_frames_per_s_cpython"] = round(both_rate)
+    rates = codec_rates()
+    out["codec_encode_frames_per_s_cpython"] = round(rates["encode"])
+    out["codec_decode_frames_per_s_reference_cpython"] = round(rates["reference"])
+    out["codec_decode_frames_per_s_bridge"] = round(rates["bridge"])
 
     mpy = run_micropython(_MPY_TELEMETRY % (TELEMETRY,))
     out["telemetry_encode_per_s_mpy"] = round(mpy["rate"])
@@ -229,6 +248,13 @@ def run():
     out["fuzz_inconsistent_counters"] = r["inconsistent"] + m["inconsistent"]
     out["fuzz_missed_aims"] = len(r["missed"]) + m["missed"]
     out["fuzz_frames_per_s_cpython"] = round(r["cases"] * 1000 / max(r["elapsed_ms"], 1))
+
+    d = fuzz.differential(FUZZ_CASES_BRIDGE, FUZZ_SEED, bridge_decoder())
+    out["fuzz_frames_bridge_decoder"] = d["cases"]
+    out["fuzz_bridge_disagreements"] = d["disagreements"]
+    out["fuzz_bridge_escaped_exceptions"] = d["escaped_other"]
+    out["fuzz_bridge_fast_path_frames"] = d["fast_frames"]
+    out["fuzz_bridge_missed_aims"] = len(d["missed"])
     out["fuzz_frames_per_s_mpy"] = round(m["cases"] * 1000 / max(m["ms"], 1))
     return out
 

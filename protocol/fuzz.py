@@ -28,6 +28,7 @@ from protocol import catalog as C
 from protocol.crc import crc16
 from protocol.errors import CBORDecodeError, ProtocolError
 from protocol.frame import ERROR_KINDS, HEADER_LEN, MAX_FRAME, MAX_LINE, StreamDecoder, encode_frame
+from protocol.message import BadFrame, Message
 
 try:
     from time import ticks_diff, ticks_ms
@@ -965,3 +966,377 @@ def _jsonl_decode(data, rng):
 def fuzz_jsonl(n=10000, seed=1):
     """``jsonl.decode_line`` on hostile lines: only ProtocolError subclasses may come out."""
     return _direct(n, seed, _jsonl_case, _jsonl_decode, ProtocolError)
+
+
+# ---------------------------------------------------------------------------
+# Differential fuzzing: another decoder against the reference
+
+
+_FLAG_SIGNED = 0x80  # frame byte 1 (protocol.sign.FLAG_SIGNED)
+_TRAILER_LEN = 13  # protocol.sign.TRAILER_LEN
+
+
+def _stuffed(raw):
+    return bytes(cobs.encode(raw)) + b"\x00"
+
+
+def _with_crc(raw):
+    crc = crc16(raw, 0, len(raw))
+    return raw + bytes((crc >> 8, crc & 0xFF))
+
+
+def _edge_values(fdef):
+    """Values at and beyond the edges of field ``fdef``, of its own kind and others."""
+    kind = fdef[C.F_KIND]
+    lo = fdef[C.F_LO]
+    hi = fdef[C.F_HI]
+    if kind in (C.K_UINT, C.K_INT, C.K_ENUM):
+        out = [0, -1, 1, 23, 24, (1 << 63), -(1 << 64), (1 << 64) - 1, True, False]
+        out += [1.0, 0.5, "1", None, [], b"\x01"]
+        if lo is not None:
+            out += [lo, lo - 1]
+        if hi is not None:
+            out += [hi, hi + 1]
+        return out
+    if kind == C.K_STR:
+        n = hi if hi is not None and hi < 200 else 8
+        out = ["", "x" * n, "x" * (n + 1), "\u00e9", "\u2603" * 3, 7, True, None, b"x"]
+        if lo:
+            out += ["x" * (lo - 1), "x" * lo]
+        return out
+    if kind == C.K_BOOL:
+        return [True, False, 0, 1, None, "true", 1.0]
+    return [0, "x", None, True, b"", [], {}, 1.5]
+
+
+def _value_bytes(rng, v):
+    """CBOR of ``v``, sometimes with a non-shortest head (still valid CBOR)."""
+    if type(v) is int and 0 <= v < 24 and rng.chance(6):
+        return bytes((0x18, v))
+    if type(v) is int and 0 <= v < 256 and rng.chance(8):
+        return bytes((0x19, 0, v))
+    return cbor.dumps(v)
+
+
+class _FastCases:
+    """Cases aimed at a fast path's own shortcuts: module -> host frames whose CRC is
+    valid and whose payload is near what such a path accepts (edge values, non-canonical
+    CBOR, the signed flag with and without a trailer, other minors)."""
+
+    def __init__(self, fz):
+        self.fz = fz
+        self.rng = fz.rng
+        d2h = []
+        for entry in fz.frames:
+            if entry[0][C.M_DIR] == C.D2H:
+                d2h.append(entry)
+        self.d2h = d2h
+        # (name, method, weight, aims); weights against the Fuzzer's own (total 101)
+        self.mutators = (
+            ("d2h_valid", self.m_valid, 10, ("frame",)),
+            ("d2h_edges", self.m_edges, 24, ("frame", "invalid")),
+            ("d2h_encoding", self.m_encoding, 16, ("frame", "undecodable")),
+            ("d2h_signed", self.m_signed, 12, ("frame", "framing", "crc")),
+        )
+
+    def _keyed(self):
+        mdef, fields, _ = self.rng.choice(self.d2h)
+        keyed = []
+        for fdef in mdef[C.M_FIELDS]:
+            if fdef[C.F_NAME] in fields:
+                keyed.append([fdef[C.F_KEY], fields[fdef[C.F_NAME]]])
+        return mdef, keyed
+
+    def _map(self, pairs):
+        out = _head(5, len(pairs))
+        for k, v in pairs:
+            out += _value_bytes(self.rng, k) + _value_bytes(self.rng, v)
+        return out
+
+    def _frame(self, mdef, payload, minor=VERSION_MINOR):
+        rng = self.rng
+        raw = bytes((VERSION_MAJOR, minor, mdef[C.M_TYPE], rng.below(256), rng.below(256)))
+        return _stuffed(_with_crc(raw + payload))
+
+    def m_valid(self):
+        """A good frame of another minor (newer minors may add fields)."""
+        mdef, keyed = self._keyed()
+        minor = self.rng.choice((0, 0, 1, 5, 0x7F))
+        return self._frame(mdef, cbor.dumps(dict(keyed)) if keyed else b"", minor)
+
+    def m_edges(self):
+        rng = self.rng
+        mdef, keyed = self._keyed()
+        fdefs = mdef[C.M_FIELDS]
+        if fdefs:
+            for _ in range(rng.between(1, 3)):
+                fdef = rng.choice(fdefs)
+                v = rng.choice(_edge_values(fdef))
+                for pair in keyed:
+                    if pair[0] == fdef[C.F_KEY]:
+                        pair[1] = v
+                        break
+                else:
+                    keyed.append([fdef[C.F_KEY], v])
+        r = rng.below(6)
+        if r == 0 and keyed:  # a required field (or any) missing
+            keyed.pop(rng.below(len(keyed)))
+        elif r == 1:  # a newer minor's field, plain or not
+            keyed.append([rng.between(40, 200), rng.choice((7, -3, "x", None, [1], 1.5, True))])
+        elif r == 2:  # a key of another type
+            keyed.append([rng.choice(("temp", b"k", -1, True, None)), 1])
+        keyed.sort(key=_sort_key)
+        if len(keyed) > 23 or 5 + len(keyed) * 12 > MAX_FRAME:
+            keyed = keyed[:10]
+        return self._frame(mdef, self._map(keyed))
+
+    def m_encoding(self):
+        rng = self.rng
+        mdef, keyed = self._keyed()
+        keyed.sort(key=_sort_key)
+        r = rng.below(7)
+        if r == 0 and len(keyed) > 1:  # keys out of order
+            i = rng.below(len(keyed) - 1)
+            keyed[i], keyed[i + 1] = keyed[i + 1], keyed[i]
+        elif r == 1 and keyed:  # a key twice
+            pair = rng.choice(keyed)
+            keyed.append([pair[0], pair[1]])
+            keyed.sort(key=_sort_key)
+        elif r == 2 and keyed:  # an integer written as a float
+            pair = rng.choice(keyed)
+            if type(pair[1]) is int:
+                pair[1] = float(pair[1])
+        elif r == 3:  # indefinite-length map
+            body = b""
+            for k, v in keyed:
+                body += cbor.dumps(k) + cbor.dumps(v)
+            return self._frame(mdef, b"\xbf" + body + b"\xff")
+        elif r == 4:  # map head not the shortest
+            body = b""
+            for k, v in keyed:
+                body += cbor.dumps(k) + cbor.dumps(v)
+            return self._frame(mdef, bytes((0xB8, len(keyed))) + body)
+        elif r == 5:  # a tag around a value
+            if keyed:
+                pair = rng.choice(keyed)
+                pair[1] = _Tagged(cbor.dumps(pair[1]))
+        return self._frame(mdef, self._map_raw(keyed))
+
+    def _map_raw(self, pairs):
+        out = _head(5, len(pairs))
+        for k, v in pairs:
+            out += _value_bytes(self.rng, k)
+            out += v.data if type(v) is _Tagged else _value_bytes(self.rng, v)
+        return out
+
+    def m_signed(self):
+        """The signed flag: with a trailer after the CRC (a signed frame), without one,
+        or with a trailer whose last two bytes are a CRC over all before them."""
+        rng = self.rng
+        mdef, keyed = self._keyed()
+        payload = cbor.dumps(dict(keyed)) if keyed else b""
+        minor = VERSION_MINOR | _FLAG_SIGNED
+        head = bytes((VERSION_MAJOR, minor, mdef[C.M_TYPE], rng.below(256), rng.below(256)))
+        body = _with_crc(head + payload)
+        r = rng.below(3)
+        if r == 0:
+            return _stuffed(body + rng.bytes(_TRAILER_LEN))
+        if r == 1:
+            return _stuffed(body)
+        return _stuffed(_with_crc(body + rng.bytes(_TRAILER_LEN - 2)))
+
+
+class _Tagged:
+    """Raw CBOR bytes of a tagged value (tag 1, then the value)."""
+
+    def __init__(self, value_bytes):
+        self.data = b"\xc1" + value_bytes
+
+
+def _sort_key(pair):
+    k = pair[0]
+    return (0, k) if type(k) is int else (1, repr(k))
+
+
+def _typed(v):
+    """``v`` with every type spelt out (1 == True == 1.0 in Python; NaN != NaN)."""
+    t = type(v)
+    if t is dict:
+        items = []
+        for k in v:
+            items.append((repr(k), _typed(v[k])))
+        items.sort()
+        return ("dict", tuple(items))
+    if t is list or t is tuple:
+        out = []
+        for x in v:
+            out.append(_typed(x))
+        return ("list", tuple(out))
+    if t is float:
+        return ("float", repr(v))
+    return (t.__name__, v)
+
+
+def verdict(item):
+    """What a decoder decided about one frame or line, for comparing two decoders:
+    a message by type, seq, typed fields, minor, format and signature outcome; a
+    rejection by kind, NACK code, type, seq, field, format and signature outcome.
+    None for an item of a decoder's own (not a Message or BadFrame)."""
+    if isinstance(item, Message):
+        return (
+            "frame",
+            item.type,
+            item.seq,
+            _typed(item.fields),
+            item.minor,
+            item.fmt,
+            item.auth,
+            item.link,
+        )
+    if isinstance(item, BadFrame):
+        return (
+            item.kind,
+            item.code,
+            item.type,
+            item.seq,
+            item.field,
+            item.fmt,
+            item.auth,
+            item.link,
+        )
+    return None
+
+
+def feed_verdicts(dec, chunks):
+    """(verdicts, own items, exception text or None) of feeding every chunk."""
+    out = []
+    own = 0
+    for chunk in chunks:
+        try:
+            got = dec.feed(chunk)
+        except Exception as e:  # noqa: BLE001 - counting them is the point
+            dec.reset()
+            return out, own, "%s(%r)" % (type(e).__name__, str(e)[:120])
+        for it in got:
+            v = verdict(it)
+            if v is None:
+                own += 1
+            else:
+                out.append(v)
+    return out, own, None
+
+
+def _counters(dec):
+    errors = []
+    for k in dec.errors:
+        errors.append((k, dec.errors[k]))
+    errors.sort()
+    return dec.frames, tuple(errors)
+
+
+def _moved(before, after):
+    """What one case added to each counter (a reset in between: all of ``after``)."""
+    if after[0] < before[0]:
+        return after
+    out = []
+    for i in range(len(after[1])):
+        k, v = after[1][i]
+        was = 0
+        for k0, v0 in before[1]:
+            if k0 == k:
+                was = v0
+        out.append((k, v - was))
+    return after[0] - before[0], tuple(out)
+
+
+def differential(n, seed, make_decoder, accept=C.D2H):
+    """Feed ``n`` cases, split into the same chunks, through the reference
+    :class:`~protocol.frame.StreamDecoder` (``accept``) and ``make_decoder()``, both
+    long-lived, and compare what they return.
+
+    Cases: the :class:`Fuzzer`'s mutators plus :class:`_FastCases` (frames aimed at a
+    fast path's shortcuts), each followed by 0x00 and a sentinel telemetry frame.
+    A case *disagrees* when the two give different verdicts (:func:`verdict`) in any
+    order or number, when the case moves their counters (``frames``, ``errors``)
+    differently, or when an
+    exception escapes one of them (``escaped_reference``/``escaped_other``). Items
+    of the other decoder's own (the host's boot banners) are counted in ``own_items``,
+    not compared.
+
+    Returns ``cases``, ``disagreements`` (and ``disagreements_by_mutator``),
+    ``escaped_reference``, ``escaped_other``,
+    ``frames`` (good messages, per the reference), ``fast_frames`` (the other
+    decoder's ``fast_frames`` if it counts them), ``own_items``, ``hits`` (mutator ->
+    verdict kind -> count), ``missed`` aims, ``details`` (first disagreements) and
+    ``elapsed_ms``.
+    """
+    fz = Fuzzer(seed)
+    fast = _FastCases(fz)
+    mutators = fz.mutators + fast.mutators
+    table = []
+    for i in range(len(mutators)):
+        table.extend([i] * mutators[i][2])
+    ref = StreamDecoder(accept=accept)
+    other = make_decoder()
+    hits = {}
+    for m in mutators:
+        hits[m[0]] = {}
+    disagreements = escaped_ref = escaped_other = own_items = 0
+    by_mutator = {}
+    details = []
+    start = ticks_ms()
+    for i in range(n):
+        name, mutate, _, _ = mutators[fz.rng.choice(table)]
+        case = mutate()
+        sentinel = fz.sentinel(i)[2]
+        chunks = fz.chunks(bytes(case) + b"\x00" + sentinel)
+        before_ref = _counters(ref)
+        before_other = _counters(other)
+        want, _, err_ref = feed_verdicts(ref, chunks)
+        got, own, err_other = feed_verdicts(other, chunks)
+        own_items += own
+        escaped_ref += err_ref is not None
+        escaped_other += err_other is not None
+        if err_ref is not None or err_other is not None:
+            # a reset decoder starts clean: re-align both before the next case
+            ref.reset()
+            other.reset()
+        problem = None
+        if err_ref != err_other:
+            problem = "exception: reference %s, other %s" % (err_ref, err_other)
+        elif want != got:
+            problem = "verdicts: reference %r, other %r" % (want, got)
+        else:
+            moved_ref = _moved(before_ref, _counters(ref))
+            moved_other = _moved(before_other, _counters(other))
+            if moved_ref != moved_other:
+                problem = "counters moved: reference %r, other %r" % (moved_ref, moved_other)
+        if problem is not None:
+            disagreements += 1
+            by_mutator[name] = by_mutator.get(name, 0) + 1
+            if len(details) < _MAX_DETAIL:
+                details.append("case %d (%s) %r: %s" % (i, name, bytes(case[:48]), problem[:400]))
+        h = hits[name]
+        for v in want[:-1]:  # the sentinel is the last
+            h[v[0]] = h.get(v[0], 0) + 1
+    elapsed = ticks_diff(ticks_ms(), start)
+    missed = []
+    for m in fast.mutators:
+        for aim in m[3]:
+            if not hits[m[0]].get(aim):
+                missed.append("%s:%s" % (m[0], aim))
+    return {
+        "cases": n,
+        "seed": seed,
+        "disagreements": disagreements,
+        "disagreements_by_mutator": by_mutator,
+        "escaped_reference": escaped_ref,
+        "escaped_other": escaped_other,
+        "frames": ref.frames,
+        "fast_frames": getattr(other, "fast_frames", -1),
+        "own_items": own_items,
+        "hits": hits,
+        "missed": missed,
+        "details": details,
+        "elapsed_ms": elapsed,
+    }

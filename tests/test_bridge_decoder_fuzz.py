@@ -1,0 +1,169 @@
+"""The bridge's fast decoder (HostDecoder, cbor2 fast path) against the reference
+StreamDecoder: every input gives the same verdict from both, never an exception.
+
+A deterministic differential run of protocol/fuzz.py (the benchmark runs 100,000
+cases, bench/bench_protocol.py) and hypothesis properties over arbitrary bytes and
+over frames whose CRC is valid, split into arbitrary chunks. CPython only (cbor2).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.bench_protocol import bridge_decoder
+from protocol import VERSION_MAJOR, cbor, cobs, fuzz
+from protocol import catalog as C
+from protocol.frame import StreamDecoder, encode_frame
+
+HostDecoder = bridge_decoder()
+DIFF_CASES = 4_000
+SETTINGS = settings(
+    max_examples=400,
+    deadline=None,
+    database=None,
+    derandomize=True,  # the same cases every run
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+D2H = [m for m in C.MESSAGES if m[C.M_DIR] == C.D2H]
+
+
+def _signed_flag_without_trailer_accepted() -> bool:
+    """The known disagreement (issue 9, reported to the link's owner): the fast path
+    ignores FLAG_SIGNED, so a frame with the flag and no trailer is a message to it
+    and a CRC/framing error to the reference. While it stands, the agreement tests
+    xfail on it alone (and run in full by themselves once it is fixed)."""
+    mdef = C.by_type(C.T_TELEMETRY)
+    fields = fuzz.valid_fields(fuzz.XorShift32(3), mdef, everything=True)
+    keyed = {f[C.F_KEY]: fields[f[C.F_NAME]] for f in mdef[C.M_FIELDS]}
+    frame = fuzz.raw_frame(C.T_TELEMETRY, cbor.dumps(keyed), 7, VERSION_MAJOR, 0x80)
+    got = HostDecoder().feed(frame)
+    return len(got) == 1 and got[0].ok
+
+
+KNOWN_BUG = _signed_flag_without_trailer_accepted()
+
+
+class _FlagToReference(HostDecoder):
+    """HostDecoder with frames carrying FLAG_SIGNED handed to the reference (the fix
+    of the known bug): while the bug stands, everything else is still compared."""
+
+    def _end_binary(self, out):
+        try:
+            raw = cobs.decode(bytes(self._buf[: self._n]))
+        except Exception:  # noqa: BLE001 - not COBS: the decoder itself decides
+            raw = b""
+        if len(raw) > 1 and raw[1] & 0x80:
+            return StreamDecoder._end_binary(self, out)
+        return super()._end_binary(out)
+
+
+Decoder = _FlagToReference if KNOWN_BUG else HostDecoder
+
+
+@pytest.mark.xfail(KNOWN_BUG, reason="HostDecoder ignores FLAG_SIGNED", strict=True)
+def test_signed_flag_without_trailer_is_refused_as_the_reference_does():
+    assert not _signed_flag_without_trailer_accepted()
+
+
+def _agree(chunks) -> None:
+    ref, host = StreamDecoder(accept=C.D2H), Decoder()
+    want, _, err_ref = fuzz.feed_verdicts(ref, chunks)
+    got, _, err_host = fuzz.feed_verdicts(host, chunks)
+    assert err_ref is None and err_host is None, (err_ref, err_host)
+    assert got == want
+    assert (host.frames, host.errors) == (ref.frames, ref.errors)
+
+
+def test_differential_run_agrees_and_reaches_the_fast_path():
+    r = fuzz.differential(DIFF_CASES, 20240611, Decoder)
+    shown = {k: v for k, v in r.items() if k != "hits"}
+    assert r["cases"] == DIFF_CASES
+    assert r["escaped_reference"] == 0 and r["escaped_other"] == 0, shown
+    assert r["missed"] == [], shown  # every aim of the fast-path cases was reached
+    assert r["fast_frames"] > DIFF_CASES // 2, shown  # most good frames went fast
+    assert r["disagreements"] == 0, shown
+
+
+def test_the_differential_sees_a_decoder_that_differs():
+    # a decoder that drops every frame's last field must be caught, case by case
+    class Lossy(HostDecoder):
+        def feed(self, data, n=None, sink=None):
+            out = super().feed(data, n, sink)
+            for it in out:
+                if it.ok and it.fields:
+                    it.fields.pop(next(iter(it.fields)))
+            return out
+
+    r = fuzz.differential(300, 5, Lossy)
+    assert r["disagreements"] > 100 and r["details"]
+
+
+def _split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    out, prev = [], 0
+    for p in points + [len(data)]:
+        out.append(data[prev:p])
+        prev = p
+    return [c for c in out if c]
+
+
+@SETTINGS
+@given(st.binary(max_size=300), st.lists(st.integers(0, 400), max_size=6))
+def test_any_bytes_same_verdicts(data, cuts):
+    _agree(_split(data + b"\x00", cuts))
+
+
+values = st.one_of(
+    st.integers(-(2**64), 2**64 - 1),
+    st.booleans(),
+    st.text(max_size=20),
+    st.binary(max_size=8),
+    st.floats(),
+    st.none(),
+    st.lists(st.integers(-5, 5), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(0, 3), max_size=2),
+)
+
+
+@st.composite
+def d2h_frames(draw):
+    """A module -> host frame with a valid CRC: a valid message's fields (from a drawn
+    seed) with some replaced by, or added as, any values; sometimes another minor or
+    the signed flag; encoded by our CBOR (canonical, as a module sends it)."""
+    mdef = draw(st.sampled_from(D2H))
+    fields = fuzz.valid_fields(fuzz.XorShift32(draw(st.integers(1, 2**32 - 1))), mdef)
+    keyed = {f[C.F_KEY]: fields[f[C.F_NAME]] for f in mdef[C.M_FIELDS] if f[C.F_NAME] in fields}
+    keys = [f[C.F_KEY] for f in mdef[C.M_FIELDS]] + [40, 99]
+    keyed.update(draw(st.dictionaries(st.sampled_from(keys), values, max_size=3)))
+    for k in draw(st.lists(st.sampled_from(keys), max_size=2)):
+        keyed.pop(k, None)
+    try:
+        payload = cbor.dumps(keyed) if keyed else b""
+    except Exception:  # noqa: BLE001 - not encodable by the subset (NaN, big ints)
+        payload = b""
+    minor = draw(st.sampled_from([0, 0, 0, 1, 0x7F, 0x80, 0x81]))
+    seq = draw(st.integers(0, 0xFFFF))
+    if len(payload) > 480:
+        payload = b""
+    return fuzz.raw_frame(mdef[C.M_TYPE], payload, seq, VERSION_MAJOR, minor)
+
+
+@SETTINGS
+@given(st.lists(d2h_frames(), min_size=1, max_size=4), st.lists(st.integers(0, 2000), max_size=4))
+def test_valid_crc_frames_same_verdicts(frames, cuts):
+    _agree(_split(b"".join(frames), cuts))
+
+
+def test_good_frames_take_the_fast_path():
+    host = HostDecoder()
+    rng = fuzz.XorShift32(9)
+    n = 0
+    for mdef in D2H:
+        for _ in range(5):
+            fields = fuzz.valid_fields(rng, mdef, everything=True)
+            got = host.feed(encode_frame(mdef[C.M_TYPE], fields, n))
+            assert len(got) == 1 and got[0].ok and got[0].fields == fields, (mdef[C.M_NAME], got)
+            n += 1
+    assert host.frames == n and host.fast_frames >= n // 2, (host.fast_frames, n)
