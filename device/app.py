@@ -22,6 +22,8 @@ from device import floors as F
 from device import safety as S
 from device.control import autotune as AT
 from device.control.curve import FanCurve
+from device.control.estimator import INVALID as _NO_EST
+from device.control.estimator import DieEstimator
 from device.control.pid import PID
 from device.control.select import worst_channel
 from device.drivers.fan import Fan
@@ -51,6 +53,7 @@ _N_FAN = const(2)
 _BOOT_TICKS = const(5)  # filter warm-up before sensor verdicts are trusted
 _RX_SIZE = const(128)
 _INA_RETRY_MS = const(5000)
+_DIE_FRESH_MS = const(3000)  # a heartbeat die temperature older than this is stale
 REPL_FLAG = "repl.flag"  # in fs_dir: the next boot stays in the REPL
 MODE_AUTO = const(0)
 MODE_MANUAL = const(1)
@@ -143,6 +146,10 @@ class App:
         self.duty = array("i", [0] * _N_FAN)
         self.manual_duty = array("i", [0] * _N_FAN)
         self.worst_out = array("i", [0, 0])
+        self.est = DieEstimator()
+        self.die_sp = 0
+        self.hosted = False  # the PID regulates the die envelope (not the NTC)
+        self.gpu_temp_ms = 0
         self.ntc_open = 0
         self.ntc_short = 0
         self.pm_fault = False
@@ -281,7 +288,12 @@ class App:
             out_max=65535,
             slew_per_s=p["slew_pct_s"] * 65535 // 100,
             d_filter_ms=p["d_filter_ms"],
+            slew_down_per_s=p["slew_down_pct_min"] * 65535 // 6000,
+            deadband_mc=p["deadband_mc"],
+            i_band_mc=p["i_band_mc"],
         )
+        b.est = (p["env_window_s"], p["ff_tau_ms"])
+        b.die_sp = p["die_sp_mc"]
         cv = cfg["curve"]
         b.curve = FanCurve(cv["points"], cv["hysteresis_mc"])
         mode = ctl["mode"]
@@ -322,6 +334,9 @@ class App:
         self.ina = None
         self.open_ina()
         self.pid = b.pid
+        self.est.configure(b.est[0], b.est[1], self.est.offset_tau_ms)
+        self.die_sp = b.die_sp
+        self.hosted = False
         self.curve = b.curve
         if b.mode != self.mode:
             self._set_mode(b.mode, self.hal.ticks_ms())
@@ -535,6 +550,16 @@ class App:
         # control law
         valid = self.controlled & ~(bad | stuck | implaus)
         idx = worst_channel(self.temps, self.setpoints, valid, self.worst_out)
+        # the die estimate's envelope (device.control.estimator), updated every tick
+        fresh = host_ok and self.gpu_temp_mc is not None
+        fresh = fresh and ticks_diff(now, self.gpu_temp_ms) < _DIE_FRESH_MS
+        env = self.est.update(
+            self.temps[0] if valid & 1 else _NO_EST,
+            self.gpu_temp_mc if fresh else 0,
+            fresh,
+            self.gpu_power_mw if host_ok else 0,
+            dt,
+        )
         state = sup.state
         if idx < 0:
             req0 = 65535  # no valid controlled sensor: nothing to regulate on
@@ -549,7 +574,16 @@ class App:
                 req0 = self.curve.duty(self.setpoints[0] + err)
                 self.pid.track(req0, err)
             else:
-                ff = self.gpu_power_mw if host_ok else 0
+                hosted = host_ok and self.die_sp > 0 and env != _NO_EST
+                if hosted and env - self.die_sp > err:
+                    # the die envelope against die_sp, never below what the NTC
+                    # channels ask for against their own setpoints
+                    err = env - self.die_sp
+                    self.worst_out[1] = err  # telemetry target: what is regulated
+                if hosted != self.hosted:
+                    self.hosted = hosted
+                    self.pid.track(self.fans[0].duty, err)  # bumpless source switch
+                ff = self.est.power_f if host_ok else 0
                 req0 = self.pid.step(err, 0, dt, ff)
             req1 = req0
         if self.tune.status == C.TUNE_RUNNING or self.tune.ended:  # ended: by an abort
@@ -748,6 +782,7 @@ class App:
         self.gpu_slowdown_mc = values[_HB_SLOWDOWN] if present & bit else 0
         if present & (1 << _HB_TEMP):
             self.gpu_temp_mc = values[_HB_TEMP]
+            self.gpu_temp_ms = self.hb_ms
 
     def _tokens(self, tokens, since, burst, per_ms):
         """Refill a token bucket; returns (tokens, since) (ints, no allocation)."""

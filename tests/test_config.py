@@ -240,7 +240,8 @@ def test_unknown_keys_rejected_everywhere():
 def test_typo_message_lists_the_keys():
     msg = rejected(changed("pid.kq", 3), "pid.kq")
     assert msg == ("pid.kq: unknown key (typo?); pid has kp, ki, kd, kff, slew_pct_s, "
-                   "d_filter_ms"), msg
+                   "d_filter_ms, slew_down_pct_min, deadband_mc, i_band_mc, die_sp_mc, "
+                   "env_window_s, ff_tau_ms"), msg
 
 
 def test_comment_must_be_text():
@@ -262,7 +263,7 @@ def test_missing_keys_rejected_everywhere():
             dotted = key if node == "" else node + "." + key
             rejected(cfg, dotted, "missing")
             count += 1
-    assert count == 108, count  # 9 top-level + 6 + 60 + 6 + 2 + 12 + 7 + 6
+    assert count == 114, count  # 9 top-level + 6 + 60 + 12 + 2 + 12 + 7 + 6
 
 
 def test_list_lengths():
@@ -327,7 +328,7 @@ _CROSS = (
     ((("control.telemetry_ms", 50),), "control.telemetry_ms", "multiple of"),
     ((("control.period_ms", 250), ("watchdog_ms", 1000)), "watchdog_ms", "5 x"),
     ((("channels.0.name", "vram"),), "channels.0.name", "order is fixed"),
-    ((("channels.3.setpoint_mc", 45000),), "channels.3.warn_mc", "> setpoint_mc (45000)"),
+    ((("channels.3.setpoint_mc", 60000),), "channels.3.warn_mc", "> setpoint_mc (60000)"),
     ((("channels.3.setpoint_mc", 70000),), "channels.3.setpoint_mc", "10000..60000 for amb"),
     ((("channels.0.setpoint_mc", 15000),), "channels.0.setpoint_mc", "for gpu"),
     ((("channels.0.warn_mc", 70000),), "channels.0.warn_mc", "> setpoint_mc (70000)"),
@@ -503,8 +504,11 @@ def test_unflatten_round_trip():
 def test_get_section():
     cfg = config.defaults()
     pid = config.get_section(cfg, "pid")
-    assert pid == {"pid.kp": 5000, "pid.ki": 200, "pid.kd": 1000, "pid.kff": 100,
-                   "pid.slew_pct_s": 20, "pid.d_filter_ms": 2000}, pid
+    assert pid == {"pid.kp": 5000, "pid.ki": 200, "pid.kd": 0, "pid.kff": 100,
+                   "pid.slew_pct_s": 20, "pid.d_filter_ms": 2000,
+                   "pid.slew_down_pct_min": 30, "pid.deadband_mc": 1000,
+                   "pid.i_band_mc": 8000, "pid.die_sp_mc": 75000, "pid.env_window_s": 90,
+                   "pid.ff_tau_ms": 300000}, pid
     ch2 = config.get_section(cfg, "channels.2")
     assert ch2["channels.2.crit_mc"] == 125000 and len(ch2) == 15
     assert config.get_section(cfg, "watchdog_ms") == {"watchdog_ms": 2000}

@@ -9,16 +9,26 @@ error = measurement - setpoint (m degC); positive error -> more cooling. The out
     u = P + I + D + FF,  P = Kp*e,  I = integral(Ki*e dt),  D = Kd * d(measurement)/dt,
     FF = Kff * gpu_power
 
-then clamped to [out_min, out_max] and slew-limited. Features: derivative on the
-measurement (no kick on a setpoint change) through a first-order low-pass of time
-constant ``d_filter_ms``; integral clamp [i_min, i_max] AND back-calculation
-anti-windup (after the limits and the slew limiter, the integrator moves toward the
-value that makes the unsaturated output consistent with the applied one, with
-tracking time constant Tt = ``tracking_ms``, by default Ti = kp/ki, with which the
-integrator settles at the applied output while saturated); bumpless
-manual -> auto transfer (``track``); GPU-power feed-forward so a load step moves the
-fans before the heat arrives; dt of 1..1000 ms (longer gaps count as 1000 ms,
-dt <= 0 returns the previous duty unchanged).
+then clamped to [out_min, out_max] and slew-limited (separate rates up and down).
+Features: derivative on the measurement (no kick on a setpoint change) through a
+first-order low-pass of time constant ``d_filter_ms``; a deadband (``deadband_mc``:
+errors within +-deadband count as 0, larger ones are reduced by it, so P and I see
+a continuous error that is zero near the setpoint and the output does not hunt on
+sensor noise or quantisation); conditional integration (the integrator stops while
+the applied output is held, by a limit or by the slew limiter, in the direction the
+error pushes; while the error is more than ``i_band_mc`` below the setpoint it
+leaks toward zero with the tracking time constant instead; above the band it
+integrates at the band's rate: a large error that persists still
+reaches full cooling, but the rise of a load step does not wind it up faster than a
+band-sized error would); an integral clamp [i_min,
+i_max]; back-calculation anti-windup that only *unwinds* (when the clamped output
+differs from the unclamped one, the integrator moves toward zero with tracking time
+constant Tt = ``tracking_ms``, by default Ti = kp/ki, and never past zero), so P
+and the feed-forward saturating the output are never absorbed into the integrator:
+after a long time at the minimum the feed-forward still moves the fans at once;
+bumpless manual -> auto transfer (``track``); GPU-power feed-forward so a load step
+moves the fans before the heat arrives; dt of 1..1000 ms (longer gaps count as 1000
+ms, dt <= 0 returns the previous duty unchanged).
 
 Gains (``set_gains``) are the wire's milli-units (protocol/catalog.py, pid_gains),
 ints in 0..1000000 each:
@@ -43,10 +53,11 @@ Fixed point (converted once, at set time; the tick uses only small ints)
       I   per (m degC * ms)            g = ki  * F / 10**11    (input e*dt <= 1.4e8)
       D   per Q8 m degC/s              g = kd  * F / (10**8 * 256)
       FF  per mW                       g = kff * F / 10**8
-      slew per ms                      g = slew_per_s * 2**13 / 1000
+      slew per ms                      g = slew_per_s * 2**13 / 1000 (each direction)
   e.g. kp = 5000 (5 %/degC): g = 26843 Q13 duty per m degC = 13422 * 2**1.
 * Inputs are clamped before any arithmetic: measurement and setpoint to +-2**20
-  m degC, error to +-131071 m degC (the design worst case is +-100000), the
+  m degC, error to +-131071 m degC (the design worst case is +-100000; the
+  deadband, <= 20000, is taken off after the clamp), the
   per-tick measurement change to +-524287 m degC, the measured rate to +-131071
   m degC/s (10 degC/s is the design case), GPU power to 0..2097151 mW (1 kW is
   1000000), dt to 1..1000 ms. The derivative path keeps the filtered rate in Q8
@@ -73,6 +84,8 @@ GAIN_MAX = 1000000  # wire limit of every gain (milli-units)
 DUTY_MAX = 65535
 SLEW_MAX = 6553500  # duty per second: full scale in 10 ms; 0 disables the limiter
 D_FILTER_MAX_MS = 60000
+DEADBAND_MAX = 20000  # m degC
+I_BAND_MAX = 131071  # m degC; the largest error, i.e. "always integrate"
 TRACKING_MAX_MS = 600000
 
 _Q = const(13)  # Q13 duty
@@ -174,6 +187,9 @@ class PID:
         i_max=DUTY_MAX,
         tracking_ms=None,
         antiwindup=True,
+        slew_down_per_s=None,
+        deadband_mc=0,
+        i_band_mc=I_BAND_MAX,
     ):
         # Every attribute the tick touches is created here (no dict growth later).
         self.kp = self.ki = self.kd = self.kff = 0
@@ -183,6 +199,12 @@ class PID:
         self._slew_m = 0
         self._slew_s = 14
         self._slew_l = _A_MAX
+        self._sdn_m = 0
+        self._sdn_s = 14
+        self._sdn_l = _A_MAX
+        self.slew_down_per_s = 0
+        self.deadband_mc = 0
+        self.i_band_mc = I_BAND_MAX
         self._lo = 0
         self._hi = DUTY_MAX << _Q
         self._i_lo = -(DUTY_MAX << _Q)
@@ -198,7 +220,8 @@ class PID:
         self.tracking_ms = None
         self.set_output_limits(out_min, out_max)
         self.set_integral_limits(i_min, i_max)
-        self.set_slew(slew_per_s)
+        self.set_slew(slew_per_s, slew_down_per_s)
+        self.set_deadband(deadband_mc, i_band_mc)
         self.set_d_filter(d_filter_ms)
         self.set_tracking(tracking_ms)
         self.set_gains(kp, ki, kd, kff)
@@ -209,6 +232,7 @@ class PID:
         self._up = self._ud = self._uf = 0
         self._fresh = True
         self._pending = False
+        self._held = 0
         self.duty = 0
         self.reset()
 
@@ -252,11 +276,28 @@ class PID:
         self._i_lo = i_min << _Q
         self._i_hi = i_max << _Q
 
-    def set_slew(self, slew_per_s):
-        """Limit the output change to slew_per_s duty per second (0 = unlimited)."""
+    def set_slew(self, slew_per_s, slew_down_per_s=None):
+        """Limit the output's rise to slew_per_s and its fall to slew_down_per_s duty
+        per second (0 = unlimited; None = the same as the rise)."""
         _check_int("slew_per_s", slew_per_s, 0, SLEW_MAX, "duty_u16 per s, 0 = off")
+        if slew_down_per_s is None:
+            slew_down_per_s = slew_per_s
+        _check_int("slew_down_per_s", slew_down_per_s, 0, SLEW_MAX, "duty_u16 per s, 0 = off")
         self.slew_per_s = slew_per_s
+        self.slew_down_per_s = slew_down_per_s
         self._slew_m, self._slew_s, self._slew_l = gain(slew_per_s << _Q, 1000)
+        self._sdn_m, self._sdn_s, self._sdn_l = gain(slew_down_per_s << _Q, 1000)
+
+    def set_deadband(self, deadband_mc, i_band_mc=I_BAND_MAX):
+        """Error deadband and the conditional-integration band, both m degC.
+
+        |error| <= deadband_mc counts as 0 and larger errors are reduced by it
+        (0..20000); the integrator stops more than i_band_mc below the setpoint and
+        integrates at most i_band_mc above it (deadband..131071; 131071 = no band)."""
+        _check_int("deadband_mc", deadband_mc, 0, DEADBAND_MAX, "m degC")
+        _check_int("i_band_mc", i_band_mc, deadband_mc, I_BAND_MAX, "m degC, >= deadband")
+        self.deadband_mc = deadband_mc
+        self.i_band_mc = i_band_mc
 
     def set_d_filter(self, d_filter_ms):
         """Time constant of the derivative's first-order low-pass (0 = unfiltered)."""
@@ -286,6 +327,7 @@ class PID:
         self._up = self._ud = self._uf = 0
         self._fresh = True
         self._pending = False
+        self._held = 0
         self.duty = self.out_max
 
     def track(self, duty_u16, measurement_mc):
@@ -311,6 +353,7 @@ class PID:
         self._rf = 0
         self._fresh = False
         self._pending = True
+        self._held = 0
         self.duty = duty_u16
 
     def set_auto(self, measurement_mc, current_duty_u16):
@@ -381,19 +424,46 @@ class PID:
         elif ff > _P_MAX_MW:
             ff = _P_MAX_MW
 
-        up = mul(e, self._kp_m, self._kp_s, self._kp_l)
+        # Deadband: |e| <= db counts as 0, beyond it the error is reduced by db, so
+        # the P and I inputs stay continuous.
+        db = self.deadband_mc
+        ai = e if e >= 0 else -e
+        if ai <= db:
+            ed = 0
+        elif e > 0:
+            ed = e - db
+        else:
+            ed = e + db
+
+        up = mul(ed, self._kp_m, self._kp_s, self._kp_l)
         ud = mul(rf, self._kd_m, self._kd_s, self._kd_l)
         uf = mul(ff, self._kff_m, self._kff_s, self._kff_l)
         pdf = _sat(_sat(up + ud) + uf)
+        # The previous applied output held by a limit or the slew limiter in the
+        # direction this error pushes: then no integration (conditional integration).
+        held = (ed > 0 and self._held > 0) or (ed < 0 and self._held < 0)
         if self._ki_m == 0:
             i = 0
             integrating = False
+        elif ed < -self.i_band_mc:
+            # far below the setpoint: no integration; the integrator leaks toward 0
+            # with Tt (what a boot or manual duty left in it must not stay forever).
+            # A switch from manual here starts from I = 0: the slew limiter smooths it.
+            i = 0 if self._pending else self._i
+            i -= mul(i, (dt << 13) // (self._tt + dt), 13, _A_MAX)
+            integrating = True
         elif self._pending:
             # Bumpless: choose I so that this first automatic output is the tracked duty.
             i = self._u - pdf
             integrating = True
+        elif held:
+            i = self._i  # no integration while the output is held
+            integrating = True
         else:
-            i = self._i + mul(e * dt, self._ki_m, self._ki_s, self._ki_l)
+            # within the band; above it at the band's rate (a large error that persists
+            # must still reach full cooling, but not wind up faster than the band's)
+            ei = ed if ed <= self.i_band_mc else self.i_band_mc
+            i = self._i + mul(ei * dt, self._ki_m, self._ki_s, self._ki_l)
             integrating = True
         self._pending = False
         if i > self._i_hi:
@@ -403,25 +473,40 @@ class PID:
 
         u = _sat(pdf + i)
         v = u
+        hold = 0
         if v > self._hi:
             v = self._hi
+            hold = 1
         elif v < self._lo:
             v = self._lo
-        if self._slew_m and not self._fresh:
-            limit = mul(dt, self._slew_m, self._slew_s, self._slew_l)
-            if v > self._u + limit:
-                v = self._u + limit
-            elif v < self._u - limit:
-                v = self._u - limit
+            hold = -1
+        w = v  # clamped; then the slew limiter
+        if not self._fresh:
+            if self._slew_m and v > self._u:
+                limit = mul(dt, self._slew_m, self._slew_s, self._slew_l)
+                if v > self._u + limit:
+                    v = self._u + limit
+                    hold = 1
+            elif self._sdn_m and v < self._u:
+                limit = mul(dt, self._sdn_m, self._sdn_s, self._sdn_l)
+                if v < self._u - limit:
+                    v = self._u - limit
+                    hold = -1
+        self._held = hold
 
-        if self.antiwindup and integrating and v != u:
-            # Back-calculation: I += (applied - unsaturated) * dt / (Tt + dt).
-            diff = _sat(v - u)
-            i += mul(diff, (dt << 13) // (self._tt + dt), 13, _A_MAX)
-            if i > self._i_hi:
-                i = self._i_hi
-            elif i < self._i_lo:
-                i = self._i_lo
+        if self.antiwindup and integrating and w != u:
+            # Back-calculation that only unwinds: I moves toward 0 by (clamped -
+            # unclamped) * dt / (Tt + dt), never past 0, so P and FF are never absorbed.
+            diff = _sat(w - u)
+            adj = mul(diff, (dt << 13) // (self._tt + dt), 13, _A_MAX)
+            if i > 0 and adj < 0:
+                i += adj
+                if i < 0:
+                    i = 0
+            elif i < 0 and adj > 0:
+                i += adj
+                if i > 0:
+                    i = 0
 
         self._i = i
         self._up = up

@@ -1,0 +1,172 @@
+"""What the hosted loop regulates: the peak envelope of an estimate of the GPU die.
+
+    est = DieEstimator()                       # allocated once
+    env = est.update(ntc_mc, die_mc, fresh, power_mw, dt_ms)   # per tick, no allocation
+    if env != INVALID: error = env - die_setpoint_mc
+
+The NTC on the heatsink (or beside the memory MOSFETs) lags the die by seconds to
+tens of seconds and reads several degC below it, by an offset that grows with the
+power. The host's heartbeat carries the die temperature itself (NVML, whole degC,
+about once a second) and the board power. With a fresh heartbeat temperature the
+estimate is that temperature (+0.5 degC: NVML truncates); the estimator also learns
+the die-NTC offset per watt from it, and when the heartbeat has power but no
+temperature (or it is stale) the estimate is NTC + learned offset at the current
+power. Without a host there is no estimate (``INVALID``): the caller falls back to
+the NTC channels and their own setpoints.
+
+The loop regulates the **peak envelope** of the estimate: its maximum over the last
+``window_s`` seconds (a ring of per-second maxima; a rise counts at once, a fall
+after the window). Under load bursts shorter than the window the die swings by tens
+of degC within seconds; the envelope sits at the burst peaks and stays there, so
+the fans hold still, and the peaks (what the slowdown threshold sees) are what is
+regulated. NVML's whole degrees do not make it hunt either: a die at 76.9..77.1
+reads 76 and 77 in turn, the envelope stays at 77.5.
+
+``power_mw`` also goes into ``power_f``, the feed-forward input, as a peak envelope
+too: it follows a rise at once (a load step moves the fans before the heat arrives)
+and falls with the time constant ``power_tau_ms``, so load bursts shorter than that
+hold the feed-forward at their peak instead of moving the fans with every burst.
+
+Integer only: temperatures are clamped to +-2**20 m degC, power to 0..2**21 mW, dt to
+1..1000 ms; the offset model is kept in Q8 m degC per W (clamped); products
+are bounded by the clamps (a filter step is diff * dt // (tau + dt) with |diff| <
+2**20 and dt <= 1000, so no intermediate reaches 2**30; tests/test_estimator.py checks
+every result with tests/intcheck.py and runs the tick under ``heap_lock``).
+"""
+
+try:
+    from micropython import const
+except ImportError:
+    const = lambda x: x  # noqa: E731
+
+from array import array
+
+INVALID = const(-(1 << 30))
+_D_MAX = const(1048575)  # mW: |power step| taken per tick (so diff * dt < 2**30)
+_T_LIM = const(1048575)
+_P_MAX = const(2097151)
+_DT_MAX = const(1000)
+_R_MAX = const(32767)  # Q8 m degC/W: up to 128 degC per W, far above any heatsink
+WINDOW_MAX_S = 300  # the ring's size (1.2 KB): the longest envelope window
+_W_MIN = const(20)  # W: below this the offset per watt is not learned (idle noise)
+
+
+def _clamp(x, lo, hi):
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+
+
+class DieEstimator:
+    """Die temperature estimate (m degC) and its peak envelope; see the module docstring."""
+
+    def __init__(self, window_s=90, power_tau_ms=300000, offset_tau_ms=60000):
+        self.window_s = 0
+        self.power_tau_ms = 0
+        self.offset_tau_ms = 0
+        self._ring = array("i", [INVALID] * WINDOW_MAX_S)
+        self.configure(window_s, power_tau_ms, offset_tau_ms)
+        self.est = INVALID
+        self.env = INVALID
+        self.power_f = 0
+        self.r_q8 = 0  # learned (die - NTC) per W, Q8 m degC/W; 0 = not learned
+        self._pos = 0  # ring slot of the current second
+        self._ms = 0  # ms into the current second
+
+    def configure(self, window_s, power_tau_ms, offset_tau_ms):
+        for name, v, hi in (
+            ("window_s", window_s, WINDOW_MAX_S),
+            ("power_tau_ms", power_tau_ms, 600000),
+            ("offset_tau_ms", offset_tau_ms, 600000),
+        ):
+            if type(v) is not int or v < 0 or v > hi:
+                raise ValueError("%s must be an int in 0..%d, got %r" % (name, hi, v))
+        self.window_s = window_s
+        self.power_tau_ms = power_tau_ms
+        self.offset_tau_ms = offset_tau_ms
+        self.reset()
+
+    def reset(self):
+        """Forget the estimate and the envelope (keeps the learned offset)."""
+        self.est = INVALID
+        self.env = INVALID
+        self.power_f = 0
+        self._forget()
+
+    def _forget(self):
+        ring = self._ring
+        i = 0
+        while i < WINDOW_MAX_S:
+            ring[i] = INVALID
+            i += 1
+        self._pos = 0
+        self._ms = 0
+
+    def update(self, ntc_mc, die_mc, fresh, power_mw, dt_ms):
+        """One tick: return the envelope (m degC), or INVALID without an estimate.
+
+        ``die_mc`` is the heartbeat's die temperature, used when ``fresh``; ``ntc_mc``
+        the GPU channel's NTC (INVALID when that sensor is bad); ``power_mw`` the
+        heartbeat's board power (0 when absent: no offset model either).
+        """
+        dt = _clamp(dt_ms, 1, _DT_MAX)
+        p = _clamp(power_mw, 0, _P_MAX)
+        pf = self.power_f
+        tau = self.power_tau_ms
+        if tau == 0 or p >= pf:
+            pf = p  # a rise at once: the feed-forward acts on a load step
+        else:
+            pf += _clamp(p - pf, -_D_MAX, _D_MAX) * dt // (tau + dt)
+        self.power_f = pf
+        ntc_ok = ntc_mc != INVALID
+        w = p // 1000
+        if fresh:
+            est = _clamp(die_mc, -_T_LIM, _T_LIM) + 500  # NVML truncates to whole degC
+            if ntc_ok and w >= _W_MIN and self.offset_tau_ms:
+                # learn (die - NTC) / W, low-passed with offset_tau_ms
+                off = _clamp(est - _clamp(ntc_mc, -_T_LIM, _T_LIM), -_T_LIM, _T_LIM)
+                r = _clamp((off << 8) // w, -_R_MAX, _R_MAX)
+                rq = self.r_q8
+                rq += (r - rq) * dt // (self.offset_tau_ms + dt)
+                self.r_q8 = rq
+        elif ntc_ok and self.r_q8 != 0 and w > 0:
+            est = _clamp(ntc_mc, -_T_LIM, _T_LIM) + ((self.r_q8 * w) >> 8)
+        else:
+            if self.est != INVALID:
+                self._forget()
+            self.est = INVALID
+            self.env = INVALID
+            return INVALID
+        self.est = est
+        n = self.window_s
+        if n == 0:
+            self.env = est
+            return est
+        ring = self._ring
+        pos = self._pos
+        ms = self._ms + dt
+        if ms >= 1000:  # a new second: a new slot, then the maximum over the window
+            ms -= 1000
+            pos += 1
+            if pos >= n:
+                pos = 0
+            ring[pos] = est
+            env = est
+            i = 0
+            while i < n:
+                v = ring[i]
+                if v > env:
+                    env = v
+                i += 1
+        else:
+            if est > ring[pos]:
+                ring[pos] = est
+            env = self.env
+            if env == INVALID or est > env:
+                env = est
+        self._pos = pos
+        self._ms = ms
+        self.env = env
+        return env
