@@ -825,6 +825,7 @@ def serve(
     thread.start()
     thread.name = "modbridge-metrics"
     server = MetricsServer(httpd, thread, endpoint.registry)
+    server.endpoint = endpoint
     server.renderer = endpoint.renderer
     log.info("serving metrics on %s", server.url)
     return server
