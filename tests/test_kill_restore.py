@@ -35,36 +35,48 @@ from filegpu import FileGpuBackend, UUID
 from modbridge.bridge import Bridge
 from modbridge.config import BridgeConfig
 
-gpu_path, state_dir, seed = sys.argv[2], sys.argv[3], int(sys.argv[4])
+gpu_path, state_dir, seed, actuator = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 backend = FileGpuBackend(gpu_path)
-b = Bridge(BridgeConfig(), backend, [], state_dir=state_dir).start()
+b = Bridge(BridgeConfig(actuator=actuator), backend, [], state_dir=state_dir).start()
 uninstall = b.install_signal_handlers()
 lim = b.limiters[UUID]
+clocks = lim.primary if actuator == "clocks" else lim.secondary
+
+
+def lower(level):
+    if actuator == "clocks":
+        lim.apply(None, "warn" if level == 1 else "critical", level=level)
+    else:                                    # 0.7 x the original it believes, or the minimum
+        lim.apply(0.7 * lim.original_w if level == 1 else lim.min_w, "warn")
+
+
 print("ready " + json.dumps({"limit_w": backend.gpu.limit_w, "original_w": lim.original_w,
+                              "lock": backend.gpu.lock, "original": clocks.original,
                               "holding": lim.holding}), flush=True)
 rng = random.Random(seed)
 while not b._stop.is_set():
-    lim.apply(0.7 * lim.original_w, "warn")                       # lower
+    lower(1)                                                       # lower
     time.sleep(rng.uniform(0, 0.004))                              # hold
     if rng.random() < 0.3:
-        lim.apply(lim.min_w, "critical")                           # lower further
+        lower(2)                                                   # lower further
         time.sleep(rng.uniform(0, 0.004))
     lim.restore("clear")                                           # restore
     time.sleep(rng.uniform(0, 0.002))
 ok = b.stop()
 uninstall()
-print("stopped " + json.dumps({"limit_w": backend.gpu.limit_w, "ok": ok}), flush=True)
+print("stopped " + json.dumps({"limit_w": backend.gpu.limit_w, "lock": backend.gpu.lock,
+                               "ok": ok}), flush=True)
 """
 
 
-def spawn(tmp_path, seed):
+def spawn(tmp_path, seed, actuator="power"):
     script = tmp_path / "child.py"
     if not script.exists():
         script.write_text(CHILD)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.Popen(
         [sys.executable, str(script), str(TESTS), str(tmp_path / "gpu.json"),
-         str(tmp_path / "state"), str(seed)],
+         str(tmp_path / "state"), str(seed), actuator],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
 
@@ -144,7 +156,8 @@ def test_sighup_and_sigquit_restore_like_sigterm(tmp_path, sig):
     finally:
         finish(proc)
     assert proc.returncode == 0, err
-    assert json.loads(out.split("stopped ", 1)[1]) == {"limit_w": TRUE_ORIGINAL_W, "ok": True}
+    assert json.loads(out.split("stopped ", 1)[1]) == {"limit_w": TRUE_ORIGINAL_W, "lock": None,
+                                                       "ok": True}  # fmt: skip
     assert gpu.limit_w == TRUE_ORIGINAL_W
 
 

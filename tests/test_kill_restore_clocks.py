@@ -23,42 +23,8 @@ from test_kill_restore import finish, ready
 
 SEED = 11
 
-CHILD = r"""
-import json, random, sys, time
-sys.path.insert(0, sys.argv[1])
-from filegpu import FileGpuBackend, UUID
-from modbridge.bridge import Bridge
-from modbridge.config import BridgeConfig
-
-gpu_path, state_dir, seed = sys.argv[2], sys.argv[3], int(sys.argv[4])
-backend = FileGpuBackend(gpu_path)
-b = Bridge(BridgeConfig(actuator="clocks"), backend, [], state_dir=state_dir).start()
-uninstall = b.install_signal_handlers()
-lim = b.limiters[UUID]
-clocks = lim.primary
-print("ready " + json.dumps({"lock": backend.gpu.lock, "original": clocks.original,
-                              "holding": lim.holding, "limit_w": backend.gpu.limit_w}),
-      flush=True)
-rng = random.Random(seed)
-while not b._stop.is_set():
-    lim.apply(None, "warn", level=1)                               # lock
-    time.sleep(rng.uniform(0, 0.004))                              # hold
-    if rng.random() < 0.3:
-        lim.apply(None, "critical", level=2)                       # lock lower
-        time.sleep(rng.uniform(0, 0.004))
-    lim.restore("clear")                                           # unlock
-    time.sleep(rng.uniform(0, 0.002))
-ok = b.stop()
-uninstall()
-print("stopped " + json.dumps({"lock": backend.gpu.lock, "ok": ok}), flush=True)
-"""
-
-
 def spawn(tmp_path, seed):
-    script = tmp_path / "child.py"
-    if not script.exists():
-        script.write_text(CHILD)
-    return base.spawn(tmp_path, seed)
+    return base.spawn(tmp_path, seed, actuator="clocks")
 
 
 def as_lock(value):
@@ -124,5 +90,6 @@ def test_signals_unlock_like_a_stop(tmp_path, sig):
     finally:
         finish(proc)
     assert proc.returncode == 0, err
-    assert json.loads(out.split("stopped ", 1)[1]) == {"lock": None, "ok": True}
+    assert json.loads(out.split("stopped ", 1)[1]) == {"limit_w": 700.0, "lock": None,
+                                                       "ok": True}  # fmt: skip
     assert gpu.lock is None

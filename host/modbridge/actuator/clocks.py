@@ -49,7 +49,13 @@ import time
 from dataclasses import dataclass
 
 from modbridge.actuator.journal import ClockJournal, JournalError
-from modbridge.actuator.power import BACKOFF_FIRST_S, BACKOFF_MAX_S, ActuatorBase, ApplyResult
+from modbridge.actuator.power import (
+    BACKOFF_FIRST_S,
+    BACKOFF_MAX_S,
+    ActuatorBase,
+    ApplyResult,
+    restore_each,
+)
 from modbridge.gpu.base import ClocksRefused, ClockState, GpuBackend, GpuError, GpuNoPermission
 
 _log = logging.getLogger(__name__)
@@ -389,48 +395,31 @@ def restore_journaled_clocks(backend: GpuBackend, state_dir, dry_run=False, log=
     lock (an unusable entry: unlocked), each under its GPU lock. One dict per entry:
     ``uuid``, ``actuator`` ("clocks"), ``original``, ``action`` (restored,
     would_restore, at_original, refused, busy, missing), ``ok``, ``message``."""
-    from modbridge.actuator.gpulock import GpuBusy, GpuLock
-
     journal = ClockJournal(state_dir)
-    out = []
-    for uuid in journal.uuids():
+
+    def restore_one(uuid, sink, events):
         row = {"uuid": uuid, "actuator": "clocks", "original": None}
-        events: list[dict] = []
-
-        def sink(ev, events=events):
-            events.append(ev)
-            if log is not None:
-                (log.write("clocks", **{k: v for k, v in ev.items() if k != "event"})
-                 if hasattr(log, "write") else log(ev))  # fmt: skip
-
-        lock = GpuLock(state_dir, uuid)
+        locker = ClockLocker(backend, uuid, dry_run=dry_run, log=sink, journal=journal)
         try:
-            lock.acquire()
-        except GpuBusy as e:
-            out.append({**row, "action": "busy", "ok": False, "message": str(e)})
-            continue
-        try:
-            locker = ClockLocker(backend, uuid, dry_run=dry_run, log=sink, journal=journal)
-            try:
-                locker.start()
-            except GpuError as e:
-                out.append({**row, "action": "missing", "ok": False,
-                            "message": f"GPU {uuid} clocks cannot be read ({e}): not "
-                                       "restored; the journal entry is kept"})  # fmt: skip
-                continue
-            row["original"] = None if locker.original is None else list(locker.original)
-            target = _fmt(locker.original)
-            if dry_run and locker.holding:
-                action, ok, msg = "would_restore", True, f"would restore {target}"
-            elif locker.holding:
-                action, ok = "refused", False
-                msg = next((e["message"] for e in reversed(events)
-                            if e.get("level") == "alert"), "restore refused")  # fmt: skip
-            else:
-                restored = any(e.get("action") == "restore" for e in events)
-                action, ok = ("restored" if restored else "at_original"), True
-                msg = f"clocks {target}"
-            out.append({**row, "action": action, "ok": ok, "message": msg})
-        finally:
-            lock.release()
-    return out
+            locker.start()
+        except GpuError as e:
+            return {**row, "action": "missing", "ok": False,
+                    "message": f"GPU {uuid} clocks cannot be read ({e}): not restored; "
+                               "the journal entry is kept"}  # fmt: skip
+        row["original"] = None if locker.original is None else list(locker.original)
+        target = _fmt(locker.original)
+        if dry_run and locker.holding:
+            return {**row, "action": "would_restore", "ok": True,
+                    "message": f"would restore {target}"}  # fmt: skip
+        if locker.holding:
+            msg = next((e["message"] for e in reversed(events)
+                        if e.get("level") == "alert"), "restore refused")  # fmt: skip
+            return {**row, "action": "refused", "ok": False, "message": msg}
+        restored = any(e.get("action") == "restore" for e in events)
+        return {**row, "action": "restored" if restored else "at_original", "ok": True,
+                "message": f"clocks {target}"}  # fmt: skip
+
+    def blank():
+        return {"actuator": "clocks", "original": None}
+
+    return restore_each(journal, state_dir, "clocks", log, restore_one, blank)

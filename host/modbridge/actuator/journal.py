@@ -124,8 +124,8 @@ def _watts(value) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-def parse_entry(uuid: str, raw: bytes) -> tuple[JournalEntry | None, str | None]:
-    """An entry from a file's bytes, or None and why it cannot be used."""
+def _load(uuid: str, raw: bytes, kind: str | None) -> tuple[dict | None, str | None]:
+    """A file's JSON object if it is a version-1 entry of ``kind`` for ``uuid``."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
@@ -134,25 +134,33 @@ def parse_entry(uuid: str, raw: bytes) -> tuple[JournalEntry | None, str | None]
         return None, "not a JSON object"
     if data.get("version") != VERSION:
         return None, f"unknown version {data.get('version')!r}"
+    if data.get("kind") != kind:
+        return None, f"not a {kind or 'power-limit'} entry (kind {str(data.get('kind'))[:16]!r})"
     if data.get("uuid") != uuid:
         return None, f"names another GPU ({str(data.get('uuid'))[:64]!r})"
+    return data, None
+
+
+def _stamp(data: dict) -> dict:
+    """``time`` and ``pid`` of an entry (0 when absent or not numbers)."""
+    ts, pid = data.get("time"), data.get("pid")
+    return {
+        "time": float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else 0.0,
+        "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
+    }
+
+
+def parse_entry(uuid: str, raw: bytes) -> tuple[JournalEntry | None, str | None]:
+    """An entry from a file's bytes, or None and why it cannot be used."""
+    data, problem = _load(uuid, raw, None)
+    if data is None:
+        return None, problem
     original = _watts(data.get("original_w"))
     if original is None:
         return None, f"original_w is not a power in W ({str(data.get('original_w'))[:32]!r})"
     intended = data.get("intended_w")
     intended = None if intended is None else _watts(intended)
-    ts = data.get("time")
-    pid = data.get("pid")
-    return (
-        JournalEntry(
-            uuid=uuid,
-            original_w=original,
-            intended_w=intended,
-            time=float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else 0.0,
-            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
-        ),
-        None,
-    )
+    return JournalEntry(uuid=uuid, original_w=original, intended_w=intended, **_stamp(data)), None
 
 
 class _JournalDir:
@@ -285,16 +293,9 @@ def _mhz(value) -> int | None:
 
 def parse_clock_entry(uuid: str, raw: bytes) -> tuple[ClockEntry | None, str | None]:
     """A clock entry from a file's bytes, or None and why it cannot be used."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        return None, f"not JSON ({e.__class__.__name__}: {str(e)[:80]})"
-    if not isinstance(data, dict):
-        return None, "not a JSON object"
-    if data.get("version") != VERSION or data.get("kind") != "clocks":
-        return None, f"not a version {VERSION} clocks entry"
-    if data.get("uuid") != uuid:
-        return None, f"names another GPU ({str(data.get('uuid'))[:64]!r})"
+    data, problem = _load(uuid, raw, "clocks")
+    if data is None:
+        return None, problem
     original = data.get("original")
     if original is not None:
         pair = original if isinstance(original, list) and len(original) == 2 else [None, None]
@@ -302,17 +303,9 @@ def parse_clock_entry(uuid: str, raw: bytes) -> tuple[ClockEntry | None, str | N
         if lo is None or hi is None or lo > hi:
             return None, f"original is not a clock lock in MHz ({str(original)[:40]!r})"
         original = (lo, hi)
-    ts, pid = data.get("time"), data.get("pid")
-    return (
-        ClockEntry(
-            uuid=uuid,
-            original=original,
-            intended_max_mhz=_mhz(data.get("intended_max_mhz")),
-            time=float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else 0.0,
-            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
-        ),
-        None,
-    )
+    intended = _mhz(data.get("intended_max_mhz"))
+    return ClockEntry(uuid=uuid, original=original, intended_max_mhz=intended,
+                      **_stamp(data)), None  # fmt: skip
 
 
 class ClockJournal(_JournalDir):

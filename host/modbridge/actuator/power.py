@@ -598,63 +598,75 @@ def install_signal_handlers(limiters, signals=SIGNALS):
     return uninstall
 
 
-def restore_journaled(backend: GpuBackend, state_dir, dry_run=False, log=None) -> list[dict]:
-    """``modbridge restore``: put every journaled GPU back to its original limit,
-    without the loop. Each GPU is locked first (a running bridge owns its GPUs: its
-    own stop restores them). Returns one dict per journal file: ``uuid``,
-    ``original_w``, ``before_w``, ``after_w``, ``action`` (restored, would_restore,
-    at_original, refused, busy, missing, ignored) and ``ok``, ``message``."""
+def restore_each(journal, state_dir, event_kind, log, restore_one, blank=dict) -> list[dict]:
+    """``modbridge restore``'s loop over one journal: every GPU locked first (a GPU
+    owned by a running bridge is ``busy``: its own stop restores it), then
+    ``restore_one(uuid, sink, events)`` returns its row; ``sink`` collects the
+    actuator's events into ``events`` and forwards them to ``log``. ``blank()`` gives
+    the keys a ``busy`` row has too."""
     from modbridge.actuator.gpulock import GpuBusy, GpuLock
 
-    journal = LimitJournal(state_dir)
     out = []
     for uuid in journal.uuids():
-        row = {"uuid": uuid, "original_w": None, "before_w": None, "after_w": None}
         events: list[dict] = []
 
         def sink(ev, events=events):
             events.append(ev)
             if log is not None:
-                (log.write("power_limit", **{k: v for k, v in ev.items() if k != "event"})
+                (log.write(event_kind, **{k: v for k, v in ev.items() if k != "event"})
                  if hasattr(log, "write") else log(ev))  # fmt: skip
 
         lock = GpuLock(state_dir, uuid)
         try:
             lock.acquire()
         except GpuBusy as e:
-            out.append({**row, "action": "busy", "ok": False, "message": str(e)})
+            out.append({**blank(), "uuid": uuid, "action": "busy", "ok": False,
+                        "message": str(e)})  # fmt: skip
             continue
         try:
-            lim = PowerLimiter(backend, uuid, dry_run=dry_run, log=sink, journal=journal)
-            try:
-                before = backend.sample(uuid).enforced_limit_w
-                row["before_w"] = before
-                lim.start()
-            except GpuError as e:
-                out.append({**row, "action": "missing", "ok": False,
-                            "message": f"GPU {uuid} cannot be read ({e}): not restored; "
-                                       "the journal entry is kept"})  # fmt: skip
-                continue
-            row["original_w"] = lim.original_w
-            row["after_w"] = lim.current_w
-            problems = [e["message"] for e in events if e.get("action") == "journal"]
-            if problems and not any("used instead" in p for p in problems):
-                out.append({**row, "action": "ignored", "ok": False,
-                            "message": "; ".join(problems)})  # fmt: skip
-            elif dry_run and lim.holding:
-                out.append({**row, "action": "would_restore", "ok": True,
-                            "message": f"would restore {lim.original_w:g} W "
-                                       f"(now {lim.current_w:g} W)"})  # fmt: skip
-            elif lim.holding:
-                msg = next((e["message"] for e in reversed(events)
-                            if e.get("level") == "alert"), "restore refused")  # fmt: skip
-                out.append({**row, "action": "refused", "ok": False, "message": msg})
-            else:
-                restored = before is not None and before < lim.original_w - SKIP_BAND_W
-                out.append({**row, "action": "restored" if restored else "at_original",
-                            "ok": True,
-                            "message": "; ".join([*problems,
-                                                  f"{lim.original_w:g} W enforced"])})  # fmt: skip
+            out.append(restore_one(uuid, sink, events))
         finally:
             lock.release()
     return out
+
+
+def restore_journaled(backend: GpuBackend, state_dir, dry_run=False, log=None) -> list[dict]:
+    """``modbridge restore``: put every journaled GPU back to its original limit,
+    without the loop. Each GPU is locked first (a running bridge owns its GPUs: its
+    own stop restores them). Returns one dict per journal file: ``uuid``,
+    ``original_w``, ``before_w``, ``after_w``, ``action`` (restored, would_restore,
+    at_original, refused, busy, missing, ignored) and ``ok``, ``message``."""
+    journal = LimitJournal(state_dir)
+
+    def restore_one(uuid, sink, events):
+        row = {"uuid": uuid, "original_w": None, "before_w": None, "after_w": None}
+        lim = PowerLimiter(backend, uuid, dry_run=dry_run, log=sink, journal=journal)
+        try:
+            before = backend.sample(uuid).enforced_limit_w
+            row["before_w"] = before
+            lim.start()
+        except GpuError as e:
+            return {**row, "action": "missing", "ok": False,
+                    "message": f"GPU {uuid} cannot be read ({e}): not restored; "
+                               "the journal entry is kept"}  # fmt: skip
+        row["original_w"] = lim.original_w
+        row["after_w"] = lim.current_w
+        problems = [e["message"] for e in events if e.get("action") == "journal"]
+        if problems and not any("used instead" in p for p in problems):
+            return {**row, "action": "ignored", "ok": False, "message": "; ".join(problems)}
+        if dry_run and lim.holding:
+            return {**row, "action": "would_restore", "ok": True,
+                    "message": f"would restore {lim.original_w:g} W "
+                               f"(now {lim.current_w:g} W)"}  # fmt: skip
+        if lim.holding:
+            msg = next((e["message"] for e in reversed(events)
+                        if e.get("level") == "alert"), "restore refused")  # fmt: skip
+            return {**row, "action": "refused", "ok": False, "message": msg}
+        restored = before is not None and before < lim.original_w - SKIP_BAND_W
+        return {**row, "action": "restored" if restored else "at_original", "ok": True,
+                "message": "; ".join([*problems, f"{lim.original_w:g} W enforced"])}  # fmt: skip
+
+    def blank():
+        return {"original_w": None, "before_w": None, "after_w": None}
+
+    return restore_each(journal, state_dir, "power_limit", log, restore_one, blank)
