@@ -142,14 +142,16 @@ def test_sigkill_at_random_instants_never_ratchets(tmp_path):
           f"lowered, {starts_that_restored} left a journal entry")  # fmt: skip
 
 
+@pytest.mark.parametrize("actuator", ["power", "clocks"])
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM])
-def test_sighup_and_sigquit_restore_like_sigterm(tmp_path, sig):
+def test_sighup_and_sigquit_restore_like_sigterm(tmp_path, sig, actuator):
     gpu = FileGpu.create(tmp_path / "gpu.json", limit_w=TRUE_ORIGINAL_W)
-    proc = spawn(tmp_path, seed=2)
+    proc = spawn(tmp_path, seed=2, actuator=actuator)
+    writes = "writes" if actuator == "power" else "clock_writes"
     try:
         ready(proc)
         deadline = time.monotonic() + 10
-        while gpu.read()["writes"] < 4 and time.monotonic() < deadline:
+        while gpu.read()[writes] < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=20)
@@ -158,7 +160,7 @@ def test_sighup_and_sigquit_restore_like_sigterm(tmp_path, sig):
     assert proc.returncode == 0, err
     assert json.loads(out.split("stopped ", 1)[1]) == {"limit_w": TRUE_ORIGINAL_W, "lock": None,
                                                        "ok": True}  # fmt: skip
-    assert gpu.limit_w == TRUE_ORIGINAL_W
+    assert gpu.limit_w == TRUE_ORIGINAL_W and gpu.lock is None
 
 
 def test_a_second_bridge_for_the_same_gpu_exits_naming_the_first(tmp_path):

@@ -6,7 +6,8 @@ The GPU is a file (tests/filegpu.py) that remembers its lock across the killed
 processes. Two GPUs: one that reads its lock back (the virtual GPU's way; the true
 original is an operator's ``-lgc 345,1800``, so a run that adopted a lowered lock as
 the original would ratchet 1800 -> 1440 -> ...), and one that cannot (NVML's way; the
-true original is "unlocked"). Also here: SIGHUP/SIGQUIT/SIGTERM unlock like a stop.
+true original is "unlocked"). SIGHUP/SIGQUIT/SIGTERM unlock like a stop: see
+test_kill_restore.py.
 """
 
 from __future__ import annotations
@@ -74,22 +75,3 @@ def test_sigkill_at_random_instants_never_ratchets_the_clocks(
     assert as_lock(json.loads(out.split("stopped ", 1)[1])["lock"]) == original
     assert gpu.lock == original and gpu.limit_w == 700.0
     assert not list((tmp_path / "state" / "clocks").glob("*.json"))
-
-
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM])
-def test_signals_unlock_like_a_stop(tmp_path, sig):
-    gpu = FileGpu.create(tmp_path / "gpu.json")
-    proc = spawn(tmp_path, seed=2)
-    try:
-        ready(proc)
-        deadline = time.monotonic() + 10
-        while gpu.read()["clock_writes"] < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=20)
-    finally:
-        finish(proc)
-    assert proc.returncode == 0, err
-    assert json.loads(out.split("stopped ", 1)[1]) == {"limit_w": 700.0, "lock": None,
-                                                       "ok": True}  # fmt: skip
-    assert gpu.lock is None

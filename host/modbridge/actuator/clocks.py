@@ -45,13 +45,10 @@ with the fields of ``power_limit`` ones (``gpu_uuid``, ``level``, ``action``,
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from modbridge.actuator.journal import ClockJournal, JournalError
 from modbridge.actuator.power import (
-    BACKOFF_FIRST_S,
-    BACKOFF_MAX_S,
     ActuatorBase,
     ApplyResult,
     restore_each,
@@ -96,22 +93,9 @@ class ClockLocker(ActuatorBase):
     EVENT = "clocks"
     WHAT = "clock-lock"
 
-    def __init__(
-        self,
-        backend: GpuBackend,
-        uuid: str,
-        dry_run=False,
-        on_exit="restore",
-        log=None,
-        clock=time.time,
-        journal: ClockJournal | None = None,
-        monotonic=time.monotonic,
-        backoff_first_s: float = BACKOFF_FIRST_S,
-        backoff_max_s: float = BACKOFF_MAX_S,
-        fractions: ClockFractions | None = None,
-    ):
-        super().__init__(backend, uuid, dry_run, on_exit, log, clock, monotonic,
-                         backoff_first_s, backoff_max_s)  # fmt: skip
+    def __init__(self, backend: GpuBackend, uuid: str, journal: ClockJournal | None = None,
+                 fractions: ClockFractions | None = None, **common):  # fmt: skip
+        super().__init__(backend, uuid, **common)  # dry_run, on_exit, log, clock...
         self.journal = journal
         self.fractions = fractions or ClockFractions()
         self.state: ClockState | None = None  # as last read
@@ -194,14 +178,6 @@ class ClockLocker(ActuatorBase):
                         f"clocks: {_fmt((lo, hi))} used instead")  # fmt: skip
         return (lo, hi)
 
-    def _clear_journal(self) -> None:
-        if self.journal is None or self.dry_run:
-            return
-        try:
-            self.journal.clear(self.uuid)
-        except JournalError as e:
-            self._event("alert", "journal", "clear", str(e))
-
     def wants(self, level: int, target_w) -> bool:
         """Does this decision ask for a lock (else: restore)? WARN and above do, and a
         power target (the PSU guard) does."""
@@ -269,15 +245,6 @@ class ClockLocker(ActuatorBase):
                     f"{_fmt(before)}); {kept}",
                     original=None if actual is None else list(actual),
                     current_mhz=st.current_mhz)  # fmt: skip
-
-    def _journal_write(self, original, intended_max) -> JournalError | None:
-        if self.journal is None or self.dry_run:
-            return None
-        try:
-            self.journal.record(self.uuid, original, intended_max)
-        except JournalError as e:
-            return e
-        return None
 
     # ------------------------------------------------------------------ decisions
 

@@ -86,8 +86,18 @@ class ActuatorBase:
     EVENT = "power_limit"
     WHAT = "power-limit"
 
-    def __init__(self, backend, uuid, dry_run, on_exit, log, clock, monotonic,
-                 backoff_first_s, backoff_max_s):  # fmt: skip
+    def __init__(
+        self,
+        backend: GpuBackend,
+        uuid: str,
+        dry_run=False,
+        on_exit="restore",
+        log=None,
+        clock=time.time,
+        monotonic=time.monotonic,
+        backoff_first_s: float = BACKOFF_FIRST_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+    ):
         if on_exit not in ON_EXIT:
             raise ValueError(f"on_exit must be one of {ON_EXIT}, got {on_exit!r}")
         self.backend = backend
@@ -109,6 +119,7 @@ class ActuatorBase:
         self.refused_total = 0
         self._touched = False  # we hold a setting below the original
         self._closed = False
+        self.journal = None  # the subclass's journal (LimitJournal, ClockJournal)
 
     @property
     def holding(self) -> bool:
@@ -135,6 +146,24 @@ class ActuatorBase:
                 self._emit({"event": self.EVENT, **fields})
         except Exception:  # noqa: BLE001 - a broken sink must not stop the actuator
             _log.exception("%s event sink failed", self.WHAT)
+
+    def _journal_write(self, original, intended) -> JournalError | None:
+        """Journal the original before a write (the error, if it cannot: no write)."""
+        if self.journal is None or self.dry_run:
+            return None
+        try:
+            self.journal.record(self.uuid, original, intended)
+        except JournalError as e:
+            return e
+        return None
+
+    def _clear_journal(self) -> None:
+        if self.journal is None or self.dry_run:
+            return
+        try:
+            self.journal.clear(self.uuid)
+        except JournalError as e:
+            self._event("alert", "journal", "clear", str(e))
 
     def _in_backoff(self) -> bool:
         return self._retry_at is not None and self._mono() < self._retry_at
@@ -205,26 +234,16 @@ class ActuatorBase:
 
 
 class PowerLimiter(ActuatorBase):
-    """Owns one GPU's power limit. See the module docstring."""
+    """Owns one GPU's power limit. See the module docstring. Keywords besides
+    ``journal``: :class:`ActuatorBase`'s (``dry_run``, ``on_exit``, ``log``, ``clock``,
+    ``monotonic``, ``backoff_first_s``, ``backoff_max_s``)."""
 
     EVENT = "power_limit"
     WHAT = "power-limit"
 
-    def __init__(
-        self,
-        backend: GpuBackend,
-        uuid: str,
-        dry_run=False,
-        on_exit="restore",
-        log=None,
-        clock=time.time,
-        journal: LimitJournal | None = None,
-        monotonic=time.monotonic,
-        backoff_first_s: float = BACKOFF_FIRST_S,
-        backoff_max_s: float = BACKOFF_MAX_S,
-    ):
-        super().__init__(backend, uuid, dry_run, on_exit, log, clock, monotonic,
-                         backoff_first_s, backoff_max_s)  # fmt: skip
+    def __init__(self, backend: GpuBackend, uuid: str, journal: LimitJournal | None = None,
+                 **common):  # fmt: skip
+        super().__init__(backend, uuid, **common)
         self.journal = journal
         self.original_w: float | None = None
         self.min_w: float | None = None
@@ -341,14 +360,6 @@ class PowerLimiter(ActuatorBase):
                 default_w=self.default_w,
             )
 
-    def _clear_journal(self) -> None:
-        if self.journal is None or self.dry_run:
-            return
-        try:
-            self.journal.clear(self.uuid)
-        except JournalError as e:
-            self._event("alert", "journal", "clear", str(e))
-
     def clamp(self, watts: float) -> float:
         if self.min_w is not None and watts < self.min_w:
             watts = self.min_w
@@ -407,15 +418,6 @@ class PowerLimiter(ActuatorBase):
         except GpuError as e:
             return e
         self.observe(sample)
-        return None
-
-    def _journal_write(self, original_w, intended_w) -> JournalError | None:
-        if self.journal is None or self.dry_run:
-            return None
-        try:
-            self.journal.record(self.uuid, original_w, intended_w)
-        except JournalError as e:
-            return e
         return None
 
     def _backing_off(self, requested, clamped) -> ApplyResult | None:
