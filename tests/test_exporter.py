@@ -825,3 +825,35 @@ def test_endpoint_negotiates_like_prometheus_client_and_gzips():
     )
     assert ep.respond("GET", "/favicon.ico", "", None, None) == (200, [], b"")
     assert ep.renderer.renders == 1  # two formats of one snapshot version: one walk
+
+
+def test_docs_scrape_cost_quotes_results_json():
+    import json
+
+    results = json.loads((REPO_ROOT / "bench" / "results.json").read_text())
+    doc = (REPO_ROOT / "docs" / "metrics.md").read_text()
+    rows = re.findall(r"^\| `(scrape_[a-z0-9_]+)` \| ([-0-9.]+) \|$", doc, re.M)
+    assert len(rows) >= 4, rows
+    for key, shown in rows:
+        assert key in results, f"docs/metrics.md: {key} is not in bench/results.json"
+        assert float(shown) == float(results[key]), (key, shown, results[key])
+
+
+def test_a_failing_render_costs_one_scrape_not_the_endpoint(caplog):
+    import urllib.error
+
+    fail = [True]
+
+    def source():
+        if fail[0]:
+            raise RuntimeError("boom")
+        return snapshot()
+
+    with X.serve(source, port=0, process_metrics=False) as server:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(server.url, timeout=5)
+        assert e.value.code == 500
+        fail[0] = False
+        with urllib.request.urlopen(server.url, timeout=5) as r:
+            assert r.status == 200 and b"modbridge_module_up" in r.read()
+    assert "a scrape failed" in caplog.text

@@ -733,13 +733,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         url = urlsplit(self.path)
-        status, headers, body = self.endpoint.respond(
-            self.command,
-            url.path,
-            url.query,
-            self.headers.get("Accept"),
-            self.headers.get("Accept-Encoding"),
-        )
+        try:
+            status, headers, body = self.endpoint.respond(
+                self.command,
+                url.path,
+                url.query,
+                self.headers.get("Accept"),
+                self.headers.get("Accept-Encoding"),
+            )
+        except Exception:  # a bug must cost one scrape, not the endpoint
+            log.exception("metrics: a scrape failed")
+            status, headers, body = 500, [("Content-Type", "text/plain")], b"scrape failed\n"
         self.send_response(status)
         for name, value in headers:
             self.send_header(name, value)
