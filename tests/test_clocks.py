@@ -206,12 +206,7 @@ def test_not_supported_is_a_refusal_flagged_not_supported(tmp_path):
     assert lim.apply(None, "stall", level=WARN).action == "refused"
     assert acts(events, "refused")[0]["not_supported"] is True
     assert not lim.holding and lim.close() is None  # nothing of ours in force
-    # the entry written before the refused write stays: the next start puts the
-    # original back (a reset: harmless) and clears it
-    assert ClockJournal(tmp_path / "state").uuids() == [uuid]
-    nv.clear_failures()
-    again, _ = locker(b, uuid, tmp_path)
-    again.start()
+    # the entry written before the refused write is gone again: nothing to undo
     assert ClockJournal(tmp_path / "state").uuids() == [] and nv.devices[0].locked is None
 
 
@@ -385,3 +380,131 @@ def test_modbridge_restore_puts_clocks_and_limits_back(tmp_path):
 
 def test_clock_refusal_classes_are_gpu_errors():
     assert issubclass(ClocksRefused, Exception) and ClocksRefused("x").state == "clocks_refused"
+
+
+# ----------------------------------------------------------------------------- costs
+
+
+def test_nvml_calls_per_decision_are_counted_not_timed(tmp_path):
+    nv = FakeNvml()
+    b = NvmlBackend(nvml=nv)
+    uuid = b.devices()[0].uuid
+    lim, _ = locker(b, uuid, tmp_path)
+    lim.start()
+    nv.calls.clear()
+    lim.observe(None)
+    assert sum(nv.calls.values()) == 0  # not holding: no clock read per tick
+    lim.apply(None, "stall", level=WARN)
+    # re-read (1 clock), the lock, the read-back (1 clock)
+    assert dict(nv.calls) == {"nvmlDeviceGetClockInfo": 2, "nvmlDeviceSetGpuLockedClocks": 1}
+    nv.calls.clear()
+    lim.observe(None)
+    assert dict(nv.calls) == {"nvmlDeviceGetClockInfo": 1}  # holding: one read per tick
+    nv.calls.clear()
+    assert lim.apply(None, "stall", level=WARN).action == "skip"
+    assert dict(nv.calls) == {"nvmlDeviceGetClockInfo": 1}  # the truth, then nothing
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_actuator_keys():
+    from modbridge.config import ConfigFileError, parse
+
+    gpu_a = "GPU-5e1f0c2a-7b3d-4c8e-9a61-2d0f4b8e7c13"
+    cfg = parse({"bridge": {"actuator": "clocks", "fallback": False},
+                 "clocks": {"warn_fraction": 0.9, "critical_fraction": 0.6},
+                 "module": [{"id": "ab", "gpu": gpu_a, "actuator": "both"},
+                            {"id": "cd", "gpu": "00000000:00:07.0"}]})  # fmt: skip
+    assert (cfg.actuator, cfg.fallback) == ("clocks", False)
+    assert (cfg.clocks_warn_fraction, cfg.clocks_critical_fraction) == (0.9, 0.6)
+    assert cfg.actuator_for(gpu_a, "00000000:00:06.0") == "both"
+    assert cfg.actuator_for("GPU-other", "00000000:00:07.0") == "clocks"
+    with pytest.raises(ConfigFileError) as e:
+        parse({"bridge": {"actuator": "fans"},
+               "clocks": {"warn_fraction": 0.5, "critical_fraction": 0.7, "x": 1},
+               "module": [{"id": "ab", "actuator": "clocks"}]})  # fmt: skip
+    text = "\n".join(e.value.problems)
+    assert "bridge.actuator: must be one of power, clocks, both" in text
+    assert "clocks.critical_fraction: must not be above warn_fraction" in text
+    assert "clocks.x: unknown key" in text
+    assert "module[0].actuator: needs the module's gpu" in text
+
+
+# ----------------------------------------------------------------------------- safety
+
+
+class Flaky(VirtualBackend):
+    """Every write refused or not as ``script`` says (the GPU otherwise works)."""
+
+    def __init__(self, gpus, script):
+        super().__init__(gpus)
+        self.script = script
+
+    def _maybe(self, what):
+        if self.script and self.script.pop(0):
+            raise GpuNoPermission(f"{what}: refused (test)")
+
+    def set_power_limit_w(self, uuid, watts):
+        self._maybe("power")
+        return super().set_power_limit_w(uuid, watts)
+
+    def set_locked_clocks_mhz(self, uuid, lo, hi):
+        self._maybe("clocks")
+        return super().set_locked_clocks_mhz(uuid, lo, hi)
+
+    def reset_locked_clocks(self, uuid):
+        self._maybe("reset")
+        return super().reset_locked_clocks(uuid)
+
+
+DECISION = st.tuples(st.sampled_from([NORMAL, WARN, CRITICAL]),
+                     st.one_of(st.none(), st.floats(200, 700)), st.floats(0, 400))  # fmt: skip
+
+
+@given(kind=st.sampled_from(["power", "clocks", "both"]), fallback=st.booleans(),
+       decisions=st.lists(DECISION, max_size=25), refusals=st.lists(st.booleans(), max_size=40),
+       crash=st.booleans())  # fmt: skip
+@settings(max_examples=150, deadline=None)
+def test_no_decision_sequence_or_refusal_leaves_a_gpu_throttled(
+    tmp_path_factory, kind, fallback, decisions, refusals, crash
+):
+    """Whatever the policy asks, whatever the driver refuses (then stops refusing), a
+    stop -- or a crash and the next start -- leaves the power limit at 700 W and the
+    clocks unlocked, and nothing is ever raised above the defaults."""
+    state = tmp_path_factory.mktemp("s") / "state"
+    gpu, _ = virtual()
+    backend = Flaky([gpu], list(refusals))
+    clock = Clock()
+    lim = make_actuator(kind, backend, gpu.uuid, fallback=fallback, monotonic=clock,
+                        journal=LimitJournal(state))  # fmt: skip
+    lim.start()
+    for level, target_w, dt in decisions:
+        if lim.wants(level, target_w):
+            lim.apply(target_w, "test", level=level)
+        else:
+            lim.restore("test")
+        assert gpu.power_limit_w() <= 700.0
+        lock = gpu.locked_clocks_mhz()
+        assert lock is None or lock[1] <= 1980
+        clock.t += dt
+    backend.script.clear()  # the driver takes writes again
+    if crash:  # SIGKILL: no close; the next run's start puts things back
+        lim = make_actuator(kind, VirtualBackend([gpu]), gpu.uuid, fallback=fallback,
+                            journal=LimitJournal(state))  # fmt: skip
+        lim.start()
+    lim.close("exit")
+    assert gpu.power_limit_w() == 700.0 and gpu.locked_clocks_mhz() is None
+    assert not LimitJournal(state).uuids() and not ClockJournal(state).uuids()
+
+
+def test_restore_of_a_gpu_owned_by_a_bridge_is_busy_for_both_journals(tmp_path):
+    from modbridge.actuator.gpulock import GpuLock
+
+    gpu, lim, _, _ = build("both", VirtualBackend, tmp_path)
+    lim.apply(490.0, "fan_stall", level=WARN)
+    with GpuLock(tmp_path / "state", gpu.uuid):
+        rows = restore_journaled(VirtualBackend([gpu]), tmp_path / "state")
+    assert [(r.get("actuator", "power"), r["action"]) for r in rows] == [
+        ("power", "busy"), ("clocks", "busy")]  # fmt: skip
+    assert gpu.locked_clocks_mhz() == (345, WARN_MHZ)  # untouched: its owner restores it

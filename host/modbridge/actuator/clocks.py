@@ -308,6 +308,8 @@ class ClockLocker(ActuatorBase):
                 st = self.backend.set_locked_clocks_mhz(self.uuid, lock[0], lock[1])
         except (ClocksRefused, GpuNoPermission) as e:
             self._refused(e, reason, f"clock lock {_fmt(lock)}", **numbers)
+            if not self._touched:
+                self._clear_journal()  # the driver said no: nothing of ours to undo
             return ApplyResult(mhz, mhz, None, False, str(e), "refused")
         except GpuError as e:
             return self._failed(mhz, reason, e)

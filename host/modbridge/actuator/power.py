@@ -515,6 +515,8 @@ class PowerLimiter(ActuatorBase):
                 self.current_w = e.enforced_w
                 self._touched = e.enforced_w < self.original_w - SKIP_BAND_W
             self._refused(e, reason, f"power limit {clamped:g} W", **numbers)
+            if not self._touched:
+                self._clear_journal()  # the write did not take: nothing of ours to undo
             return ApplyResult(requested, clamped, self.current_w, False, str(e), "refused")
         except GpuError as e:
             return self._failed(requested, clamped, reason, e, values)
