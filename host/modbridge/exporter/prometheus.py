@@ -28,6 +28,11 @@ Choices worth knowing (docs/metrics.md says more):
   absent, never 0. Counters with a known label set (event reasons, frame error
   kinds, policy actions) are exported at 0 from the start so ``increase()`` sees the
   first increment.
+* One walk of the snapshot (``_fill``) makes rows; :class:`BridgeCollector` turns
+  them into prometheus_client families (for a registry, and for what the endpoint
+  does not write itself), :class:`Renderer` into text once per snapshot version,
+  byte for byte what prometheus_client would write. :class:`Endpoint` answers HTTP
+  requests as prometheus_client's WSGI app does (negotiation, ``name[]``, gzip).
 """
 
 from __future__ import annotations
