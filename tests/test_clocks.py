@@ -129,6 +129,13 @@ def test_an_operators_lock_is_the_original_and_never_raised(tmp_path):
     assert gpu.locked_clocks_mhz() == (345, CRITICAL_MHZ)
     lim.close("exit")
     assert gpu.locked_clocks_mhz() == (345, 1200)  # the operator's lock, not "unlocked"
+    gpu.set_locked_clocks_mhz(1500, 1800)  # an operator's floor: not kept while throttling
+    lim, _ = locker(b, gpu.uuid, tmp_path)
+    lim.start()
+    lim.apply(None, "stall", level=CRITICAL)
+    assert gpu.locked_clocks_mhz() == (345, CRITICAL_MHZ)
+    lim.close()
+    assert gpu.locked_clocks_mhz() == (1500, 1800)
 
 
 def test_external_change_is_seen_and_the_hold_written_again(tmp_path):

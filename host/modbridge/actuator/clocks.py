@@ -193,8 +193,9 @@ class ClockLocker(ActuatorBase):
         return mhz if mhz < ceiling else None
 
     def _lock_for(self, mhz: int) -> tuple[int, int]:
-        lo = self.state.min_mhz if self.original is None else min(self.original[0], mhz)
-        return (min(lo, mhz), mhz)
+        """``(lowest supported, mhz)``: an idle GPU still clocks down (an operator's
+        minimum comes back with the original)."""
+        return (min(self.state.min_mhz, mhz), mhz)
 
     # ------------------------------------------------------------------ the truth
 
