@@ -1,7 +1,7 @@
 """Child processes of bench/bench_bridge.py (not a benchmark itself: no ``bench_`` prefix).
 
     python -m bench._bridge_cpu_child fleet '{"n": 8, "speed": 1, "telemetry_ms": [100, ...]}'
-    python -m bench._bridge_cpu_child bridge '{"ports": [...], "seconds": 60, "exporter": true}'
+    python -m bench._bridge_cpu_child bridge '{"ports": [...], "exporter": true}'
 
 ``fleet``: a :class:`~modbridge.sim.fleet.SimFleet` (the real firmware in MicroPython
 on ptys), kept out of the bridge's process so that the bridge's CPU time and latency
@@ -9,18 +9,21 @@ are not mixed with the simulator's. Each module's ``control.telemetry_ms`` is se
 with a ``config_set`` frame injected into the firmware (``host_write``) and acked
 before the ports are announced. Every module's tap is wrapped: the wall-clock
 (``time.monotonic``, CLOCK_MONOTONIC, comparable across processes) moment the runner
-relays an ALARM/CRITICAL ``event`` frame to the pty is printed. Commands on stdin,
-one JSON object a line, each answered with one line: ``dip`` (a 12 V rail dip:
-under-voltage), ``unplug`` / ``replug`` (the pty closes: unread bytes are lost),
-``pause`` / ``resume`` (the runner stops exchanging: a hung module, still plugged),
-``quit``.
+relays an ALARM/CRITICAL ``event`` frame to the pty is printed, with the byte length
+of what that firmware tick sent (``nbytes``: the event and the telemetry frame it
+triggers). Commands on stdin, one JSON object a line, each answered with one line:
+``dip`` (a 12 V rail dip: under-voltage), ``unplug`` / ``replug`` (the pty closes:
+unread bytes are lost), ``pause`` / ``resume`` (the runner stops exchanging: a hung
+module, still plugged), ``telemetry`` (every module's ``control.telemetry_ms`` set
+by an injected ``config_set``, acked), ``quit``.
 
 ``bridge``: the real :class:`~modbridge.bridge.Bridge` with a VirtualBackend of
 standalone virtual GPUs (one per port, distinct UUIDs), the exporter, an event log,
 heartbeats every 1 s, the bridge loop in the main thread as in ``modbridge run``.
-After a warm-up it measures its own CPU time (``getrusage``) and each thread's
-(``/proc/self/task/<tid>/schedstat``) over ``seconds`` of wall time, prints them,
-then keeps serving until ``quit`` on stdin.
+After a warm-up (``ready``) it takes commands on stdin: ``measure`` (``seconds``,
+``tag``): its own CPU time (``getrusage``) and each thread's
+(``/proc/self/task/<tid>/schedstat``) over that much wall time, printed as a
+``result``; ``quit``.
 
 Both print one JSON object per line on stdout; logging goes to stderr.
 """
@@ -32,7 +35,6 @@ import json
 import logging
 import os
 import resource
-import select
 import sys
 import tempfile
 import threading
@@ -64,6 +66,7 @@ def _wrap_tap(i: int, vm, last_tx: list) -> None:
 
     def tap(data: bytes) -> None:
         n_ev = len(vm.events)
+        nbytes = len(data)
         orig(data)
         t = time.monotonic()
         if vm.plugged:
@@ -77,9 +80,40 @@ def _wrap_tap(i: int, vm, last_tx: list) -> None:
                     code=ev.get("code"),
                     active=bool(ev.get("active")),
                     plugged=vm.plugged,
+                    nbytes=nbytes,
                 )
 
     vm._tap = tap  # instance attribute: shadows the method for this module only
+
+
+_cfg_seq = 40000
+
+
+def set_telemetry(fleet, tel: list) -> None:
+    """``control.telemetry_ms`` = ``tel[i]`` on module i (None: leave it), each by a
+    signed ``config_set`` injected into the firmware and acked."""
+    global _cfg_seq
+    seqs = {}
+    for i, vm in enumerate(fleet.modules):
+        if tel[i] is not None:
+            _cfg_seq += 1  # unique: an old answer cannot be taken for this one's
+            frame = vm.encode("config_set", {"values": {"control.telemetry_ms": tel[i]}},
+                              _cfg_seq)  # fmt: skip
+            seqs[i] = _cfg_seq
+            vm.host_write(b"\x00" + frame)
+    deadline = time.monotonic() + 10.0
+    for i, seq in seqs.items():
+        vm = fleet.modules[i]
+        while True:
+            answers = [(name, f) for name, f in list(vm.messages)
+                       if name in ("ack", "nack") and f.get("ref") == seq]  # fmt: skip
+            if answers:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"module {i}: no answer to config_set")
+            time.sleep(0.01)
+        if answers[0][0] != "ack":
+            raise SystemExit(f"module {i}: config_set telemetry_ms={tel[i]} refused")
 
 
 def run_fleet(args: dict) -> None:
@@ -92,21 +126,7 @@ def run_fleet(args: dict) -> None:
     for i, vm in enumerate(fleet.modules):
         _wrap_tap(i, vm, last_tx)
     fleet.start()
-    for i, vm in enumerate(fleet.modules):
-        if tel[i] is not None:
-            frame = vm.encode("config_set", {"values": {"control.telemetry_ms": tel[i]}}, 1)
-            vm.host_write(b"\x00" + frame)
-    deadline = time.monotonic() + 10.0
-    for i, vm in enumerate(fleet.modules):
-        if tel[i] is None:
-            continue
-        while not any(name in ("ack", "nack") for name, _ in list(vm.messages)):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"module {i}: no answer to config_set")
-            time.sleep(0.01)
-        acked = [f for name, f in list(vm.messages) if name == "ack"]
-        if not acked:
-            raise SystemExit(f"module {i}: config_set telemetry_ms={tel[i]} refused")
+    set_telemetry(fleet, tel)
     emit(k="ports", ports=fleet.ports, uids=[vm.uid.hex() for vm in fleet.modules])
     try:
         for line in sys.stdin:
@@ -128,6 +148,9 @@ def run_fleet(args: dict) -> None:
             elif op == "resume":
                 vm.start()
                 emit(k="resumed", i=cmd["i"], t=time.monotonic())
+            elif op == "telemetry":
+                set_telemetry(fleet, [int(cmd["ms"])] * n)
+                emit(k="telemetry_set", t=time.monotonic(), ms=int(cmd["ms"]))
             elif op == "quit":
                 break
     finally:
@@ -172,46 +195,6 @@ def bench_config(ports: list[str], gpus: list, **bridge_kw):
     )
 
 
-def experimental_link_factory(name: str | None):
-    """``None``: the real :class:`~modbridge.link.session.ModuleLink`. ``"wake"``: an
-    experiment for docs/bridge-benchmarks.md (not what the bridge ships): the link
-    thread sleeps in ``select()`` on the port's fd instead of a fixed 0.5 s poll, so
-    it reads as soon as bytes arrive, and a telemetry frame whose ``faults`` differ
-    from the previous one wakes the bridge loop (through ``on_event``) like an event
-    does. Requests made while it sleeps are not seen early (the benchmark makes none).
-    """
-    from modbridge.link.session import ModuleLink
-
-    if name is None:
-        return ModuleLink
-    if name != "wake":
-        raise ValueError(f"unknown link experiment {name!r}")
-
-    class WakeOnDataLink(ModuleLink):
-        _faults = None
-
-        def _wait(self, delay: float) -> None:
-            ser = self._ser
-            if ser is None or delay <= 0 or self._wake.is_set():
-                super()._wait(delay)
-                return
-            try:
-                select.select([ser.fileno()], [], [], delay)
-            except (OSError, ValueError):
-                pass  # the port went away: the next read says so
-            self._wake.clear()
-
-        def _dispatch(self, item, now: float) -> None:
-            super()._dispatch(item, now)
-            if item.ok and item.name == "telemetry":
-                faults = item.fields.get("faults", 0)
-                if self._faults is not None and faults != self._faults:
-                    self._callback(self.on_event, item)
-                self._faults = faults
-
-    return WakeOnDataLink
-
-
 def thread_cpu_ns() -> dict[int, int]:
     """CPU time (ns, user + system) of each live thread of this process."""
     out = {}
@@ -224,7 +207,7 @@ def thread_cpu_ns() -> dict[int, int]:
 
 def _component(name: str) -> str:
     if name.startswith("modbridge-link"):
-        return "links"
+        return "links"  # the one I/O thread (selector) serving every port
     if name == "modbridge-metrics":
         return "exporter"
     if name == "MainThread":
@@ -237,34 +220,39 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _commands(q) -> None:
+    for line in sys.stdin:
+        with contextlib.suppress(ValueError):
+            q.append(json.loads(line))
+    q.append({"op": "quit"})
+
+
 def run_bridge(args: dict) -> None:
+    from collections import deque
+
     from modbridge.bridge import Bridge
     from modbridge.exporter import prometheus as exporter
     from modbridge.exporter.eventlog import EventLog
     from modbridge.gpu.virtual import VirtualBackend
 
     ports = args["ports"]
-    seconds = float(args.get("seconds", 60.0))
-    telemetry_ms = args.get("telemetry_ms")
     gpus = virtual_gpus(len(ports))
     cfg = bench_config(ports, gpus, exporter_enabled=bool(args.get("exporter", True)))
     tmp = tempfile.TemporaryDirectory(prefix="modbridge-bench-")
     elog = EventLog(os.path.join(tmp.name, "events.jsonl"))
-    factory = experimental_link_factory(args.get("link"))
-    bridge = Bridge(cfg, VirtualBackend(gpus), ports, event_log=elog, link_factory=factory)
+    bridge = Bridge(cfg, VirtualBackend(gpus), ports, event_log=elog)
     bridge.start()
     server = exporter.serve(bridge.snapshot, port=0) if cfg.exporter_enabled else None
     clock = time.monotonic
+    links = list(bridge.links.values())
 
-    # warm-up: every link up, its hello says the wanted telemetry period, and at
-    # least two telemetry frames (the first may be stale bytes from the pty buffer)
+    # warm-up: every link up and at least two telemetry frames from each (the first
+    # may be stale bytes from the pty buffer)
     first_frames: dict[str, int] = {}
 
     def warm() -> bool:
         for port, link in bridge.links.items():
             if not link.link_up or link.status.telemetry_at is None:
-                return False
-            if telemetry_ms is not None and link.telemetry_ms != telemetry_ms:
                 return False
             first_frames.setdefault(port, link.status.frames_total)
             if link.status.frames_total < first_frames[port] + 2:
@@ -278,9 +266,6 @@ def run_bridge(args: dict) -> None:
         emit(k="error", why=f"links not ready after 30 s: {states}")
         bridge.stop()
         return
-    frames0 = sum(lk.status.frames_total for lk in bridge.links.values())
-    hb0 = sum(lk.heartbeats_sent for lk in bridge.links.values())
-    ticks0 = bridge.ticks
     names = {t.native_id: t.name for t in threading.enumerate()}
     emit(
         k="ready",
@@ -288,43 +273,68 @@ def run_bridge(args: dict) -> None:
         t=clock(),
         threads=len(os.listdir("/proc/self/task")),
         thread_names=sorted(names.values()),
-        telemetry_ms=[lk.telemetry_ms for lk in bridge.links.values()],
+        telemetry_ms=[lk.telemetry_ms for lk in links],
     )
-    th0 = thread_cpu_ns()
-    cpu0, t0 = _cpu_s(), clock()
-    t_end = t0 + seconds
-    bridge.run(until=lambda: clock() >= t_end)
-    cpu1, t1 = _cpu_s(), clock()
-    th1 = thread_cpu_ns()
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    by_component: dict[str, float] = {}
-    for tid, ns in th1.items():
-        comp = _component(names.get(tid, "?"))
-        by_component[comp] = by_component.get(comp, 0.0) + (ns - th0.get(tid, 0)) / 1e9
-    wall = t1 - t0
-    cpu = cpu1 - cpu0
-    # threads that ended during the window (the HTTP server's per-scrape handlers)
-    by_component["exited_threads"] = max(0.0, cpu - sum(by_component.values()))
-    emit(
-        k="result",
-        wall_s=wall,
-        cpu_s=cpu,
-        cpu_pct=100.0 * cpu / wall,
-        by_component_pct={k: 100.0 * v / wall for k, v in by_component.items()},
-        threads=len(th1),
-        frames=sum(lk.status.frames_total for lk in bridge.links.values()) - frames0,
-        heartbeats=sum(lk.heartbeats_sent for lk in bridge.links.values()) - hb0,
-        ticks=bridge.ticks - ticks0,
-        links_up=sum(lk.link_up for lk in bridge.links.values()),
-        maxrss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-    )
+    q: deque = deque()
+    threading.Thread(target=_commands, args=(q,), name="bench-stdin", daemon=True).start()
+    window: dict = {}
 
-    def quit_requested() -> bool:
-        r, _, _ = select.select([sys.stdin], [], [], 0)
-        return bool(r)
+    def start_window(cmd) -> None:
+        window.update(
+            tag=cmd.get("tag", ""),
+            end=clock() + float(cmd["seconds"]),
+            th0=thread_cpu_ns(),
+            cpu0=_cpu_s(),
+            t0=clock(),
+            frames0=sum(lk.status.frames_total for lk in links),
+            hb0=sum(lk.heartbeats_sent for lk in links),
+            ticks0=bridge.ticks,
+            wakes0=bridge.io.iterations,
+        )
 
-    t_quit = clock() + 120.0  # the parent's scrapes; never linger
-    bridge.run(until=lambda: quit_requested() or clock() > t_quit)
+    def end_window() -> None:
+        cpu1, t1 = _cpu_s(), clock()
+        th1 = thread_cpu_ns()
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        by_component: dict[str, float] = {}
+        th0 = window["th0"]
+        for tid, ns in th1.items():
+            comp = _component(names.get(tid, "?"))
+            by_component[comp] = by_component.get(comp, 0.0) + (ns - th0.get(tid, 0)) / 1e9
+        wall = t1 - window["t0"]
+        cpu = cpu1 - window["cpu0"]
+        # threads that ended during the window (the HTTP server's per-scrape handlers)
+        by_component["exited_threads"] = max(0.0, cpu - sum(by_component.values()))
+        emit(
+            k="result",
+            tag=window["tag"],
+            wall_s=wall,
+            cpu_s=cpu,
+            cpu_pct=100.0 * cpu / wall,
+            by_component_pct={k: 100.0 * v / wall for k, v in by_component.items()},
+            threads=len(th1),
+            frames=sum(lk.status.frames_total for lk in links) - window["frames0"],
+            heartbeats=sum(lk.heartbeats_sent for lk in links) - window["hb0"],
+            ticks=bridge.ticks - window["ticks0"],
+            io_wakeups=bridge.io.iterations - window["wakes0"],
+            links_up=sum(lk.link_up for lk in links),
+            maxrss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        )
+        window.clear()
+
+    def step() -> bool:
+        if window and clock() >= window["end"]:
+            end_window()
+        while q and not window:
+            cmd = q.popleft()
+            if cmd.get("op") == "quit":
+                return True
+            if cmd.get("op") == "measure":
+                start_window(cmd)
+        return False
+
+    t_quit = clock() + 600.0  # never linger
+    bridge.run(until=lambda: step() or clock() > t_quit)
     bridge.stop()
     if server is not None:
         server.stop()

@@ -399,7 +399,10 @@ class Bridge:
                 on_tick(snap)
             if until is not None and until():
                 break
-            self._wake.wait(self.config.tick_s)
+            # an alarm, a change of fault bits or a silence deadline (the I/O thread)
+            # sets _wake: the next tick runs at once, not at tick_s
+            if self._wake.wait(self.config.tick_s) and not self._stop.is_set():
+                self.urgent_ticks += 1
             self._wake.clear()
 
     def _tick_failed(self, exc: Exception) -> BridgeSnapshot:

@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable
 
 from protocol.errors import ProtocolError
-from protocol.frame import encode_frame
+from protocol.message import lookup, validate_fields
 
 log = logging.getLogger(__name__)
 
 MAX_PERIOD_MS = 600000  # the catalog's period_ms maximum
+_HEARTBEAT = lookup("heartbeat")
 
 
 def wire_int(v):
@@ -45,13 +46,13 @@ def heartbeat_fields(source: Callable[[], dict | None] | None, period_s: float,
     return fields
 
 
-def checked_fields(fields: dict, seq: int, once: Callable[[str], bool],
-                   port: str) -> tuple[dict, bytes] | None:  # fmt: skip
-    """``fields`` less any the catalog refuses, and their unsigned frame; None if no
-    heartbeat can be encoded at all."""
+def checked_fields(fields: dict, once: Callable[[str], bool], port: str) -> dict | None:
+    """``fields`` less any the catalog refuses (checked, not encoded: the caller
+    encodes once, signed or not); None if not even an empty heartbeat would do."""
     for _ in range(len(fields) + 1):
         try:
-            return fields, encode_frame("heartbeat", fields, seq)
+            validate_fields(_HEARTBEAT, fields)
+            return fields
         except ProtocolError as e:
             bad = getattr(e, "field", None)
             if once(f"hb-field {bad}"):

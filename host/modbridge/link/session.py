@@ -757,12 +757,17 @@ class ModuleLink:
         that one wake-up of the I/O thread serves them all."""
         period = self.heartbeat_period_s
         self._next_hb = (math.floor(now / period) + 1) * period
-        seq = self._next_seq()
-        checked = checked_fields(self.heartbeat_fields(), seq, self._once, self.port)
-        if checked is None:
+        fields = checked_fields(self.heartbeat_fields(), self._once, self.port)
+        if fields is None:
             return
-        fields, frame = checked
+        seq = self._next_seq()
         if not self.signing_supported:
+            try:
+                frame = encode_frame("heartbeat", fields, seq)
+            except ProtocolError as e:  # too large for a frame: nothing to drop here
+                if self._once(f"hb-encode {e}"):
+                    log.warning("%s: heartbeat not sent: %s", self.port, e)
+                return
             self._write(frame)
             self.heartbeats_sent += 1
             return
