@@ -209,6 +209,25 @@ def contiguous_bin(build_dir: Path, src: Path, board: str) -> bytes:
     return first + b"\xff" * gap + (build_dir / "firmware1.bin").read_bytes()
 
 
+#: Builds kept per board in the cache (~120 MB each): the newest, and two older ones
+#: so switching back and forth between two firmware versions stays cached.
+KEEP_BUILDS = 3
+
+
+def prune_cache(prefix: str, current: Path, cache_dir: Path = mpsource.CACHE_DIR) -> list[Path]:
+    """Remove all but the :data:`KEEP_BUILDS` newest cache folders named ``prefix*``
+    (``current`` always stays); returns the removed ones."""
+    folders = sorted(
+        (p for p in cache_dir.glob(prefix + "*") if p.is_dir() and p != current),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    removed = folders[KEEP_BUILDS - 1 :]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
 OUTPUTS = ("firmware.dfu", "firmware.hex", "firmware0.bin", "firmware1.bin", "firmware.elf")
 
 
@@ -237,6 +256,8 @@ def build_image(board: str, out_root: Path = OUT_ROOT) -> dict:
     )
     report = image_report(board, build.build_dir, src, build.key)
     report["rebuilt"] = build.rebuilt
+    if build.rebuilt:
+        prune_cache(f"stm32-{BOARDS[board].mp_board}-", build.build_dir)
     if report["flash_headroom_bytes"] < 0:
         raise ImageError(
             f"{board}: the image overflows its {report['text_region']['length'] // 1024} KB "

@@ -108,6 +108,17 @@ def test_region_parsing_reads_the_linker_script_lengths():
         stm32._region(ld, "FLASH_FS")
 
 
+def test_prune_keeps_the_current_and_the_newest_builds(tmp_path):
+    for i, name in enumerate(("a", "b", "c", "d", "e")):
+        (tmp_path / f"stm32-X-{name}").mkdir()
+        os.utime(tmp_path / f"stm32-X-{name}", (1000 + i, 1000 + i))
+    (tmp_path / "stm32-Y-z").mkdir()
+    removed = stm32.prune_cache("stm32-X-", tmp_path / "stm32-X-a", tmp_path)
+    assert sorted(p.name for p in removed) == ["stm32-X-b", "stm32-X-c"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["stm32-X-a", "stm32-X-d", "stm32-X-e", "stm32-Y-z"]
+
+
 def test_pico_and_unknown_boards_get_no_image():
     with pytest.raises(stm32.ImageError, match="Pico takes the .mpy deploy"):
         stm32.build_image("pico")
