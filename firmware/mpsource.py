@@ -23,6 +23,8 @@ and handed to every port build.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -241,12 +243,26 @@ def mpy_cross(src: Path, cache_dir: Path = CACHE_DIR) -> Path:
     key = input_key(source_identity(src), "mpy-cross", "-", {}, [])
     out = cache_dir / f"mpy-cross-{key}"
     exe = out / "mpy-cross"
-    if (out / _COMPLETE).is_file() and exe.is_file():
-        return exe
-    shutil.rmtree(out, ignore_errors=True)
-    _make(src / "mpy-cross", {"BUILD": str(out)})
-    (out / _COMPLETE).write_text(json.dumps({"source": str(src)}) + "\n")
+    with _locked(out):
+        if (out / _COMPLETE).is_file() and exe.is_file():
+            return exe
+        shutil.rmtree(out, ignore_errors=True)
+        _make(src / "mpy-cross", {"BUILD": str(out)})
+        (out / _COMPLETE).write_text(json.dumps({"source": str(src)}) + "\n")
     return exe
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    """Hold ``<out>.lock`` (flock): two processes wanting the same build (pytest
+    workers, a bench beside a test run) build it once; the second one waits."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def cached_build(
@@ -278,17 +294,20 @@ def cached_build(
     out = cache_dir / f"{port}-{board}-{key}"
     if (out / _COMPLETE).is_file():
         return Build(key, out, _artefacts(out), rebuilt=False)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
     cross = mpy_cross(src, cache_dir)
-    _make(
-        src / "ports" / port,
-        {"BOARD": board, **make_vars, "BUILD": str(out), "MICROPY_MPYCROSS": str(cross)},
-        log=out / "make.log",
-    )
-    record = {"port": port, "board": board, "make_vars": make_vars, "source": str(src)}
-    record["inputs"] = sorted(_display(Path(p).resolve()) for p in files)
-    (out / _COMPLETE).write_text(json.dumps(record, indent=1) + "\n")
+    with _locked(out):
+        if (out / _COMPLETE).is_file():  # built by another process while we waited
+            return Build(key, out, _artefacts(out), rebuilt=False)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        _make(
+            src / "ports" / port,
+            {"BOARD": board, **make_vars, "BUILD": str(out), "MICROPY_MPYCROSS": str(cross)},
+            log=out / "make.log",
+        )
+        record = {"port": port, "board": board, "make_vars": make_vars, "source": str(src)}
+        record["inputs"] = sorted(_display(Path(p).resolve()) for p in files)
+        (out / _COMPLETE).write_text(json.dumps(record, indent=1) + "\n")
     return Build(key, out, _artefacts(out), rebuilt=True)
 
 
@@ -302,7 +321,16 @@ def _artefacts(out: Path) -> dict[str, Path]:
 
 def _make(directory: Path, make_vars: Mapping[str, str], log: Path | None = None) -> None:
     cmd = ["make", "-C", str(directory), f"-j{JOBS}"] + [f"{k}={v}" for k, v in make_vars.items()]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(os.environ)
+    src = directory.parent if directory.name == "mpy-cross" else directory.parent.parent
+    if not (src / ".git").exists():
+        # An unpacked release: without this, MicroPython's version header would
+        # describe whatever git repository encloses build/ (the project's).
+        env.setdefault("MICROPY_GIT_TAG", f"v{VERSION}")
+        env.setdefault("MICROPY_GIT_HASH", RELEASE_COMMIT[:10])
+    proc = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     if log is not None:
         log.write_text(proc.stdout)
     if proc.returncode != 0:

@@ -75,6 +75,12 @@ def read_repo_file(relative):
     """Bytes of a file of the repository, by its path from the root (``"protocol/
     vectors/v1.json"``). The MicroPython runner's cwd is the repository root and a
     module's ``__file__`` may be relative there; pytest gives absolute paths."""
+    try:  # the qemu-arm target has no repository: the files come frozen (firmware/qemu.py)
+        from _repo_files import FILES
+
+        return FILES[relative]
+    except (ImportError, KeyError):
+        pass
     here = __file__
     i = here.rfind("/")
     tests_dir = here[:i] if i >= 0 else "."
@@ -99,9 +105,11 @@ def tmpdir():
 
         return tempfile.mkdtemp(prefix="mpytest-")
     global _counter
-    base = os.getenv("TMPDIR") or "/tmp"
+    getenv = getattr(os, "getenv", None)  # the qemu port has neither getenv nor urandom
+    base = (getenv and getenv("TMPDIR")) or "/tmp"
     # The unix port has no os.getpid(): a random suffix keeps parallel runs apart.
-    tag = "".join(f"{b:02x}" for b in os.urandom(4))
+    urandom = getattr(os, "urandom", None)
+    tag = "".join(f"{b:02x}" for b in urandom(4)) if urandom else "arm"
     while True:
         _counter += 1
         path = f"{base.rstrip('/')}/mpytest-{tag}-{_counter}"
