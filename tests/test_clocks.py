@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 from modbridge.actuator import Combined, make_actuator, restore_journaled
@@ -246,6 +246,16 @@ def test_with_nvml_a_journaled_gpu_is_always_put_back_at_start(tmp_path):
     assert nv.devices[0].locked is None and not lim.holding
 
 
+def _entry(uuid_ok, kind, original, intended, drop):
+    d = {"version": 1, "kind": kind, "uuid": None if not uuid_ok else "<uuid>",
+         "original": original, "intended_max_mhz": intended, "time": 1.0, "pid": 7}  # fmt: skip
+    for key in drop:
+        d.pop(key, None)
+    return json.dumps(d).encode()
+
+
+LOCKS = st.one_of(st.none(), st.lists(st.integers(-5, 5000), min_size=2, max_size=2),
+                  st.lists(st.integers(-5, 5000), max_size=3), st.text(max_size=4))  # fmt: skip
 JUNK = st.one_of(
     st.binary(max_size=200),
     st.builds(lambda d: json.dumps(d).encode(), st.dictionaries(
@@ -253,6 +263,13 @@ JUNK = st.one_of(
         st.one_of(st.none(), st.integers(-5, 5000), st.text(max_size=8), st.booleans(),
                   st.lists(st.integers(-5, 5000), max_size=3), st.floats()),
         max_size=6)),
+    # well-formed but for the values: most of the mass, so the checks are exercised
+    st.builds(_entry, st.booleans(), st.sampled_from(["clocks", "clocks", "power", None]),
+              LOCKS, st.one_of(st.none(), st.integers(-5, 5000)),
+              st.lists(st.sampled_from(["kind", "original", "uuid", "version"]), max_size=1)),
+    st.builds(_entry, st.just(True), st.just("clocks"),
+              st.lists(st.integers(300, 2100), min_size=2, max_size=2).map(sorted),
+              st.none(), st.just([])),
 )  # fmt: skip
 
 
@@ -267,12 +284,13 @@ def test_a_corrupt_or_foreign_journal_never_leaves_clocks_low_nor_above_defaults
     nothing is above the default (unlocked), and the GPU's max never moves."""
     tmp = tmp_path_factory.mktemp("j")
     gpu, b = virtual()
+    raw = raw.replace(b'"<uuid>"', json.dumps(gpu.uuid).encode())
     if uuid_ok and raw.startswith(b"{"):
         try:
             d = json.loads(raw)
             d["uuid"] = gpu.uuid
             raw = json.dumps(d).encode()
-        except ValueError:
+        except (ValueError, TypeError):
             pass
     journal = ClockJournal(tmp / "state").ensure()
     journal.path(gpu.uuid).write_bytes(raw)
@@ -283,12 +301,16 @@ def test_a_corrupt_or_foreign_journal_never_leaves_clocks_low_nor_above_defaults
     lim.start()
     after = gpu.locked_clocks_mhz()
     assert not lim.holding
-    if entry is None or entry.original is None or entry.original[1] >= 1980:
+    if entry is None or entry.original is None or entry.original[1] > 1965:
         assert after is None  # unusable or "unlocked": the default
     else:
-        assert after is not None and after[1] >= entry.original[1]
-        assert after[1] <= 1980 and after[0] <= after[1]
+        assert after is not None and after[1] >= entry.original[1]  # never lower
+        assert after[1] < 1980 and after[0] <= after[1]
+        assert after[0] >= min(entry.original[0], after[1])
     assert gpu.max_graphics_clock_mhz() == 1980
+    note(f"entry={entry} problem={problem} after={after}")
+    event("valid lock entry" if entry is not None and entry.original else
+          "unlocked entry" if entry is not None else "unusable")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- fallback

@@ -163,18 +163,17 @@ class ClockLocker(ActuatorBase):
             return None, str(e)
 
     def _checked(self, original, st: ClockState):
-        """A journaled lock made safe: a max at or above the GPU's max is "unlocked";
-        values are kept within the supported range (only ever raised)."""
+        """A journaled lock made safe: snapped *up* to supported clocks (never lowered);
+        a max at or above the GPU's max is "unlocked"."""
         if original is None:
             return None
-        lo, hi = original
+        hi = st.snap_up(original[1])
         if hi >= st.max_mhz:
             return None
-        hi = max(hi, st.min_mhz)
-        lo = min(max(lo, st.min_mhz), hi)
+        lo = min(st.snap_up(original[0]), hi)
         if (lo, hi) != tuple(original):
             self._event("alert", "journal", "start",
-                        f"journaled lock {_fmt(original)} is outside the GPU's supported "
+                        f"journaled lock {_fmt(original)} is not on the GPU's supported "
                         f"clocks: {_fmt((lo, hi))} used instead")  # fmt: skip
         return (lo, hi)
 

@@ -104,6 +104,13 @@ class ClockState:
     def min_mhz(self) -> int:
         return self.supported_mhz[0] if self.supported_mhz else self.max_mhz
 
+    def snap_up(self, mhz: float) -> int:
+        """The lowest supported clock at or above ``mhz`` (the max if none)."""
+        for clock in self.supported_mhz:
+            if clock >= mhz:
+                return clock
+        return self.max_mhz
+
     def snap_down(self, mhz: float) -> int:
         """The highest supported clock at or below ``mhz`` (the lowest one if none)."""
         best = self.min_mhz
