@@ -37,8 +37,9 @@ PLANTS = [(w, None) for w in WORLDS] + [("h200_2u", "bench")]
 # swing meets a channel the loop is holding flat.
 CONDITIONS = {"factory": (None, None), "regulated": (35, [55000, 60000, 60000, 40000])}
 TICK_MS = DEFAULTS["control"]["period_ms"]
+
 MIN_SPIN = floors.fan_model(sim_board.FAN_MODEL)[floors.FM_MIN_SPIN]
-PROFILE = Profile.parse(
+PROFILE_TEXT = (
     "idle 60s\n"
     "hold 650W 5min\n"
     "hold 550W 1min\n"  # 100 W down and up while the loop regulates
@@ -49,9 +50,21 @@ PROFILE = Profile.parse(
     "ramp 650W 200W 5min\n"
     "hold 450W 2min\n"
     "hold 350W 2min\n"
-    "idle 5min\n",
-    name="plausibility",
+    "idle 5min\n"
 )
+PROFILE = Profile.parse(PROFILE_TEXT, name="plausibility")
+
+
+def _profile(params):
+    """PROFILE, or for a GPU whose power limit is below 650 W (a 320 W card would
+    clip the 100 W swing flat) the same shape under its limit, the swing still 100 W."""
+    top = params["gpu"]["default_limit_w"]
+    if top >= 650:
+        return PROFILE
+    text = PROFILE_TEXT.replace(" 550W", f" {top - 100:g}W")
+    for w in (650, 450, 350, 200):
+        text = text.replace(f" {w}W", f" {round(w * top / 650)}W")
+    return Profile.parse(text, name="plausibility-scaled")
 
 
 class _Adc:
@@ -74,7 +87,7 @@ class Loop:
         params = load_params(world)
         if plant == "bench":
             params = params.override(WORLD_OVERRIDES)
-        self.world = World(params, seed=seed, profile=PROFILE, ambient_c=ambient_c)
+        self.world = World(params, seed=seed, profile=_profile(params), ambient_c=ambient_c)
         self.world.set_duties(MIN_SPIN, MIN_SPIN)
         self.world.equilibrate()
         chans = DEFAULTS["channels"]
