@@ -598,6 +598,28 @@ def test_heartbeats_are_on_a_common_grid():
     assert links_[0]._next_hb == 101.0
 
 
+def test_a_module_that_does_not_read_gets_no_heartbeat_that_would_block():
+    """A full output queue (the module hung, a pty nobody reads): the heartbeat is held
+    back instead of a write that would stall the shared I/O thread."""
+
+    class Stuck:
+        out_waiting = 4096
+
+        def write(self, data):
+            raise AssertionError("a write to a module that does not read")
+
+    link = ModuleLink("stuck", heartbeat_period_s=1.0)
+    link._ser = Stuck()
+    link._send_heartbeat(10.0)
+    assert (link.heartbeats_sent, link.heartbeats_skipped) == (0, 1)
+    assert link._next_hb == 11.0 and link._flush_next
+    link._ser.out_waiting = 0
+    written = []
+    link._ser.write = written.append
+    link._send_heartbeat(11.0)
+    assert link.heartbeats_sent == 1 and written[0].startswith(b"\x00")  # flushed first
+
+
 def test_an_answer_is_read_when_it_arrives(links):
     """A request's answer wakes the I/O thread (no fast poll needed): with heartbeats
     10 s apart the link has no deadline for seconds, and the answer is still read."""

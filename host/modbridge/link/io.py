@@ -34,10 +34,9 @@ import os
 import random
 import selectors
 import threading
-import time
 from collections import deque
 
-from modbridge.sanitize import sanitize
+from modbridge.link.supervise import Episodes, supervised
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +63,15 @@ class LinkIO:
         self._woken = False
         self._watched: dict = {}  # link -> (port object, fd)
         self._rng = random.Random()
-        # counters (the exporter / status may show them)
         self.iterations = 0  # wake-ups of the thread
-        self.restarts = 0
-        self.episodes = 0
-        self.failing = False
-        self.error: str | None = None
-        self._backoff = THREAD_BACKOFF_MIN_S
-        self._failed_at = 0.0
+        # supervision of the thread's own loop (restarts, episodes, failing, error)
+        self.supervision = Episodes(f"{name}: I/O thread", log, THREAD_BACKOFF_MIN_S,
+                                    THREAD_BACKOFF_MAX_S, THREAD_HEALTHY_S, "restarts")  # fmt: skip
+
+    restarts = supervised("restarts")
+    episodes = supervised("episodes")
+    failing = supervised("failing")
+    error = supervised("error")
 
     # -- from any thread -------------------------------------------------------------
     @property
@@ -149,8 +149,7 @@ class LinkIO:
         try:
             sel.register(self._rfd, selectors.EVENT_READ, None)
             while not self._stop.is_set():
-                if self.failing and time.monotonic() - self._failed_at >= THREAD_HEALTHY_S:
-                    self._recovered()
+                self.supervision.check_recovered()
                 self._apply_ops()
                 self._sync(sel)
                 timeout = self._timeout()
@@ -239,29 +238,10 @@ class LinkIO:
 
     # -- supervision -------------------------------------------------------------------
     def _failed(self, exc: BaseException) -> None:
-        now = time.monotonic()
-        self.restarts += 1
-        self._failed_at = now
-        self.error = f"{type(exc).__name__}: {sanitize(exc)}"
-        msg = f"{self.name}: I/O thread failed ({self.error}): restarting it"
-        if not self.failing:
-            self.failing = True
-            self.episodes += 1
-            self._backoff = THREAD_BACKOFF_MIN_S
-            log.error("%s (logged once until it runs %g s without failing)", msg,
-                      THREAD_HEALTHY_S, exc_info=exc)  # fmt: skip
-        else:
-            self._backoff = min(self._backoff * 2, THREAD_BACKOFF_MAX_S)
-            log.debug("%s (restart %d)", msg, self.restarts)
+        msg = self.supervision.failed(exc)
         for link in list(self._links):
             try:
                 link._io_failed(msg)
             except Exception:  # noqa: BLE001 - report the others whatever one does
                 log.debug("%s: reporting an I/O failure", link, exc_info=True)
-        self._stop.wait(self._backoff * self._rng.uniform(0.8, 1.2))
-
-    def _recovered(self) -> None:
-        self.failing = False
-        self._backoff = THREAD_BACKOFF_MIN_S
-        log.info("%s: I/O thread running again (%g s without failing; %d restarts so far)",
-                 self.name, THREAD_HEALTHY_S, self.restarts)  # fmt: skip
+        self._stop.wait(self.supervision.backoff * self._rng.uniform(0.8, 1.2))

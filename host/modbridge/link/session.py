@@ -133,6 +133,7 @@ from modbridge.link.requests import (  # noqa: F401 - re-exported
     ref_type,
 )
 from modbridge.link.requests import REQUEST_TIMEOUTS as _REQUEST_TIMEOUTS
+from modbridge.link.supervise import Episodes, supervised
 from modbridge.model import UNPLUG_DEBOUNCE_S, ModuleStatus, silence_timeout_s  # noqa: F401
 from modbridge.sanitize import sanitize
 from protocol import VERSION_MAJOR, VERSION_MINOR
@@ -152,6 +153,7 @@ THREAD_BACKOFF_MIN_S = 0.1  # first restart of a link after an escaped exception
 THREAD_BACKOFF_MAX_S = 5.0
 THREAD_HEALTHY_S = 30.0  # this long without a failure ends an episode
 RECENT_EVENTS = 32
+OUT_QUEUE_MAX = 1024  # bytes waiting in the port's output queue: the module is not reading
 DEFAULT_MAX_FRAME = 512  # until the module's hello says otherwise
 LINK_ID = 0  # the bridge's signing link id (one link per module: exclusive open)
 
@@ -223,6 +225,7 @@ class ModuleLink:
         self.max_frame = DEFAULT_MAX_FRAME
         self.telemetry_ms: int | None = None
         self.heartbeats_sent = 0
+        self.heartbeats_skipped = 0  # held back: the module was not reading its input
         self.decoder = HostDecoder()
         # signing (see the module docstring)
         self.keys = keys if keys is not None else KeyStore()
@@ -268,12 +271,10 @@ class ModuleLink:
         self._flush_next = False
         self._logged: set[str] = set()
         # supervision (see the module docstring)
-        self.thread_restarts = 0
-        self.thread_episodes = 0
-        self.thread_failing = False
-        self.thread_error: str | None = None
-        self._thread_backoff = THREAD_BACKOFF_MIN_S
-        self._failed_at = 0.0  # time.monotonic() of the last escaped exception
+        self.supervision = Episodes(
+            f"{port}: link thread", log, THREAD_BACKOFF_MIN_S, THREAD_BACKOFF_MAX_S,
+            THREAD_HEALTHY_S, "thread_restarts",
+        )  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, fail_fast: bool = True) -> ModuleLink:
@@ -509,8 +510,7 @@ class ModuleLink:
         if self._stop.is_set():
             return
         try:
-            if self.thread_failing and time.monotonic() - self._failed_at >= THREAD_HEALTHY_S:
-                self._loop_recovered()
+            self.supervision.check_recovered()
             try:
                 if self._ser is None:
                     if self.clock() >= self._reopen_at:
@@ -570,23 +570,7 @@ class ModuleLink:
     def _loop_failed(self, exc: BaseException) -> None:
         """An exception escaped the link's step: report (once per episode), clean up,
         reopen after a back-off (the I/O thread goes on with the other links)."""
-        now = time.monotonic()
-        self.thread_restarts += 1
-        self._failed_at = now
-        self.thread_error = f"{type(exc).__name__}: {sanitize(exc)}"
-        msg = f"{self.port}: link thread failed ({self.thread_error}): restarting it"
-        if not self.thread_failing:
-            self.thread_failing = True
-            self.thread_episodes += 1
-            self._thread_backoff = THREAD_BACKOFF_MIN_S
-            log.error(
-                "%s (logged once until it runs %g s without failing; restarts are counted "
-                "in thread_restarts)",
-                msg, THREAD_HEALTHY_S, exc_info=exc,
-            )  # fmt: skip
-        else:
-            self._thread_backoff = min(self._thread_backoff * 2, THREAD_BACKOFF_MAX_S)
-            log.debug("%s (restart %d)", msg, self.thread_restarts)
+        msg = self.supervision.failed(exc)
         try:
             self.status.last_error = msg
             self._lost_once = True  # the reopen counts as a reconnect
@@ -598,22 +582,22 @@ class ModuleLink:
         except Exception:  # noqa: BLE001 - the port state is unknown: reopen anyway
             log.debug("%s: cleaning up after a link thread failure", self.port, exc_info=True)
             self._ser = None
-        delay = self._thread_backoff * self._rng.uniform(1 - BACKOFF_JITTER, 1 + BACKOFF_JITTER)
+        delay = self.supervision.backoff * self._rng.uniform(1 - BACKOFF_JITTER,
+                                                             1 + BACKOFF_JITTER)  # fmt: skip
         self._reopen_at = self.clock() + delay
 
-    def _loop_recovered(self) -> None:
-        self.thread_failing = False
-        self._thread_backoff = THREAD_BACKOFF_MIN_S
-        log.info(
-            "%s: link thread running again (%g s without failing; %d restarts so far)",
-            self.port, THREAD_HEALTHY_S, self.thread_restarts,
-        )  # fmt: skip
+    # the supervisor's counters, for the status and the exporter
+    thread_restarts = supervised("restarts")
+    thread_episodes = supervised("episodes")
+    thread_failing = supervised("failing")
+    thread_error = supervised("error")
+    _thread_backoff = supervised("backoff")
 
     def _io_failed(self, msg: str) -> None:
         """The shared I/O thread's loop failed and is restarting (reported per link;
         the port stays open)."""
-        self.thread_restarts += 1
-        self.thread_error = msg
+        self.supervision.restarts += 1
+        self.supervision.error = msg
         self.status.last_error = msg
 
     def _try_open(self) -> bool:
@@ -754,9 +738,24 @@ class ModuleLink:
     def _send_heartbeat(self, now: float) -> None:
         """One heartbeat now; the next at the following point of the period's grid
         (``k * period`` on the link's clock), common to every link of that period, so
-        that one wake-up of the I/O thread serves them all."""
+        that one wake-up of the I/O thread serves them all.
+
+        Not while the port's output queue holds more than ``OUT_QUEUE_MAX`` bytes: the
+        module is not reading (hung, a full pty), and a write would block the one I/O
+        thread for ``WRITE_TIMEOUT_S``, every link with it (``heartbeats_skipped``)."""
         period = self.heartbeat_period_s
         self._next_hb = (math.floor(now / period) + 1) * period
+        try:
+            queued = self._ser.out_waiting if self._ser is not None else 0
+        except (AttributeError, OSError, serial.SerialException):
+            queued = 0  # no TIOCOUTQ (a test double): write as ever
+        if queued > OUT_QUEUE_MAX:
+            self.heartbeats_skipped += 1
+            self._flush_next = True  # the module resyncs on the next frame
+            if self._once("hb-queue"):
+                log.warning("%s: %d bytes not taken by the module: heartbeats held back "
+                            "until it reads again", self.port, queued)  # fmt: skip
+            return
         fields = checked_fields(self.heartbeat_fields(), self._once, self.port)
         if fields is None:
             return
