@@ -45,6 +45,14 @@ def locker(backend, uuid, tmp_path=None, **kw):
     return lim, events
 
 
+def nvml_locker(tmp_path, **kw):
+    nv = FakeNvml()
+    b = NvmlBackend(nvml=nv)
+    uuid = b.devices()[0].uuid
+    lim, events = locker(b, uuid, tmp_path, **kw)
+    return nv, b, uuid, lim, events
+
+
 def acts(events, action=None):
     return [e for e in events if action is None or e["action"] == action]
 
@@ -163,10 +171,7 @@ def test_external_change_is_seen_and_the_hold_written_again(tmp_path):
 
 
 def test_nvml_lock_restore_and_an_external_reset_seen_by_the_clock(tmp_path):
-    nv = FakeNvml()
-    b = NvmlBackend(nvml=nv)
-    uuid = b.devices()[0].uuid
-    lim, events = locker(b, uuid, tmp_path)
+    nv, b, uuid, lim, events = nvml_locker(tmp_path)
     lim.start()
     assert lim.original is None  # NVML cannot read a lock: "unlocked"
     lim.apply(None, "stall", level=WARN)
@@ -183,11 +188,8 @@ def test_nvml_lock_restore_and_an_external_reset_seen_by_the_clock(tmp_path):
 
 
 def test_refused_writes_back_off_with_one_alert_per_episode(tmp_path):
-    nv = FakeNvml()
-    b = NvmlBackend(nvml=nv)
-    uuid = b.devices()[0].uuid
     clock = Clock()
-    lim, events = locker(b, uuid, tmp_path, monotonic=clock)
+    nv, b, uuid, lim, events = nvml_locker(tmp_path, monotonic=clock)
     lim.start()
     nv.read_only = True
     tries = []
@@ -204,11 +206,8 @@ def test_refused_writes_back_off_with_one_alert_per_episode(tmp_path):
 
 
 def test_not_supported_is_a_refusal_flagged_not_supported(tmp_path):
-    nv = FakeNvml()
-    b = NvmlBackend(nvml=nv)
-    uuid = b.devices()[0].uuid
+    nv, b, uuid, lim, events = nvml_locker(tmp_path)
     nv.fail("nvmlDeviceSetGpuLockedClocks", "NVMLError_NotSupported")
-    lim, events = locker(b, uuid, tmp_path)
     lim.start()
     assert lim.apply(None, "stall", level=WARN).action == "refused"
     assert acts(events, "refused")[0]["not_supported"] is True
@@ -236,12 +235,9 @@ def test_start_after_a_crash_puts_the_journaled_original_back(tmp_path):
 
 
 def test_with_nvml_a_journaled_gpu_is_always_put_back_at_start(tmp_path):
-    nv = FakeNvml()
-    b = NvmlBackend(nvml=nv)
-    uuid = b.devices()[0].uuid
+    nv, _, uuid, lim, _ = nvml_locker(tmp_path)
     ClockJournal(tmp_path / "state").record(uuid, None, CRITICAL_MHZ)
     nv.devices[0].locked = (345, CRITICAL_MHZ)  # what the dead run left
-    lim, _ = locker(b, uuid, tmp_path)
     lim.start()
     assert nv.devices[0].locked is None and not lim.holding
 
@@ -415,10 +411,7 @@ def test_clock_refusal_classes_are_gpu_errors():
 
 
 def test_nvml_calls_per_decision_are_counted_not_timed(tmp_path):
-    nv = FakeNvml()
-    b = NvmlBackend(nvml=nv)
-    uuid = b.devices()[0].uuid
-    lim, _ = locker(b, uuid, tmp_path)
+    nv, b, uuid, lim, _ = nvml_locker(tmp_path)
     lim.start()
     nv.calls.clear()
     lim.observe(None)

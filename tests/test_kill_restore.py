@@ -81,6 +81,20 @@ def spawn(tmp_path, seed, actuator="power"):
     )  # fmt: skip
 
 
+def clean_run(tmp_path, actuator="power") -> tuple[dict, dict]:
+    """A last, clean run: its ``ready`` state, then what it left after SIGTERM (exit 0)."""
+    proc = spawn(tmp_path, seed=1, actuator=actuator)
+    try:
+        st = ready(proc)
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        finish(proc)
+    assert proc.returncode == 0, err
+    return st, json.loads(out.split("stopped ", 1)[1])
+
+
 def ready(proc, timeout=20.0) -> dict:
     line = proc.stdout.readline()
     assert line.startswith("ready "), (line, proc.stderr.read() if proc.poll() else "")
@@ -125,17 +139,9 @@ def test_sigkill_at_random_instants_never_ratchets(tmp_path):
     # the kills really landed while a limit was lowered, many times
     assert seen_below >= ITERATIONS // 4, seen_below
     # a last, clean run: start restores, SIGTERM restores, nothing is left journaled
-    proc = spawn(tmp_path, seed=1)
-    try:
-        st = ready(proc)
-        assert st["limit_w"] == TRUE_ORIGINAL_W and st["original_w"] == TRUE_ORIGINAL_W
-        time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
-    finally:
-        finish(proc)
-    assert proc.returncode == 0, err
-    assert json.loads(out.split("stopped ", 1)[1])["limit_w"] == TRUE_ORIGINAL_W
+    st, stopped = clean_run(tmp_path)
+    assert st["limit_w"] == TRUE_ORIGINAL_W and st["original_w"] == TRUE_ORIGINAL_W
+    assert stopped["limit_w"] == TRUE_ORIGINAL_W
     assert gpu.limit_w == TRUE_ORIGINAL_W
     assert not (tmp_path / "state" / "limits" / f"{UUID}.json").exists()
     print(f"kill test: {ITERATIONS} kills in {elapsed:.1f} s, {seen_below} left the GPU "

@@ -12,7 +12,6 @@ test_kill_restore.py.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import time
@@ -62,16 +61,7 @@ def test_sigkill_at_random_instants_never_ratchets_the_clocks(
             seen_low += 1
             assert gpu.lock is not None and gpu.lock[1] < (original or (0, 1980))[1]
     assert seen_low >= iterations // 4, seen_low  # the kills really landed mid-hold
-    proc = spawn(tmp_path, seed=1)
-    try:
-        st = ready(proc)
-        assert as_lock(st["lock"]) == original
-        time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
-    finally:
-        finish(proc)
-    assert proc.returncode == 0, err
-    assert as_lock(json.loads(out.split("stopped ", 1)[1])["lock"]) == original
+    st, stopped = base.clean_run(tmp_path, actuator="clocks")
+    assert as_lock(st["lock"]) == original and as_lock(stopped["lock"]) == original
     assert gpu.lock == original and gpu.limit_w == 700.0
     assert not list((tmp_path / "state" / "clocks").glob("*.json"))

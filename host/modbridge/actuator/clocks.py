@@ -205,13 +205,8 @@ class ClockLocker(ActuatorBase):
             if self._touched and not self.dry_run and self.started:
                 self._reread()
 
-    def _reread(self) -> GpuError | None:
-        try:
-            st = self.backend.clock_state(self.uuid)
-        except GpuError as e:
-            return e
-        self._adopt(st)
-        return None
+    def _read_now(self) -> ClockState:
+        return self.backend.clock_state(self.uuid)
 
     def _adopt(self, st: ClockState) -> None:
         self.state = st

@@ -147,6 +147,16 @@ class ActuatorBase:
         except Exception:  # noqa: BLE001 - a broken sink must not stop the actuator
             _log.exception("%s event sink failed", self.WHAT)
 
+    def _reread(self) -> GpuError | None:
+        """Read the GPU now (the truth) before a decision, and adopt what it says
+        (``_read_now``, ``_adopt``); the error if it cannot be read."""
+        try:
+            reading = self._read_now()
+        except GpuError as e:
+            return e
+        self._adopt(reading)
+        return None
+
     def _journal_write(self, original, intended) -> JournalError | None:
         """Journal the original before a write (the error, if it cannot: no write)."""
         if self.journal is None or self.dry_run:
@@ -411,14 +421,11 @@ class PowerLimiter(ActuatorBase):
                 original_w=enforced,
             )
 
-    def _reread(self) -> GpuError | None:
-        """Read the limit now (the truth) before a decision; the error if it cannot."""
-        try:
-            sample = self.backend.sample(self.uuid)
-        except GpuError as e:
-            return e
+    def _read_now(self):
+        return self.backend.sample(self.uuid)
+
+    def _adopt(self, sample) -> None:
         self.observe(sample)
-        return None
 
     def _backing_off(self, requested, clamped) -> ApplyResult | None:
         if self._in_backoff():
