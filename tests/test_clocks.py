@@ -100,6 +100,9 @@ def test_lock_journaled_before_the_write_and_restored(tmp_path):
     assert lim.restore("again") is None  # idempotent
     assert [e["action"] for e in events] == ["lower", "lower", "restore"]
     assert all(e["event"] == "clocks" for e in events)
+    c = lim.counters()
+    assert c["actions_total"] == {"lower": 2, "restore": 1} and c["max_mhz"] == 1980
+    assert (c["locked"], c["original"], c["holding"], c["refused_total"]) == (None, None, False, 0)
 
 
 def test_no_journal_no_write(tmp_path):

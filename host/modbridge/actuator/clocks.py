@@ -344,13 +344,7 @@ class ClockLocker(ActuatorBase):
             "max_mhz": None if st is None else st.max_mhz,
             "locked": self.locked,
             "original": self.original,
-            "last_write_ts": self.last_write_ts,
-            "actions_total": dict(self.actions_total),
-            "refused_total": self.refused_total,
-            "dry_run": self.dry_run,
-            "holding": self._touched,
-            "backoff_s": self.backoff_s,
-            "external_changes": self.external_changes,
+            **self._common_counters(),
         }
 
 

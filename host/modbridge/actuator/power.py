@@ -175,6 +175,18 @@ class ActuatorBase:
         except JournalError as e:
             self._event("alert", "journal", "clear", str(e))
 
+    def _common_counters(self) -> dict:
+        """The counters every actuator has (for ``counters()``)."""
+        return {
+            "last_write_ts": self.last_write_ts,
+            "actions_total": dict(self.actions_total),
+            "refused_total": self.refused_total,
+            "dry_run": self.dry_run,
+            "holding": self._touched,
+            "backoff_s": self.backoff_s,
+            "external_changes": self.external_changes,
+        }
+
     def _in_backoff(self) -> bool:
         return self._retry_at is not None and self._mono() < self._retry_at
 
@@ -570,13 +582,7 @@ class PowerLimiter(ActuatorBase):
             "max_w": self.max_w,
             "default_w": self.default_w,
             "current_w": self.current_w,
-            "last_write_ts": self.last_write_ts,
-            "actions_total": dict(self.actions_total),
-            "refused_total": self.refused_total,
-            "dry_run": self.dry_run,
-            "holding": self._touched,
-            "backoff_s": self.backoff_s,
-            "external_changes": self.external_changes,
+            **self._common_counters(),
         }
 
 
