@@ -19,6 +19,7 @@ from array import array
 
 from device import FW_VERSION, config
 from device import floors as F
+from device import failsafe as FS
 from device import safety as S
 from device.control import autotune as AT
 from device.control.curve import FanCurve
@@ -146,6 +147,7 @@ class App:
         self.duty = array("i", [0] * _N_FAN)
         self.manual_duty = array("i", [0] * _N_FAN)
         self.worst_out = array("i", [0, 0])
+        self._prot = array("i", [0] * _N_CH)  # protection readings with the host's die
         self.est = DieEstimator()
         self.die_sp = 0
         self.hosted = False  # the PID regulates the die envelope (not the NTC)
@@ -530,10 +532,24 @@ class App:
         sup.follow_slowdown(self.gpu_slowdown_mc if host_ok else 0)
         c0 = sup.crit_mc[0]
         sf.crit_mc[0] = c0 if c0 < self._crit0 else self._crit0
+        prot = sf.prot_mc
+        if sup.slowdown_mc and self.gpu_temp_mc is not None:
+            if ticks_diff(now, self.gpu_temp_ms) < _DIE_FRESH_MS and prot[0] != NTC.INVALID:
+                # the host's die temperature counts on the GPU channel too, offset so
+                # that it warns at slowdown - 2 degC (the NTC may sit far below the die)
+                p = self._prot
+                i = 0
+                while i < _N_CH:
+                    p[i] = prot[i]
+                    i += 1
+                d = self.gpu_temp_mc - FS.DIE_OFFSET_MC
+                if d > p[0]:
+                    p[0] = d
+                prot = p
         if self.mode == MODE_MANUAL:
             self._manual_lease(now, host_ok, sup.causes)
         sup.update(
-            sf.prot_mc,
+            prot,
             open_m,
             short_m,
             stall,

@@ -43,6 +43,11 @@ _EV_FIELDS = const(8)  # code, severity, active, index, value, state, prev_state
 # full cooling; the warning's 80 % floor comes 5 degC earlier. docs/autotune.md.
 SLOWDOWN_WARN_MARGIN_MC = const(8000)
 SLOWDOWN_CRIT_MARGIN_MC = const(3000)
+# While those limits follow a slowdown, the host's die temperature (heartbeat
+# ``gpu_temp``, fresh) counts on the GPU channel DIE_OFFSET_MC lower: it warns at
+# slowdown - 2 degC and is critical at slowdown + 3, whatever the NTC reads (an NTC
+# beside the memory MOSFETs reads 12 degC below a throttling die: issue 11).
+DIE_OFFSET_MC = const(6000)
 
 
 

@@ -512,6 +512,7 @@ MESSAGES = (
             _f(11, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC"),
             _f(12, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)"),
             _f(13, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC"),
+            _f(14, "center", K_INT, False, -200000, 200000, MILLI, "m degC"),
         ),
     ),
 )

@@ -141,8 +141,9 @@ DOCS = {
     ),
     ("pair", "key"): "the new secret (32 bytes)",
     "autotune": (
-        "Start or abort a relay autotune (docs/autotune.md): the PID is replaced by a "
-        "relay around the current duty until the oscillation's period and amplitude "
+        "Start or abort a relay autotune (docs/autotune.md): the PID is replaced by the "
+        "current duty until the temperature is steady, then by a relay about that "
+        "temperature until the oscillation's period and amplitude "
         "agree over `cycles` cycles; acked at once, autotune_report follows per cycle. "
         "Needs HOSTED in auto mode; aborted by any safety cause. Gains are not applied: "
         "the host writes them with pid_gains."
@@ -170,6 +171,7 @@ DOCS = {
     ("autotune_report", "kp"): "Tyreus-Luyben Ku/3.2",
     ("autotune_report", "ki"): "kp / (2.2 Pu)",
     ("autotune_report", "kd"): "0 (PI rule)",
+    ("autotune_report", "center"): "error the relay switches about (after holding the bias)",
 }
 
 

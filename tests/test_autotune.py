@@ -49,7 +49,7 @@ def _drive(tune, err_at, ticks, causes_at=None, hosted=True, floor=FLOOR):
 
 def _started(**kw):
     tune = RelayTune()
-    args = {"bias": 30000, "floor": FLOOR}
+    args = {"bias": 30000, "floor": FLOOR, "settle": False}
     args.update(kw)
     tune.start(**args)
     return tune
@@ -359,3 +359,30 @@ def test_tuned_gains_settle_lagging_plants_without_a_limit_cycle():
         assert max(temps) - SP < 8000, max(temps)
         tail = temps[-3000:]
         assert max(tail) - min(tail) <= 200, (lag_ms, min(tail), max(tail))
+
+
+def test_settles_then_switches_about_the_steady_error():
+    tune = _started(settle=True)
+    held = _drive(tune, lambda t: -5000, A.SETTLE_MIN_MS // DT - 1)
+    assert set(held) == {tune.bias} and tune.settling  # the bias, nothing else, so far
+
+    def err(t):  # the wave starts after the settling
+        return -5000 + _triangle(t, 20000, 1500)
+
+    _drive(tune, lambda t: -5000, 1)
+    assert not tune.settling and tune.center == -5000, (tune.settling, tune.center)
+    assert tune.report()["center"] == -5000
+    _drive(tune, err, 3000)
+    assert tune.status == C.TUNE_DONE, C.TUNE_STATUS[tune.status]
+    assert abs(tune.pu_ms - 20000) <= DT and abs(tune.a_mc - 1500) <= 30, (tune.pu_ms, tune.a_mc)
+
+
+def test_settling_ends_at_its_limit_on_a_drift_and_respects_the_floor():
+    tune = _started(settle=True)
+    _drive(tune, lambda t: -(t // 10), A.SETTLE_MAX_MS // DT - 1)  # 1 degC per 10 s
+    assert tune.settling
+    _drive(tune, lambda t: -3000, 1)
+    assert not tune.settling and tune.center == -3000 and tune.running
+    tune = _started(settle=True)
+    out = _drive(tune, lambda t: 0, 1000, floor=tune.bias + 1)
+    assert tune.status == C.TUNE_FLOOR and len(out) == A.FLOOR_GRACE_MS // DT - 1, len(out)

@@ -44,6 +44,9 @@ class Rig:
         self.plant = Plant()
         self.h.host(True)
         self.h.set_temp(0, SP / 1000)
+        # the harness's heartbeats carry a fixed die temperature: regulate the NTC
+        # plant (the hosted die-envelope loop is tested in tests/test_autotune_sim.py)
+        assert self.h.command("config_set", {"values": {"pid.die_sp_mc": 0}}) == "ack"
         self.items = []
 
     def run(self, ms, until=None):
@@ -143,7 +146,8 @@ def test_autotune_measures_the_plant_and_leaves_the_gains_to_the_host():
         t += 1000
     tail = temps[-240:]
     assert max(tail) - min(tail) <= 600, (min(tail), max(tail))
-    assert abs(sum(tail) // len(tail) - SP) <= 500, sum(tail) // len(tail)
+    band = app.cfg["pid"].get("deadband_mc", 0)  # the PID does not act inside it
+    assert abs(sum(tail) // len(tail) - SP) <= band + 500, (sum(tail) // len(tail), band)
 
 
 def test_start_needs_a_signature_and_hosted_auto_mode():
@@ -218,9 +222,10 @@ def test_ticks_of_a_running_test_do_not_allocate():
 
     rig = _started()
     h = rig.h
-    h.set_temp(0, 68.0)  # below the setpoint: the relay holds its low level, no cycle ends
-    h.advance(3000)
     app = h.app
+    h.set_temp(0, 68.0)  # steady: the bias is held, then the relay starts about 68 degC
+    h.advance(45000)  # past the settling (30 s at least) and its report
+    assert not app.tune.settling and app.tune.center < 0, app.tune.center
     hal = h.hal
     app.hb_ms = hal.ticks_ms()  # no heartbeats arrive under the lock: freeze the host
     app.host_timeout_ms = 10**8
@@ -238,4 +243,4 @@ def test_ticks_of_a_running_test_do_not_allocate():
     heap_locked(ticks)
     assert app.failures == 0, app.failures
     assert app.tune.running, C.TUNE_STATUS[app.tune.status]
-    assert hal.pwm[0].duty_u16() == app.tune.lo
+    assert hal.pwm[0].duty_u16() == app.tune.hi  # no switch: the error sits at the center

@@ -190,3 +190,30 @@ def test_a_heartbeat_without_the_slowdown_or_above_the_limits_changes_nothing():
     h.slowdown = 0  # a host that stops sending it: back to the configured limits
     _run(h, 3000)
     assert app.sup.warn_mc[0] == 85000 and not app.sup.over
+
+
+def test_the_hosts_die_temperature_warns_before_the_slowdown_whatever_the_ntc_reads():
+    h = SlowdownHost()
+    h.host(True)
+    h.set_temp(0, 65.0)  # the NTC beside the MOSFETs, far below a hot die
+    h.hb_temp = 80000
+    _run(h, 3000)
+    app = h.app
+    assert app.sup.state == C.STATE_HOSTED and not app.sup.over
+    h.hb_temp = 81500  # past slowdown - 2
+    items = _run(h, 2000)
+    ev = _events(items, C.REASON_OVER_TEMP)
+    assert ev and ev[0].fields["active"] and ev[0].fields["value"] == 81500 - FS.DIE_OFFSET_MC, ev
+    assert app.sup.state == C.STATE_FAILSAFE
+    h.hb_temp = 86000  # slowdown + 3: critical, full cooling
+    _run(h, 2000)
+    assert app.sup.crit & 1
+    assert (h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) == (65535, 65535)
+    # without a slowdown in the heartbeat the die does not count: configured behaviour
+    h2 = SlowdownHost()
+    h2.slowdown = 0
+    h2.hb_temp = 86000
+    h2.host(True)
+    h2.set_temp(0, 65.0)
+    _run(h2, 3000)
+    assert h2.app.sup.state == C.STATE_HOSTED and not h2.app.sup.over

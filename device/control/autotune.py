@@ -67,6 +67,12 @@ MAX_CYCLES = const(12)  # cycles measured before giving up (inconsistent)
 TOL_PCT = const(15)  # each cycle's period and amplitude within 15 % of their mean
 FLOOR_GRACE_MS = const(30000)  # a floor above the relay's low level this long: abort
 DT_MAX_MS = const(1000)
+# Before the relay: hold the bias until the error is steady (it changes by at most
+# hyst / 2 over each of two STEADY_STEP_MS steps, after at least SETTLE_MIN_MS; at
+# most SETTLE_MAX_MS); the relay then switches about that error (``center``).
+SETTLE_MIN_MS = const(30000)
+SETTLE_MAX_MS = const(300000)
+STEADY_STEP_MS = const(10000)
 
 # start() parameter ranges (the autotune message's ranges, protocol/catalog.py)
 AMP_MIN = const(3277)  # 5 % duty
@@ -165,6 +171,12 @@ class RelayTune:
         self.need = CYCLES_DEFAULT
         self.timeout_ms = TIMEOUT_DEFAULT_S * 1000
         self.t_ms = 0  # time since start
+        self.settling = False  # holding the bias before the relay
+        self.settle_ms = SETTLE_MAX_MS
+        self.center = 0  # error the relay switches about (m degC)
+        self.s_prev = 0  # settle: the error at the last step
+        self.s_next = 0  # settle: time of the next step
+        self.s_steady = 0  # settle: steady steps in a row
         self.high = False
         self.n = 0  # cycles measured
         self.t_rise = -1  # time of the last rising switch, -1 before the first
@@ -196,12 +208,16 @@ class RelayTune:
         timeout_s=TIMEOUT_DEFAULT_S,
         cycles=CYCLES_DEFAULT,
         ref=0,
+        settle=True,
     ):
         """Begin a test around ``bias`` (the duty the loop holds now). The relay's
         levels are kept within ``[floor, 100 %]``: the bias moves up or down so the
         whole swing ``bias +- amp`` fits, and ``amp`` shrinks only if the room
-        between the floor and full duty is smaller than the swing. ValueError (with
-        the limits) if a parameter is out of range or the swing does not fit."""
+        between the floor and full duty is smaller than the swing. With ``settle``
+        the bias is held until the error is steady and the relay switches about that
+        error (so a loop resting on its floor below the setpoint can be tuned);
+        without, about 0. ValueError (with the limits) if a parameter is out of range
+        or the swing does not fit."""
         _range("amplitude", amp, AMP_MIN, AMP_MAX)
         _range("hysteresis", hyst, HYST_MIN, HYST_MAX)
         _range("max_rise", max_rise, RISE_MIN, RISE_MAX)
@@ -230,6 +246,11 @@ class RelayTune:
         self.need = cycles
         self.ref = ref
         self.t_ms = 0
+        self.settling = bool(settle)
+        self.center = 0
+        self.s_prev = RISE_MAX + 1  # no sample yet
+        self.s_next = STEADY_STEP_MS
+        self.s_steady = 0
         self.high = True  # the first half-cycle cools: the error starts where it is
         self.n = 0
         self.t_rise = -1
@@ -280,6 +301,8 @@ class RelayTune:
         if t >= self.timeout_ms:
             self._end(C.TUNE_TIMEOUT)
             return -1
+        if self.settling:
+            return self._settle(t, err_mc, floor, dt_ms)
         if floor > (self.hi if self.high else self.lo):
             self.clipped = True
             self.clip_ms += dt_ms
@@ -288,7 +311,7 @@ class RelayTune:
                 return -1
         else:
             self.clip_ms = 0
-        e = err_mc
+        e = err_mc - self.center
         if e > self.e_max:
             self.e_max = e
         if e < self.e_min:
@@ -303,6 +326,31 @@ class RelayTune:
             if self.status != RUNNING:
                 return -1
         return self.hi if self.high else self.lo
+
+    def _settle(self, t, err_mc, floor, dt_ms):
+        """Hold the bias until the error is steady; then the relay starts about it."""
+        if floor > self.bias:
+            self.clip_ms += dt_ms
+            if self.clip_ms >= FLOOR_GRACE_MS:
+                self._end(C.TUNE_FLOOR)
+                return -1
+        else:
+            self.clip_ms = 0
+        if t >= self.s_next:
+            self.s_next = t + STEADY_STEP_MS
+            d = err_mc - self.s_prev
+            if d < 0:
+                d = -d
+            self.s_steady = self.s_steady + 1 if 2 * d <= self.hyst else 0
+            self.s_prev = err_mc
+            if (t >= SETTLE_MIN_MS and self.s_steady >= 2) or t >= SETTLE_MAX_MS:
+                self.settling = False
+                self.center = err_mc
+                self.clip_ms = 0
+                self.e_max = -RISE_MAX
+                self.e_min = RISE_MAX
+                self.report_pending = True
+        return self.bias
 
     def _rise(self, t):
         """A rising switch: close the cycle that began at the previous one."""
@@ -362,6 +410,7 @@ class RelayTune:
             "elapsed_s": self.t_ms // 1000,
             "bias": self.bias,
             "relay": self.d,
+            "center": self.center,
         }
         if n:
             f["period_ms"] = self.periods[n - 1]

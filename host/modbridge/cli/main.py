@@ -318,9 +318,11 @@ def _register_commands() -> None:
     """Commands that live in their own modules register themselves on the group."""
     from modbridge.cli import bridge as cli_bridge
     from modbridge.cli import sim as cli_sim
+    from modbridge.cli import tune as cli_tune
 
     cli_sim.register(main)
     cli_bridge.register(main)
+    cli_tune.register(main)
 
 
 _register_commands()
