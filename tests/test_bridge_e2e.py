@@ -88,7 +88,7 @@ class Run:
 
 
 @contextmanager
-def bridged(profile="idle", backend_wrap=None, dry_run=False, **policy):
+def bridged(profile="idle", backend_wrap=None, dry_run=False, tick_s_override=None, **policy):
     if " " in profile:
         profile = Profile.parse(profile + "\n")
     fleet, mappings = open_sim(1, "default", profile, SPEED)
@@ -97,7 +97,7 @@ def bridged(profile="idle", backend_wrap=None, dry_run=False, **policy):
     try:
         cfg = BridgeConfig(
             heartbeat_period_s=0.1,
-            tick_s=0.1,
+            tick_s=tick_s_override or 0.1,
             dry_run=dry_run,
             modules=mappings,
             policy=PolicyConfig(**{**FAST_POLICY, **policy}),
@@ -146,6 +146,34 @@ def test_fan_stall_lowers_the_limit_and_recovery_restores_it():
         )
         assert restored[-1]["enforced_w"] == ORIGINAL_W == r.gpu.power_limit_w()
         assert r.pair().level == NORMAL
+
+
+class ThreadRecordingBackend:
+    """The virtual backend, recording the thread that issues each power-limit write."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.name = inner.name
+        self.write_threads: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def set_power_limit_w(self, uuid, watts):
+        self.write_threads.append(threading.current_thread().name)
+        return self._inner.set_power_limit_w(uuid, watts)
+
+
+def test_an_alarm_is_decided_in_the_io_thread_right_after_its_frames_are_read():
+    """No hand-off to the loop's next tick: the stall's event and telemetry frames are
+    read, and the same I/O thread evaluates the policy and writes the limit (through
+    the actuator, journal and lock as ever)."""
+    with bridged(backend_wrap=ThreadRecordingBackend, tick_s_override=5.0) as r:
+        r.vm.world_fault("fan_stall", 0)
+        wait_for(lambda: r.gpu.power_limit_w() == WARN_W, 15, "limit at 70 %")
+        backend = r.bridge.backend
+        assert backend.write_threads[0] == "modbridge-link io"
+        assert r.bridge.inline_ticks >= 1 and r.bridge.urgent_ticks >= r.bridge.inline_ticks
 
 
 def test_over_temperature_lowers_the_limit_with_reasons_and_values():

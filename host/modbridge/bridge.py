@@ -69,6 +69,7 @@ REFUSED_RETRY_S = 30.0
 # reading: the bridge restores every limit and exits non-zero (TickFailing), so that
 # systemd's Restart=on-failure starts it again from a known state.
 TICK_FAIL_LIMIT = 10
+STOP_TICK_WAIT_S = 5.0  # stop() waits this long for a tick in progress
 TICK_FAIL_MIN_S = 5.0
 
 
@@ -162,7 +163,14 @@ class Bridge:
         self.clock = clock
         self.engine = PolicyEngine(engine_config(config.policy), event_log)
         self.io = LinkIO()  # one I/O thread (a selector) for every module link
+        self.io.after_iteration = self._decide_urgent
         self.urgent_ticks = 0  # ticks run at once for an alarm, fault change or silence
+        self.inline_ticks = 0  # of those, run in the I/O thread (no hand-off)
+        # Urgent ticks run in the I/O thread right after the frames are read, unless
+        # a GPU read is a subprocess (nvidia-smi: ~21 ms that would hold every port)
+        self.decide_inline = backend.name != "nvidia-smi"
+        self._urgent_pending = False
+        self._tick_lock = threading.Lock()  # one tick at a time, whichever thread
         self.links: dict[str, ModuleLink] = {}
         self.limiters: dict[str, Actuator] = {}  # power, clocks or both, per GPU
         self.samples: dict[str, GpuSample] = {}
@@ -329,6 +337,16 @@ class Bridge:
         for link in self.links.values():
             link.stop()
         self.io.stop()
+        # an urgent tick the I/O thread was running is over (stop joined it); one the
+        # loop runs is not (signals): wait for it, bounded, before restoring
+        got = self._tick_lock.acquire(timeout=STOP_TICK_WAIT_S)
+        try:
+            return self._restore_all(reason)
+        finally:
+            if got:
+                self._tick_lock.release()
+
+    def _restore_all(self, reason: str) -> bool:
         ok = True
         for lim in self.limiters.values():
             try:
@@ -454,11 +472,42 @@ class Bridge:
         faults = msg.fields.get("faults", 0)
         if self._faults_seen.get(status.port, 0) != faults:
             self._faults_seen[status.port] = faults
-            self._wake.set()
+            self._urgent()
 
     def _on_silent(self, status: ModuleStatus) -> None:
         """A module's silence deadline passed (I/O thread): decide now."""
-        self._wake.set()
+        self._urgent()
+
+    def _urgent(self) -> None:
+        """Decide now (called in the I/O thread): by :meth:`_decide_urgent` once the
+        frames of this wake-up are all read, or by the loop if it cannot be inline."""
+        self._urgent_pending = True
+        if not self.decide_inline:
+            self._wake.set()
+
+    def _decide_urgent(self) -> None:
+        """After a wake-up of the I/O thread: the tick an alarm, a change of fault bits
+        or a silence asked for, run right here (no hand-off to the loop's thread). If
+        the loop is ticking now, or this tick fails, the loop ticks again at once (and
+        counts a failure: ``run``'s fail-safe sees every failing tick)."""
+        if not self._urgent_pending:
+            return
+        self._urgent_pending = False
+        if self._stop.is_set() or not self.decide_inline:
+            return
+        if not self._tick_lock.acquire(blocking=False):
+            self._wake.set()
+            return
+        try:
+            self._tick()
+        except Exception:  # noqa: BLE001 - the loop's own tick reports and counts it
+            log.debug("urgent tick in the I/O thread failed", exc_info=True)
+            self._wake.set()
+        else:
+            self.urgent_ticks += 1
+            self.inline_ticks += 1
+        finally:
+            self._tick_lock.release()
 
     def _frame_age(self, st: ModuleStatus, now: float) -> float | None:
         """The last frame's age as the policy sees it: the true age once the module's
@@ -487,7 +536,7 @@ class Bridge:
             reason=ev.get("reason"),
             fields={k: v for k, v in msg.fields.items()},
         )
-        self._wake.set()  # decide now, not at the next tick
+        self._urgent()  # decide now, not at the next tick
 
     def _heartbeat(self, port: str) -> dict | None:
         pair = self.pairs.get(port)
@@ -652,6 +701,12 @@ class Bridge:
         return res
 
     def tick(self) -> BridgeSnapshot:
+        """Read the GPUs, decide for every pair, act, publish a snapshot. Thread-safe:
+        the loop and the I/O thread's urgent decisions take turns."""
+        with self._tick_lock:
+            return self._tick()
+
+    def _tick(self) -> BridgeSnapshot:
         now = self.clock()
         self.ticks += 1
         self._refresh_gpus()

@@ -64,6 +64,9 @@ class LinkIO:
         self._watched: dict = {}  # link -> (port object, fd)
         self._rng = random.Random()
         self.iterations = 0  # wake-ups of the thread
+        # called in the thread after each wake-up's links were stepped (the bridge
+        # decides there what the frames just read made urgent)
+        self.after_iteration = None
         # supervision of the thread's own loop (restarts, episodes, failing, error)
         self.supervision = Episodes(f"{name}: I/O thread", log, THREAD_BACKOFF_MIN_S,
                                     THREAD_BACKOFF_MAX_S, THREAD_HEALTHY_S, "restarts")  # fmt: skip
@@ -164,9 +167,17 @@ class LinkIO:
                 for link in list(self._links):
                     if link in ready or link._due():
                         link._step()
+                if self.after_iteration is not None:
+                    self._after()
         finally:
             self._watched = {}
             sel.close()
+
+    def _after(self) -> None:
+        try:
+            self.after_iteration()
+        except Exception:  # noqa: BLE001 - the owner's bug must not stop the I/O
+            log.exception("%s: after_iteration failed", self.name)
 
     def _drain(self) -> None:
         self._woken = False
