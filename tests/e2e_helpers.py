@@ -2,17 +2,18 @@
 modules (the real firmware in MicroPython on ptys) and their virtual GPUs, the real
 :class:`~modbridge.bridge.Bridge` looping in a thread, and its event log as lines.
 
-Conditions are waited for with deadlines (:func:`wait_for`), never fixed sleeps; every
+Conditions are waited for with deadlines (``wait_for``), never fixed sleeps; every
 run stops its bridge and its fleet and checks that nothing is left running.
 """
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from test_bridge_e2e import FAST_POLICY, MIN_W, ORIGINAL_W, SPEED, WARN_W, wait_for
+from test_bridge_e2e import Run as BridgeRun
 
 from modbridge.bridge import Bridge
 from modbridge.config import BridgeConfig, ModuleMapping
@@ -22,55 +23,19 @@ from modbridge.policy.engine import PolicyConfig
 from modbridge.sim.fleet import SimFleet
 from modbridge.sim.profiles import Profile
 
-SPEED = 20.0
-ORIGINAL_W, MIN_W = 700.0, 200.0  # the default world's H200
-WARN_W = 490.0  # warn_limit_fraction 0.7 x 700 W
-FAST_POLICY = dict(module_silent_s=1.0, module_grace_s=5.0, min_hold_s=0.5)
-
-
-def wait_for(pred, timeout: float, what: str, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+__all__ = ["FAST_POLICY", "MIN_W", "ORIGINAL_W", "SPEED", "WARN_W", "Run", "bridged",
+           "link_threads", "wait_for"]  # fmt: skip
 
 
 def link_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("modbridge-link")]
 
 
-class Run:
-    """A started fleet + bridge (looping in a thread) + its event log lines."""
-
-    def __init__(self, fleet, bridge, lines):
-        self.fleet, self.bridge, self.lines = fleet, bridge, lines
-
-    @property
-    def vm(self):
-        return self.fleet.modules[0]
-
-    @property
-    def gpu(self):
-        return self.fleet.gpus[0]
-
-    def pair(self):
-        return self.bridge.snapshot().pairs[0]
+class Run(BridgeRun):
+    """:class:`test_bridge_e2e.Run` (fleet, bridge, event lines) with a few more views."""
 
     def module(self):
         return self.bridge.snapshot().modules[0]
-
-    def events(self, kind=None, **match):
-        out = []
-        for line in list(self.lines):
-            ev = json.loads(line)
-            if (kind is None or ev["kind"] == kind) and all(
-                ev.get(k) == v for k, v in match.items()
-            ):
-                out.append(ev)
-        return out
 
     def decisions(self, reason=None):
         return [e for e in self.events("decision") if reason is None or reason in e["reasons"]]
