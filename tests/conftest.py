@@ -19,6 +19,10 @@ The first item of a module to run starts one ``micropython tests/_mpy_runner.py`
 process for the whole module; the results are cached and each item reports its own.
 The interpreter is looked up as $MICROPYTHON, then next to sys.executable, then PATH.
 If it is missing, the items fail (never skip).
+
+A third column, ``<name>[qemu-arm]``, runs the same functions on 32-bit ARM
+(MicroPython's qemu port with the modules frozen in): tests/_qemu_column.py says how,
+and when it is left out (no MicroPython source or ARM toolchain, outside CI).
 """
 
 from __future__ import annotations
@@ -239,10 +243,12 @@ class MicroPythonModule(pytest.File):
 
     info: DualModuleInfo
     _run: ModuleRun | None = None
+    suffix = SUFFIX
+    label = "MicroPython"  # who ran it, in failure messages
 
     def collect(self):
         for name, lineno in self.info.tests:
-            item = MicroPythonItem.from_parent(self, name=name + SUFFIX)
+            item = MicroPythonItem.from_parent(self, name=name + self.suffix)
             item.funcname, item.lineno = name, lineno
             yield item
 
@@ -258,6 +264,7 @@ class MicroPythonItem(pytest.Item):
 
     def runtest(self) -> None:
         run = self.parent.module_run()
+        label = self.parent.label
         if run.setup_error is not None:
             raise MicroPythonFailure(run.setup_error)
         outcome = run.outcomes.get(self.funcname)
@@ -272,15 +279,15 @@ class MicroPythonItem(pytest.Item):
             lines = [line for line in outcome.traceback.splitlines() if RUNNER.name not in line]
             summary = lines[-1] if lines else "failed"
             raise MicroPythonFailure(
-                f"{summary} (under MicroPython)\nMicroPython traceback:\n" + "\n".join(lines)
+                f"{summary} (under {label})\n{label} traceback:\n" + "\n".join(lines)
             )
         if run.running == self.funcname:
-            msg = f"MicroPython {run.died} while running this test."
+            msg = f"{label} {run.died} while running this test."
         elif run.died is not None:
             where = f" during {run.running}" if run.running else ""
-            msg = f"did not run: MicroPython {run.died}{where}."
+            msg = f"did not run: {label} {run.died}{where}."
         else:
-            msg = "the MicroPython runner reported nothing for this test."
+            msg = f"the {label} runner reported nothing for this test."
         raise MicroPythonFailure(msg + "\n" + run.tail)
 
     def repr_failure(self, excinfo, style=None):
@@ -328,6 +335,9 @@ class _MicroPythonTally:
 
 def pytest_configure(config) -> None:
     config.pluginmanager.register(_MicroPythonTally(), "micropython-tally")
+    from _qemu_column import QemuColumn
+
+    config.pluginmanager.register(QemuColumn(config), "qemu-arm")
 
 
 _VERSION_SNIPPET = (
