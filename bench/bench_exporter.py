@@ -40,10 +40,13 @@ from protocol import catalog as C
 N = 8  # modules and GPUs
 SCRAPES = 1_000
 WARMUP = 20
-# What Prometheus 2.x/3.x sends (scrape_protocols default, compression on).
+# What Prometheus 3 sends by default (scrape_protocols, UTF-8 names allowed, gzip);
+# 2.x sends the same without the escaping parameter.
 PROMETHEUS_HEADERS = {
-    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
-    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+    "application/openmetrics-text;version=0.0.1;q=0.5,"
+    "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
     "Accept-Encoding": "gzip",
 }
 

@@ -814,17 +814,37 @@ def test_endpoint_negotiates_like_prometheus_client_and_gzips():
     assert [f.name for f in text_string_to_metric_families(only.decode())] == [
         "modbridge_module_up"
     ]
-    utf8 = "text/plain;version=1.0.0;escaping=allow-utf-8"
-    _, headers, body = ep.respond("GET", "/metrics", "", utf8, None)
-    assert "escaping=allow-utf-8" in dict(headers)["Content-Type"]
-    assert body == generate_latest(ep.registry, escaping="allow-utf-8")
+    # allow-utf-8 (Prometheus 3 asks for it) and underscores are the Renderer's, dots
+    # and values prometheus_client's: each the same text as prometheus_client's
+    for scheme in ("allow-utf-8", "underscores", "dots", "values"):
+        for accept, generate in (
+            (f"text/plain;version=1.0.0;escaping={scheme}", generate_latest),
+            (f"application/openmetrics-text;version=1.0.0;escaping={scheme}", generate_openmetrics),
+        ):
+            _, headers, body = ep.respond("GET", "/metrics", "", accept, None)
+            assert f"escaping={scheme}" in dict(headers)["Content-Type"]
+            assert body == generate(ep.registry, escaping=scheme), accept
+    assert ep.renderer.renders == 1  # (the snapshot is the same throughout)
+    prometheus_3 = (  # its default Accept (UTF-8 names allowed)
+        "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+        "application/openmetrics-text;version=0.0.1;q=0.5,"
+        "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3"
+    )
+    assert X._fast_format(X.exposition.choose_encoder(prometheus_3)[0]) == X.OPENMETRICS
+    dots = X.exposition.choose_encoder("text/plain;version=1.0.0;escaping=dots")[0]
+    assert X._fast_format(dots) is None
     assert ep.respond("POST", "/metrics", "", None, None)[0] == 405
     assert ep.respond("OPTIONS", "/metrics", "", None, None)[:2] == (
         200,
         [("Allow", "OPTIONS,GET")],
     )
     assert ep.respond("GET", "/favicon.ico", "", None, None) == (200, [], b"")
-    assert ep.renderer.renders == 1  # two formats of one snapshot version: one walk
+    assert ep.renderer.renders == 1  # all formats of one snapshot version: one walk
+    other = "application/openmetrics-text;version=2.0.0"  # prometheus_client's own
+    assert ep.respond("GET", "/metrics", "", other, None)[2] == generate_openmetrics(
+        ep.registry, version="2.0.0"
+    )
+    assert ep.renderer.renders == 1
 
 
 def test_docs_scrape_cost_quotes_results_json():

@@ -41,6 +41,7 @@ import errno
 import gzip
 import logging
 import math
+import re
 import socket
 import threading
 import time
@@ -670,15 +671,30 @@ def _add_process_collectors(reg: CollectorRegistry) -> CollectorRegistry:
     return reg
 
 
+_LEGACY_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LEGACY_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Escaping schemes that leave a legacy name as it is (``dots`` and ``values`` rewrite
+# every underscore). Every name here is a legacy one (the naming lint in
+# tests/test_exporter.py), so these schemes give the Renderer's text.
+_SAME_TEXT_ESCAPINGS = (
+    (om_exposition.UNDERSCORES, om_exposition.ALLOWUTF8)
+    if all(
+        _LEGACY_METRIC.fullmatch(name) and all(map(_LEGACY_LABEL.fullmatch, labels))
+        for _, _, name, labels, _ in FAMILIES
+    )
+    else (om_exposition.UNDERSCORES,)
+)
+
+
 def _fast_format(encoder) -> str | None:
     """TEXT or OPENMETRICS if prometheus_client's choice of ``encoder`` is one the
-    Renderer writes (the 0.0.4 text format, OpenMetrics 1.0.0, underscores escaping:
-    every name here is a legacy name, so escaping changes nothing); else None."""
+    Renderer writes (the text format, OpenMetrics 1.0.0, escaping ``underscores`` or
+    ``allow-utf-8``, which Prometheus 3 asks for); else None."""
     if encoder is exposition.generate_latest:
         return TEXT
     func = getattr(encoder, "func", None)
     kw = getattr(encoder, "keywords", {})
-    if kw.get("escaping", om_exposition.UNDERSCORES) != om_exposition.UNDERSCORES:
+    if kw.get("escaping", om_exposition.UNDERSCORES) not in _SAME_TEXT_ESCAPINGS:
         return None
     if func is exposition.generate_latest:
         return TEXT
@@ -691,8 +707,9 @@ class Endpoint:
     """What /metrics answers: prometheus_client's ``make_wsgi_app`` restated (same
     methods, paths, content negotiation, ``name[]`` filters and gzip) with the body
     from a :class:`Renderer`. A request the Renderer does not write (``name[]``, an
-    escaping or a version other than the defaults) is rendered by prometheus_client
-    from ``registry``: the same metrics."""
+    escaping scheme that rewrites names, an OpenMetrics version other than 1.0.0) is
+    rendered by prometheus_client from
+    ``registry``: the same metrics."""
 
     def __init__(
         self,
