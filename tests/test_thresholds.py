@@ -6,6 +6,8 @@ tests, then the real App on the fake board under the safety harness's oracle (ev
 tick checked against the raw-ADC floors). DUAL."""
 
 from safety_harness import Harness
+from test_app_safety import events as _events
+from test_app_safety import run_collect as _run
 
 from device import config
 from device import failsafe as FS
@@ -104,20 +106,6 @@ class SlowdownHost(Harness):
         if self.slowdown:
             fields["gpu_slowdown"] = self.slowdown
         self.send_signed("heartbeat", fields)
-
-
-def _events(items, code):
-    return [m for m in items if m.ok and m.name == "event" and m.fields["code"] == code]
-
-
-def _run(h, ms):
-    out = []
-    t = 0
-    while t < ms:
-        h.advance(100)
-        out.extend(h.hal.take())
-        t += 100
-    return out
 
 
 def test_app_warns_below_the_configured_limit_when_the_gpu_slows_down_earlier():

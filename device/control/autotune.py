@@ -172,7 +172,6 @@ class RelayTune:
         self.timeout_ms = TIMEOUT_DEFAULT_S * 1000
         self.t_ms = 0  # time since start
         self.settling = False  # holding the bias before the relay
-        self.settle_ms = SETTLE_MAX_MS
         self.center = 0  # error the relay switches about (m degC)
         self.s_prev = 0  # settle: the error at the last step
         self.s_next = 0  # settle: time of the next step

@@ -532,7 +532,7 @@ def tune_cmd(
                     raise click.UsageError("--speed must be > 0 (heartbeats keep wall time)")
                 target = _SimTarget(world, load_w, speed, seed=0)
                 store, the_port, source = target.keys, target.port, target.heartbeat
-                hb_period = min(1.0, max(0.02, 1.0 / speed))  # a heartbeat per world second
+                hb_period = min(1.0, max(0.02, 0.5 / speed))  # two per world second
                 settle_s = SIM_SETTLE_S if settle is None else settle
                 pace = speed
             else:
@@ -603,7 +603,9 @@ def tune_cmd(
             target.close()
 
 
-def _settle(target, seconds: float, pace: float, stop) -> None:
+def _settle(target, seconds: float, pace: float, stop=None) -> None:
+    """Wait ``seconds`` of the module's time (the world's with ``target``)."""
+    stop = stop if stop is not None else threading.Event()
     if target is not None:  # world time
         end = target.world_s() + seconds
         deadline = time.monotonic() + seconds / pace + 30.0
