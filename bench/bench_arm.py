@@ -1,0 +1,234 @@
+"""The firmware's RAM and CPU budget on 32-bit ARM (MicroPython's qemu port).
+
+    python -m bench.run arm
+
+Runs the qemu test image (firmware/qemu.py: MPS2_AN385, a Cortex-M3 like NETDUINO2,
+the firmware frozen in as the stm32 images freeze it) under ``qemu-system-arm`` and drives
+bench/mpy_firmware_bench.py there, the same target-side code bench_firmware.py runs on
+the unix port (its docstring says what each mode does). Keys:
+
+    heap_after_boot_bytes_armv7m     firmware imports + App(hal) + boot(), measured as
+                                     gc.collect(); gc.mem_alloc() deltas; the fake
+                                     board's modules and objects left out (goal <= 32768)
+    heap_firmware_imports_bytes_armv7m, heap_app_objects_bytes_armv7m   its two parts
+    tick_alloc_bytes_armv7m_hosted   heap bytes per tick (gc disabled, mem_alloc delta
+                                     over 1,000 ticks) with a signed heartbeat arriving
+                                     every 10th tick (goal 0)
+    tick_heap_locked_armv7m_hosted   1 if 1,000 such ticks also ran under heap_lock()
+                                     (tick_heap_locked_failures_armv7m_hosted: how many
+                                     of them failed, a MemoryError caught by the app)
+    min_heap_kb_armv7m               the smallest heap, in KB, in which boot, warm-up
+                                     and 1,000 hosted-style ticks (GC enabled) run
+    tick_instructions_armv7m         guest instructions per control tick (below)
+    tick_cpu_share_pct_96mhz_100ms   tick_instructions / (96e6 * 0.1) * 100: the share
+                                     of a 100 ms period on a 96 MHz Cortex-M4, assuming
+                                     ~1 instruction per cycle (goal < 10)
+
+Why not NETDUINO2's 96 KB heap: the firmware does not leave room there for the
+benchmark's own heartbeat frames (see the numbers in docs/firmware.md). The heap
+figures are gc.mem_alloc() deltas, independent of the heap's size; the instruction
+set, word size and small-int range are the same Cortex-M3's.
+
+**Minimum heap.** One image, its heap limited from inside: before the run, a
+``bytearray`` "blocker" takes all of the 2 MB heap but the amount under test
+(allocated first, so the rest stays one contiguous region); the heap the firmware had
+is the heap's size minus the blocker's footprint (its gc.mem_free() difference). A
+binary search over that amount in 256-byte steps, between 16 and 256 KB, finds the
+smallest heap that runs ``mode fit``; the result rounds it up to whole KB. What the
+boot module left in the heap before the blocker (the RAM disk's block-device object,
+about 1 KB) counts as firmware: a slight overestimate.
+
+**Instructions.** qemu runs with ``-icount shift=0``: every guest instruction advances
+the virtual clock by 1 ns, so target time measures instructions deterministically,
+independent of the host's speed or load. The port's ``time.ticks_us()`` runs on that
+clock through SysTick at a rate that is calibrated in the same run: an inline-thumb
+loop of exactly 2 instructions per iteration (``subs``, ``bne``), run for two
+iteration counts, gives instructions per tick_us (the difference cancels the call's
+overhead). The tick's count is then (1,000 hosted ticks - the same loop with a no-op
+in place of ``app.step()``) / 1,000: the loop, the fake clock's ``advance`` and
+``tx_len = 0`` are subtracted; the heartbeat feed (``hal.send``, every 10th tick) and
+the fake board's calls made by the firmware (ADC, I2C, PWM, UART, all in Python on the
+fake board, C functions on a real one) stay in, so the count is an upper bound of the
+firmware's own work.
+
+Takes about 3 minutes (plus a minute when the image must be built first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from firmware import qemu
+
+TARGET = qemu.MPS2_AN385
+HEAP = TARGET.heap_size
+FIT_STEP = 256
+FIT_RANGE = (16 * 1024, 256 * 1024)
+CALIBRATION_ITERATIONS = (2_000_000, 4_000_000)
+TICKS = 1000
+
+SPIN = """
+import micropython, time
+
+@micropython.asm_thumb
+def _spin(r0):
+    label(loop)
+    sub(r0, r0, 1)
+    bne(loop)
+
+def _us(n):
+    t0 = time.ticks_us()
+    _spin(n)
+    return time.ticks_diff(time.ticks_us(), t0)
+"""
+
+# Boot on the fake board, warm up with a heartbeat, and prepare the heartbeats of
+# {n} hosted ticks (encoding and signing them is the host's work, done before).
+HOSTED = """
+import gc, micropython, time
+import mpy_firmware_bench as B
+fakehal, hal = B.make_board()
+app = B.boot(fakehal, hal)
+host = B.warm_up(fakehal, hal, app, True)
+B.ticks(app, hal, 10, host.frames(1))
+hb = host.frames({n} // 10 + 1)
+"""
+
+TICK_COUNT = """
+step = app.step
+
+def _noop():
+    pass
+
+def _timed(n, hb):
+    gc.collect()
+    t0 = time.ticks_us()
+    B.ticks(app, hal, n, hb)
+    return time.ticks_diff(time.ticks_us(), t0)
+
+n0 = app.ticks
+full = _timed({n}, hb)
+B.check(app, n0, {n})
+app.step = _noop
+empty = _timed({n}, None)
+app.step = step
+print("@@RESULT", full, empty, _us({c1}), _us({c2}), app.sup.state)
+"""
+
+
+ALLOC = """
+n0 = app.ticks
+accepted = app.hb.accepted
+gc.collect()
+gc.disable()
+before = gc.mem_alloc()
+B.ticks(app, hal, {n}, hb)
+after = gc.mem_alloc()
+gc.enable()
+B.check(app, n0, {n})
+beats = app.hb.accepted - accepted
+hb = host.frames({n} // 10 + 1)
+gc.collect()
+f0 = app.failures
+micropython.heap_lock()
+try:
+    B.ticks(app, hal, {n}, hb)
+finally:
+    micropython.heap_unlock()
+print("@@RESULT", after - before, beats, app.failures - f0, app.sup.state)
+"""
+
+
+def _last_json(out: str) -> dict:
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"no JSON from the target:\n{out}")
+    return json.loads(lines[-1])
+
+
+def _bench_mode(session: qemu.Session, mode: str) -> dict:
+    out = session.check(f"import mpy_firmware_bench\nmpy_firmware_bench.main(['', {mode!r}])")
+    return _last_json(out)
+
+
+def heap_and_alloc(elf) -> dict:
+    out = {}
+    with qemu.Session(elf, target=TARGET) as s:
+        heap = _bench_mode(s, "heap")
+    out["heap_firmware_imports_bytes_armv7m"] = heap["firmware_imports"]
+    out["heap_app_objects_bytes_armv7m"] = heap["app_objects"]
+    out["heap_after_boot_bytes_armv7m"] = heap["firmware_imports"] + heap["app_objects"]
+    out["heap_fake_board_bytes_armv7m"] = heap["fake_board"]
+    # mode alloc_hosted's own check stops at a failed locked tick; this counts them
+    with qemu.Session(elf, target=TARGET) as s:
+        res = s.check((HOSTED + ALLOC).format(n=TICKS), timeout_s=900)
+    alloc, beats, locked_failures, _state = res.split("@@RESULT", 1)[1].split()[:4]
+    if int(beats) < TICKS // 10:
+        raise RuntimeError(f"hosted run: {beats} heartbeats accepted of {TICKS // 10}")
+    out["tick_alloc_bytes_armv7m_hosted"] = int(alloc) / TICKS
+    out["tick_heap_locked_armv7m_hosted"] = int(int(locked_failures) == 0)
+    out["tick_heap_locked_failures_armv7m_hosted"] = int(locked_failures)
+    return out
+
+
+def fits(elf, heap: int) -> tuple[bool, int]:
+    """(whether ``mode fit`` ran with about ``heap`` bytes of heap, the heap it had)."""
+    code = (
+        "import gc\ngc.collect()\nf0 = gc.mem_free()\n"
+        f"_blocker = bytearray(f0 - {heap} - 64)\n"
+        "gc.collect()\nprint('@@HEAP', f0 - gc.mem_free())\n"
+        "import mpy_firmware_bench\nmpy_firmware_bench.main(['', 'fit'])"
+    )
+    with qemu.Session(elf, target=TARGET) as s:
+        res = s.run(code, timeout_s=600)
+    taken = int(res.out.split("@@HEAP", 1)[1].split()[0])
+    ok = not res.err and '"ok": 1' in res.out
+    if res.err and "MemoryError" not in res.err:
+        raise RuntimeError(f"fit run failed otherwise than out of memory:\n{res.err}")
+    return ok, HEAP - taken
+
+
+def min_heap_kb(elf) -> float:
+    lo, hi = FIT_RANGE[0] // FIT_STEP, FIT_RANGE[1] // FIT_STEP  # hi fits, lo does not
+    ok, best = fits(elf, hi * FIT_STEP)
+    if not ok:
+        raise RuntimeError(f"the firmware does not run in {FIT_RANGE[1]} bytes of heap")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok, heap = fits(elf, mid * FIT_STEP)
+        if ok:
+            hi, best = mid, heap
+        else:
+            lo = mid
+    return math.ceil(best / 1024)
+
+
+def tick_instructions(elf) -> dict:
+    code = SPIN + (HOSTED + TICK_COUNT).format(
+        n=TICKS, c1=CALIBRATION_ITERATIONS[0], c2=CALIBRATION_ITERATIONS[1]
+    )
+    with qemu.Session(elf, icount=True, target=TARGET) as s:
+        out = s.check(code, timeout_s=900)
+    full, empty, us1, us2, state = out.split("@@RESULT", 1)[1].split()[:5]
+    per_us = 2 * (CALIBRATION_ITERATIONS[1] - CALIBRATION_ITERATIONS[0]) / (int(us2) - int(us1))
+    instructions = (int(full) - int(empty)) * per_us / TICKS
+    return {
+        "tick_instructions_armv7m": round(instructions),
+        "tick_cpu_share_pct_96mhz_100ms": round(instructions / (96e6 * 0.1) * 100, 3),
+        "qemu_instructions_per_tick_us": round(per_us, 2),
+        "tick_state_armv7m_hosted": int(state),
+    }
+
+
+def run() -> dict:
+    build = qemu.image(TARGET)
+    elf = build.artefacts["elf"]
+    out = heap_and_alloc(elf)
+    out.update(tick_instructions(elf))
+    out["min_heap_kb_armv7m"] = min_heap_kb(elf)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(), indent=1))
