@@ -9,9 +9,11 @@ are not mixed with the simulator's. Each module's ``control.telemetry_ms`` is se
 with a ``config_set`` frame injected into the firmware (``host_write``) and acked
 before the ports are announced. Every module's tap is wrapped: the wall-clock
 (``time.monotonic``, CLOCK_MONOTONIC, comparable across processes) moment the runner
-relays an ALARM/CRITICAL ``event`` frame to the pty is printed, with the byte length
-of what that firmware tick sent (``nbytes``: the event and the telemetry frame it
-triggers). Commands on stdin, one JSON object a line, each answered with one line:
+relays an ALARM/CRITICAL ``event`` frame to the pty is printed (``alarm``), and the
+moment a telemetry frame first shows ``FAULT_UNDER_VOLTAGE`` or ``v_in`` below the
+policy's threshold (``fault``: it can come before the event), each with the byte
+length of what that firmware tick sent (``nbytes``). Commands on stdin, one JSON
+object a line, each answered with one line:
 ``dip`` (a 12 V rail dip: under-voltage), ``unplug`` / ``replug`` (the pty closes:
 unread bytes are lost), ``pause`` / ``resume`` (the runner stops exchanging: a hung
 module, still plugged), ``telemetry`` (every module's ``control.telemetry_ms`` set
@@ -41,6 +43,7 @@ import threading
 import time
 
 _out_lock = threading.Lock()
+UNDER_VOLTAGE_MV = 11400  # the policy's default under_voltage_v (PolicyConfig), mV
 
 
 def emit(**obj) -> None:
@@ -64,6 +67,8 @@ def _wrap_tap(i: int, vm, last_tx: list) -> None:
 
     orig = vm._tap
 
+    faults_before = [0]
+
     def tap(data: bytes) -> None:
         n_ev = len(vm.events)
         nbytes = len(data)
@@ -71,6 +76,15 @@ def _wrap_tap(i: int, vm, last_tx: list) -> None:
         t = time.monotonic()
         if vm.plugged:
             last_tx[i] = t
+        tel = vm.last_telemetry or {}
+        low = bool(tel.get("faults", 0) & C.FAULT_UNDER_VOLTAGE) or (
+            tel.get("v_in") is not None and tel["v_in"] < UNDER_VOLTAGE_MV
+        )
+        if low and not faults_before[0]:
+            # the policy acts on v_in below its threshold as on the fault bit: a
+            # telemetry frame showing either can come before the event
+            emit(k="fault", i=i, t=t, bit="under_voltage", nbytes=nbytes, plugged=vm.plugged)
+        faults_before[0] = low
         for ev in vm.events[n_ev:]:
             if ev.get("severity", 0) >= C.SEV_ALARM:
                 emit(

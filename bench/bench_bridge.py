@@ -268,7 +268,8 @@ class Recorder:
                 self.cond.wait(left)
 
 
-def _latency_worker(i, fleet, rec, port, uuid, original_w, stop_at, out, lost, rng) -> None:
+def _latency_worker(i, fleet, rec, bridge, port, uuid, original_w, stop_at, out, lost,
+                    rng) -> None:  # fmt: skip
     """Repeated dips on module ``i``: the firmware tick that knows the fault -> the
     lowered limit written. ``out`` gets (latency ms, bytes of that tick, ms from the
     event frame's arrival in the bridge to the write)."""
@@ -280,18 +281,18 @@ def _latency_worker(i, fleet, rec, port, uuid, original_w, stop_at, out, lost, r
         with fleet.cond:
             start = len(fleet.lines)
         fleet.request(op="dip", i=i, mv=DIP_MV, ms=DIP_MS)
+        # the firmware tick in which the fault is known: its ALARM event, or the first
+        # telemetry frame with the fault bit, whichever it sent first
         alarm = fleet.wait_for(
-            lambda o: (
-                o["k"] == "alarm"
-                and o["i"] == i
-                and o["code"] == C.REASON_UNDER_VOLTAGE
-                and o["active"]
+            lambda o: o.get("i") == i and (
+                (o["k"] == "alarm" and o["code"] == C.REASON_UNDER_VOLTAGE and o["active"])
+                or (o["k"] == "fault" and o["bit"] == "under_voltage")
             ),
             3.0,
             start,
-        )
+        )  # fmt: skip
         if alarm is None:
-            lost.append(f"module {i}: no under-voltage alarm after a dip")
+            lost.append(f"module {i}: no under-voltage alarm or fault bit after a dip")
             continue
         t_alarm = alarm["t"]
 
@@ -303,13 +304,20 @@ def _latency_worker(i, fleet, rec, port, uuid, original_w, stop_at, out, lost, r
 
         t_write = rec.wait(lowered, WAIT_S)
         if t_write is None:
-            lost.append(f"module {i}: no lowered limit within {WAIT_S:g} s of the alarm")
-        else:
-            arrived = [t for t in rec.arrivals[port] if t_alarm <= t <= t_write]
-            inside = (t_write - arrived[0]) * 1000.0 if arrived else None
-            out.append(((t_write - t_alarm) * 1000.0, alarm.get("nbytes", 0), inside))
+            pair = bridge.pairs.get(port)
+            st = bridge.links[port].status
+            lost.append(
+                f"module {i}: no lowered limit within {WAIT_S:g} s of the alarm (pair "
+                f"{pair.level if pair else None} {pair.reasons if pair else None}, faults "
+                f"{st.fault_names()}, writes {rec.writes[uuid][-2:]})"
+            )
+            time.sleep(DIP_MS / 1000 + MIN_HOLD_S + 1.0)  # let the trial end: next one
+            continue
+        arrived = [t for t in rec.arrivals[port] if t_alarm <= t <= t_write]
+        inside = (t_write - arrived[0]) * 1000.0 if arrived else None
+        out.append(((t_write - t_alarm) * 1000.0, alarm.get("nbytes", 0), inside))
 
-        def restored(t0=t_write or t_alarm):
+        def restored(t0=t_write):
             for t, w in rec.writes[uuid]:
                 if t >= t0 and w >= original_w:
                     return t
@@ -403,7 +411,7 @@ def phase_a() -> dict:
         for i in LAT_SLOW + LAT_FAST:
             uuid = gpus[i].uuid
             original = bridge.limiters[uuid].original_w
-            args = (i, fleet, rec, ports[i], uuid, original, stop_at)
+            args = (i, fleet, rec, bridge, ports[i], uuid, original, stop_at)
             args += (slow if i in LAT_SLOW else fast,)
             args += (lost, random.Random(rng.random()))
             workers.append(threading.Thread(target=_latency_worker, args=args, daemon=True))
@@ -415,7 +423,7 @@ def phase_a() -> dict:
             w.start()
         for w in workers:
             w.join(PHASE_A_S + 30.0)
-        urgent = bridge.urgent_ticks
+        urgent, inline = bridge.urgent_ticks, bridge.inline_ticks
     finally:
         if bridge is not None:
             bridge.stop()
@@ -443,6 +451,7 @@ def phase_a() -> dict:
         reaction_frame_bytes_p50=statistics.median(b for _, b, _ in both),
         reaction_trials_lost=len(lost),
         bridge_urgent_ticks=urgent,
+        bridge_inline_ticks=inline,
     )
     out.update(_latency_keys(slow, "_tel1000ms"))
     out.update(_latency_keys(fast, "_tel100ms"))

@@ -1,12 +1,14 @@
 """``modbridge run``: modules + GPUs + policy + power limits + exporter, in one loop.
 
-Threads: one per module link (serial I/O, heartbeats), the metrics server, and the
-bridge loop here. Every ``tick_s`` (and at once when a module reports an event) the
-loop reads all GPUs (one NVML pass, or one nvidia-smi call), pairs each module with
-its GPU, lets the policy decide, has the power limiters act, and publishes a fresh
-:class:`~modbridge.model.BridgeSnapshot` that scrapes and ``status`` read. The links'
-heartbeats carry the cached GPU reading of their pair; nothing slow runs in a link
-thread or in a scrape.
+Threads: one I/O thread for every module link (:class:`~modbridge.link.io.LinkIO`: a
+selector, serial I/O, heartbeats), the metrics server, and the bridge loop here.
+Every ``tick_s`` the loop ticks: it reads all GPUs (one NVML pass, or one nvidia-smi
+call), pairs each module with its GPU, lets the policy decide, has the power limiters
+act, and publishes a fresh :class:`~modbridge.model.BridgeSnapshot` that scrapes and
+``status`` read. An alarm event, a change of fault bits or a silence deadline is
+decided at once: the I/O thread runs the tick itself right after reading the frames
+(:meth:`Bridge._decide_urgent`; ticks take turns under one lock). The links'
+heartbeats carry the cached GPU reading of their pair; nothing slow runs in a scrape.
 
 Pairing: the config's ``[[module]]`` tables map module ids (the MCU unique id from
 hello) or ports to GPU UUIDs / PCI bus ids; with one module and one GPU and no
