@@ -63,13 +63,21 @@ class QemuModule(MicroPythonModule):
 class QemuColumn:
     def __init__(self, config) -> None:
         self.config = config
-        self.reason = qemu.unavailable()
+        self._reason: list[str | None] = []  # computed once, only when switched on
         self.ci = _truthy(os.environ.get("CI", ""))
         self._image: mpsource.Build | None = None
         self._image_error: str | None = None
         self.passed = self.failed = 0
         self._pool: ThreadPoolExecutor | None = None
         self._futures: dict[str, Future] = {}
+
+    @property
+    def reason(self) -> str | None:
+        """Why the column cannot run here (None: it can). Finding the source may
+        unpack ../shared's tarball into build/, so it is looked up only when needed."""
+        if not self._reason:
+            self._reason.append(qemu.unavailable())
+        return self._reason[0]
 
     @property
     def switched_on(self) -> bool:
