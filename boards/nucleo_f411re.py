@@ -12,7 +12,7 @@ from boards import _common
 
 NAME = "nucleo_f411re"
 MCU = "STM32F411RE"
-FS_DIR = "/"
+FS_DIR = "/flash"  # the stm32 port mounts the internal flash at /flash; "/" is not writable
 ADC_BITS = 12
 WDT_MAX_MS = 32767
 FAN_MODEL = "pwm4"  # device/floors.py FAN_MODELS: generic 4-wire fans (the user's)

@@ -213,15 +213,15 @@ MPREMOTE_PY = (
     ("board", "method", "image_lines", "fs_dir"),
     [
         ("blackpill_f411", None,
-         [f"dfu-util -a 0 -d 0483:df11 -D {IMG}/blackpill_f411/firmware.dfu -s :leave"], "/"),
+         [f"dfu-util -a 0 -d 0483:df11 -D {IMG}/blackpill_f411/firmware.dfu -s :leave"], "/flash"),
         ("pyboard_v11", "dfu",
          [f"dfu-util -a 0 -d 0483:df11 -D {IMG}/pyboard_v11/firmware.dfu -s :leave"], "/flash"),
         ("nucleo_f411re", None,
          [f"st-flash write {IMG}/nucleo_f411re/firmware0.bin 0x08000000",
-          f"st-flash --reset write {IMG}/nucleo_f411re/firmware1.bin 0x08020000"], "/"),
+          f"st-flash --reset write {IMG}/nucleo_f411re/firmware1.bin 0x08020000"], "/flash"),
         ("nucleo_f411re", "openocd",
          [f"openocd -f board/st_nucleo_f4.cfg -c 'program {IMG}/nucleo_f411re/firmware.hex "
-          "verify reset exit'"], "/"),
+          "verify reset exit'"], "/flash"),
     ],
 )  # fmt: skip
 def test_image_board_dry_run_commands(tmp_path, board, method, image_lines, fs_dir):
@@ -313,7 +313,7 @@ def test_image_flash_runs_the_flasher_then_mpremote(tmp_path, monkeypatch):
     assert len(calls) == 2
     assert calls[0].endswith(f"dfu-util -a 0 -d 0483:df11 -D {image_dir}/blackpill_f411/"
                              "firmware.dfu -s :leave")  # fmt: skip
-    assert f"connect {port} run" in calls[1] and "fs cp -r main.py :/ + reset" in calls[1]
+    assert f"connect {port} run" in calls[1] and "fs cp -r main.py :/flash + reset" in calls[1]
     assert (plan.staging / "main.py").read_text() == flash.main_py("blackpill_f411")
 
 

@@ -182,12 +182,15 @@ def test_image_freezes_exactly_the_manifest(image):
 #: ImportError picks another path on MicroPython).
 OPTIONAL = {
     "_time.monotonic",  # boards/_common.py: the CPython fallback of time.ticks_ms
+    "time.perf_counter_ns",  # device/nonce.py: the CPython fallback of time.ticks_us
     "hmac",  # protocol/sign.py: the host's fast MAC; MicroPython uses sign.Mac
     "hmac.new",
+    "os.urandom",  # protocol/sign.py new_secret runs on the host; device/nonce.py takes
+    # getattr(os, "urandom") and has a counter-based nonce for chips without an RNG
 }
-#: Used by the firmware but absent from the F411 images: docs/boards.md "Known issues"
-#: (no RNG on the F411). When device/app.py stops needing it, this test says so.
-KNOWN_GAPS = {"os.urandom"}
+#: Used by the firmware but absent from the images (none today; the F411's missing
+#: os.urandom is handled by device/nonce.py). When a gap is fixed, this test says so.
+KNOWN_GAPS: set[str] = set()
 BUILTIN_MODULES = ("_time", "array", "gc", "hashlib", "hmac", "machine", "math",
                    "micropython", "os", "select", "struct", "sys", "time")  # fmt: skip
 
