@@ -386,3 +386,18 @@ def test_settling_ends_at_its_limit_on_a_drift_and_respects_the_floor():
     tune = _started(settle=True)
     out = _drive(tune, lambda t: 0, 1000, floor=tune.bias + 1)
     assert tune.status == C.TUNE_FLOOR and len(out) == A.FLOOR_GRACE_MS // DT - 1, len(out)
+
+
+def test_settling_outlasts_a_held_peak():
+    # an envelope holds its peak for 90 s before it falls: that plateau is no steady
+    # state, and with the hold given the relay's center is where the signal settles
+    def err(t):
+        return -2000 if t < 90000 else -6000
+
+    fooled = _started(settle=True)
+    _drive(fooled, err, 2000)
+    assert fooled.center == -2000, fooled.center  # without hold_ms: the plateau
+    tune = _started(settle=True, hold_ms=90000)
+    _drive(tune, err, 2500)
+    assert not tune.settling and tune.center == -6000, (tune.settling, tune.center)
+    assert tune.t_ms < A.SETTLE_MAX_MS

@@ -68,10 +68,12 @@ TOL_PCT = const(15)  # each cycle's period and amplitude within 15 % of their me
 FLOOR_GRACE_MS = const(30000)  # a floor above the relay's low level this long: abort
 DT_MAX_MS = const(1000)
 # Before the relay: hold the bias until the error is steady (it changes by at most
-# hyst / 2 over each of two STEADY_STEP_MS steps, after at least SETTLE_MIN_MS; at
-# most SETTLE_MAX_MS); the relay then switches about that error (``center``).
+# hyst / 2 over each of two STEADY_STEP_MS steps, and over more when the loop's
+# signal holds its peaks (``hold_ms``: the die envelope's window, a plateau that is
+# not a steady state), after at least SETTLE_MIN_MS; at most SETTLE_MAX_MS); the
+# relay then switches about that error (``center``).
 SETTLE_MIN_MS = const(30000)
-SETTLE_MAX_MS = const(300000)
+SETTLE_MAX_MS = const(600000)
 STEADY_STEP_MS = const(10000)
 
 # start() parameter ranges (the autotune message's ranges, protocol/catalog.py)
@@ -176,6 +178,7 @@ class RelayTune:
         self.s_prev = 0  # settle: the error at the last step
         self.s_next = 0  # settle: time of the next step
         self.s_steady = 0  # settle: steady steps in a row
+        self.s_need = 2  # settle: steady steps needed
         self.high = False
         self.n = 0  # cycles measured
         self.t_rise = -1  # time of the last rising switch, -1 before the first
@@ -208,6 +211,7 @@ class RelayTune:
         cycles=CYCLES_DEFAULT,
         ref=0,
         settle=True,
+        hold_ms=0,
     ):
         """Begin a test around ``bias`` (the duty the loop holds now). The relay's
         levels are kept within ``[floor, 100 %]``: the bias moves up or down so the
@@ -250,6 +254,8 @@ class RelayTune:
         self.s_prev = RISE_MAX + 1  # no sample yet
         self.s_next = STEADY_STEP_MS
         self.s_steady = 0
+        need = hold_ms // STEADY_STEP_MS + 2 if hold_ms > 0 else 2
+        self.s_need = need if need < SETTLE_MAX_MS // STEADY_STEP_MS else 2
         self.high = True  # the first half-cycle cools: the error starts where it is
         self.n = 0
         self.t_rise = -1
@@ -342,7 +348,7 @@ class RelayTune:
                 d = -d
             self.s_steady = self.s_steady + 1 if 2 * d <= self.hyst else 0
             self.s_prev = err_mc
-            if (t >= SETTLE_MIN_MS and self.s_steady >= 2) or t >= SETTLE_MAX_MS:
+            if (t >= SETTLE_MIN_MS and self.s_steady >= self.s_need) or t >= SETTLE_MAX_MS:
                 self.settling = False
                 self.center = err_mc
                 self.clip_ms = 0
