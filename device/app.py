@@ -34,6 +34,7 @@ from device.failsafe import EventQueue, Supervisor
 from device.plausibility import NtcWatch
 from device.safety import Safety
 from device.selftest import SelfTest
+from device.nonce import boot_nonce
 from device.ticks import ticks_add, ticks_diff
 from protocol import catalog as C
 from protocol import frame, jsonl, sign
@@ -55,6 +56,7 @@ _BOOT_TICKS = const(5)  # filter warm-up before sensor verdicts are trusted
 _RX_SIZE = const(128)
 _INA_RETRY_MS = const(5000)
 _DIE_FRESH_MS = const(3000)  # a heartbeat die temperature older than this is stale
+_DIE_SLOWDOWN_MARGIN_MC = const(6500)  # the die loop's setpoint: at most slowdown - this
 REPL_FLAG = "repl.flag"  # in fs_dir: the next boot stays in the REPL
 MODE_AUTO = const(0)
 MODE_MANUAL = const(1)
@@ -128,8 +130,9 @@ class App:
         self.seq = 0
         self.running = True
         self.rx = bytearray(_RX_SIZE)
-        # signing: a fresh nonce every boot, the secret from flash (SPEC "Signed commands")
-        self.nonce = os.urandom(sign.NONCE_LEN)
+        # signing: a fresh nonce every boot, the secret from flash (SPEC "Signed commands");
+        # device/nonce.py says how it stays unique on chips without an RNG (F411)
+        self.nonce, self.nonce_source = boot_nonce(sign.NONCE_LEN, hal.fs_dir, hal.unique_id())
         key = self._load_secret()
         self.paired = key is not None
         self.verifier = sign.Verifier(key)
@@ -591,10 +594,14 @@ class App:
                 self.pid.track(req0, err)
             else:
                 hosted = host_ok and self.die_sp > 0 and env != _NO_EST
-                if hosted and env - self.die_sp > err:
-                    # the die envelope against die_sp, never below what the NTC
+                sp = self.die_sp
+                slow = self.gpu_slowdown_mc
+                if slow > 0 and slow - _DIE_SLOWDOWN_MARGIN_MC < sp:
+                    sp = slow - _DIE_SLOWDOWN_MARGIN_MC  # the GPU's own threshold, less
+                if hosted and env - sp > err:
+                    # the die envelope against its setpoint, never below what the NTC
                     # channels ask for against their own setpoints
-                    err = env - self.die_sp
+                    err = env - sp
                     self.worst_out[1] = err  # telemetry target: what is regulated
                 if hosted != self.hosted:
                     self.hosted = hosted
