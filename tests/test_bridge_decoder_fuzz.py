@@ -8,12 +8,11 @@ over frames whose CRC is valid, split into arbitrary chunks. CPython only (cbor2
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.bench_protocol import bridge_decoder
-from protocol import VERSION_MAJOR, cbor, cobs, fuzz
+from protocol import VERSION_MAJOR, cbor, fuzz
 from protocol import catalog as C
 from protocol.frame import StreamDecoder, encode_frame
 
@@ -29,42 +28,18 @@ SETTINGS = settings(
 D2H = [m for m in C.MESSAGES if m[C.M_DIR] == C.D2H]
 
 
-def _signed_flag_without_trailer_accepted() -> bool:
-    """The known disagreement (issue 9, reported to the link's owner): the fast path
-    ignores FLAG_SIGNED, so a frame with the flag and no trailer is a message to it
-    and a CRC/framing error to the reference. While it stands, the agreement tests
-    xfail on it alone (and run in full by themselves once it is fixed)."""
+def test_signed_flag_without_trailer_is_refused_as_the_reference_does():
+    """Found by this fuzz: the fast path ignored FLAG_SIGNED, so a frame with the flag
+    and no trailer was a message to it and a CRC/framing error to the reference."""
     mdef = C.by_type(C.T_TELEMETRY)
     fields = fuzz.valid_fields(fuzz.XorShift32(3), mdef, everything=True)
     keyed = {f[C.F_KEY]: fields[f[C.F_NAME]] for f in mdef[C.M_FIELDS]}
     frame = fuzz.raw_frame(C.T_TELEMETRY, cbor.dumps(keyed), 7, VERSION_MAJOR, 0x80)
     got = HostDecoder().feed(frame)
-    return len(got) == 1 and got[0].ok
+    assert not any(getattr(m, "ok", False) for m in got), got
 
 
-KNOWN_BUG = _signed_flag_without_trailer_accepted()
-
-
-class _FlagToReference(HostDecoder):
-    """HostDecoder with frames carrying FLAG_SIGNED handed to the reference (the fix
-    of the known bug): while the bug stands, everything else is still compared."""
-
-    def _end_binary(self, out):
-        try:
-            raw = cobs.decode(bytes(self._buf[: self._n]))
-        except Exception:  # noqa: BLE001 - not COBS: the decoder itself decides
-            raw = b""
-        if len(raw) > 1 and raw[1] & 0x80:
-            return StreamDecoder._end_binary(self, out)
-        return super()._end_binary(out)
-
-
-Decoder = _FlagToReference if KNOWN_BUG else HostDecoder
-
-
-@pytest.mark.xfail(KNOWN_BUG, reason="HostDecoder ignores FLAG_SIGNED", strict=True)
-def test_signed_flag_without_trailer_is_refused_as_the_reference_does():
-    assert not _signed_flag_without_trailer_accepted()
+Decoder = HostDecoder
 
 
 def _agree(chunks) -> None:

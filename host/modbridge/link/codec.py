@@ -13,6 +13,7 @@ from protocol import catalog as C
 from protocol.errors import ProtocolError
 from protocol.frame import MIN_FRAME, StreamDecoder
 from protocol.message import FMT_CBOR, Message, fields_from_keys
+from protocol.sign import FLAG_SIGNED
 
 BANNER_PREFIX = b"MODULER READY v"
 
@@ -97,7 +98,7 @@ class HostDecoder(StreamDecoder):
             if binascii.crc_hqx(raw[: n - 2], 0xFFFF) == (raw[n - 2] << 8) | raw[n - 1]:
                 if raw[0] != VERSION_MAJOR:
                     self.peer_version = (raw[0], raw[1])
-                else:
+                elif not raw[1] & FLAG_SIGNED:  # a signed frame: the reference path checks it
                     msg = _fast_message(raw)
                     if msg is not None:
                         self._n = 0
