@@ -1,112 +1,157 @@
-"""Control-quality benchmark: the firmware's PID, a linear fan curve and a host-side
-thermal trip, side by side on the virtual module.
+"""Control-quality suite: the firmware's PID against a linear fan curve, fairly.
 
     python -m bench.run control
     python -c "import bench.bench_control as b; print(b.run())"
 
-Each run is the real firmware (MicroPython unix port, sim board) lockstepped with a
-simulated world (``modbridge.sim``) at maximum speed, for the ``bench`` load profile:
-idle 60 s, 650 W for 10 min, 30 s on / 30 s off bursts for 10 min, idle 5 min. The
-bench plays the host: every simulated second it writes a heartbeat with the virtual
-GPU's temperature, power and enforced limit (``VirtualModule.host_write``, so a run
-depends only on the seed), and the commands that select the controller. Runs of the
-two ambients and the controllers go to parallel processes.
+Suite (docs/control-benchmark.md explains every choice): 4 worlds (``WORLDS``) x 3
+rooms (20/30/40 degC) x 4 loads (steady, step, 30 s/30 s bursts, 6 s/4 s bursts),
+480 simulated seconds each. Every controller must keep the GPU die under the same
+ceiling, the world's slowdown temperature minus ``MARGIN_C``, in every case.
 
-Controllers (the firmware's safety floors apply to all of them):
+Controllers, both the real firmware (MicroPython unix port, sim board) lockstepped
+with the world, the bench playing the host (a signed heartbeat every simulated
+second with the GPU's temperature and power):
 
-``pid``       fan_mode auto with the factory gains (device/config.py DEFAULTS["pid"])
-``pidtuned``  the same PID with ``TUNED_GAINS`` sent as pid_gains (see the docs)
-``curve``     fan_mode curve with a fan2go-style linear curve (``CURVE_POINTS``)
-``bangbang``  fan_mode manual, switched by the host: 100 % when the GPU temperature it
-              reads reaches ``TRIP_HIGH_C``, the minimum manual duty once it is back
-              to ``TRIP_LOW_C``
+``pid``    factory config (device/config.py DEFAULTS): with a host, the PID regulates
+           the peak envelope of the die estimate (device/control/estimator.py)
+``curve``  the baseline: a linear curve (minimum duty at t0, 100 % at t0 + width, on
+           the worst NTC channel, 2 degC hysteresis) tuned ONCE per world: the widths
+           of ``WIDTHS_C``, each with the highest t0 that keeps the die under the
+           ceiling in the suite's worst case for a static curve, the 40 degC room's
+           load step (bisection), and of those the width with the least duty^2 over
+           the world's 12 cases; the firmware runs then check every case
 
-Metrics per controller and ambient, from samples taken every simulated second; see
-docs/control-benchmark.md for the exact windows. Keys ``control_<ctl>_<amb>_<metric>``:
+The curve search runs the firmware's own ``FanCurve`` in process on the same world
+(``fast_curve``: the NTC readings of the world, no ADC noise, a control step of
+``FAST_STEP_MS``, physics sub-steps of ``FAST_SUBSTEP_MS``); only the chosen
+baseline is then run on the firmware, whose numbers are the ones reported.
+``best curve`` per case is the same bisection on that one case, at the baseline's
+width (fast model numbers, reported as such).
 
-``overshoot_c``           max(0, max die temperature - setpoint) during the 650 W hold
-``rms_error_c``           RMS of (die - setpoint) while loaded (hold and bursts)
-``ss_error_c``            mean of (die - setpoint) over the last 2 minutes of the hold
-``max_c``                 highest die temperature of the run
-``mean_duty``             mean PWM duty of fan 1 over the run, 0..1
-``duty_changes_per_min``  1 s samples whose duty differs from the previous one by > 1 %
-``slowdown_s``            seconds the GPU reported thermal slowdown (SW or HW)
-``ntc_overshoot_c``, ``ntc_rms_error_c``, ``ntc_ss_error_c``  the same three on the
-                          quantity the firmware regulates: the worst controlled NTC
-                          channel minus its own setpoint (telemetry ``target``)
-
-plus ``control_sim_speedup`` (simulated seconds per wall second, all runs together)
-and ``control_wall_s``.
+Metrics per case, from 1 s samples (``metrics``): peak and steady die, NTC band,
+overshoot, settling time, mean duty, mean duty^2, fan RPM, duty changes per minute,
+time above the slowdown temperature and above the ceiling, and the limit-cycle
+detector (``limit_cycle``). Keys in bench/results.json: ``control_suite_*`` and
+``control_<world>_*`` (see ``summarize``); the per-case table goes to
+docs/control-benchmark/cases.json and the plots to docs/control-benchmark/*.png.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import os
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 from device.config import DEFAULTS
+from device.control.curve import FanCurve
 from modbridge.sim import World, load_params
 from modbridge.sim import gpu as G
 from modbridge.sim.profiles import Profile
 from modbridge.sim.runner import VirtualModule
 from protocol import catalog as C
 
-# --- the plant ---------------------------------------------------------------------
-# h200_2u with two changes (docs/control-benchmark.md has the runs without them):
-# - the chassis heat capacity of a 2U box (6 kJ/K): the 31.8 kJ/K both world files
-#   carry was fitted to the recording's whole server; with it the 650 W step reaches
-#   ~40 % of its rise in 10 minutes (air time constant ~21 min at minimum duty) and no
-#   controller ever reaches its setpoint;
-# - the ambient NTC at the inlet, where device/config.py assumes it ("inlet air", warn
-#   45 degC): in the chassis air it reads up to 26 degC above the room at 650 W, and
-#   the resulting over-temperature floor (80 %) would be the controller under test.
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "docs" / "control-benchmark"
+CASES_FILE = OUT_DIR / "cases.json"
+
+WORLDS = ("default", "h200_2u", "rtx3080", "rtx3080_dusty")
+ROOMS_C = (20, 30, 40)
+LOADS = ("steady", "step", "bursts30", "bursts6")
+BURST_LOADS = ("bursts30", "bursts6")
+LOAD_PERIOD_S = {"steady": 1, "step": 1, "bursts30": 60, "bursts6": 10}
+CASE_S = 480
+ONSET_S = {"steady": 0, "step": 60, "bursts30": 60, "bursts6": 60}
+MARGIN_C = 3.0  # ceiling = the world's slowdown_c - MARGIN_C
+MAX_LOAD_W = 650.0  # the load: min(this, the GPU's default power limit)
+SEED = 1
+SAMPLE_MS = 1000  # heartbeat and sampling period
+IDLE_START_DUTY = 19661  # idle starts: the steady state of fans at 30 % (as SimFleet)
+STEADY_START_DUTY = 65535  # "steady": the steady state of the load at 100 %
+
+MIN_DUTY = DEFAULTS["fans"][0]["min_duty"]
+CURVE_HYSTERESIS_MC = 2000
+WIDTHS_C = (10, 20, 30)
+T0_RANGE_C = (20.0, 90.0)
+BISECT_STEPS = 6  # 70 degC / 2**6: t0 to 1.1 degC
+FAST_STEP_MS = 500
+FAST_SUBSTEP_MS = 50  # the fast model's physics step (the firmware runs use the world's)
+CEILING_GUARD_C = 0.3  # the fast model's search aims this far under the ceiling
+
+DUTY_STEP = 65535 // 100  # a "change": more than 1 % between consecutive seconds
+LC_HYST = 65535 * 2 // 100  # limit-cycle detector: reversals of more than 2 %
+LC_REVERSALS = 6  # ... at least this many (3 periods) in the last half of the case
+SLOWDOWN_MASK = (
+    G.CLOCKS_EVENT_SW_THERMAL_SLOWDOWN
+    | G.CLOCKS_EVENT_HW_SLOWDOWN
+    | G.CLOCKS_EVENT_HW_THERMAL_SLOWDOWN
+)
+_CH_SP = [ch["setpoint_mc"] for ch in DEFAULTS["channels"]]
+_CH_CTL = [ch["controlled"] for ch in DEFAULTS["channels"]]
+
+
+# The soak's plant (bench/bench_soak.py; tests/test_plausibility_world.py runs it too):
+# h200_2u with the heat capacity of one 2U chassis (6 kJ/K instead of the 31.8 kJ/K
+# fitted to the recording's whole server) and the ambient NTC at the inlet. The
+# control suite below runs the world files unchanged.
 WORLD = "h200_2u"
 WORLD_OVERRIDES = {
     "air.heat_capacity_j_per_k": 6000.0,
     "ntc.amb.sense_nodes": ["ambient"],
     "ntc.amb.sense_weights": [1.0],
 }
-PROFILE = "bench"
-AMBIENTS_C = (25, 35)
-SEED = 1
-SETTLE_DUTY = 19661  # the world starts in the steady state of fans at 30 % (as SimFleet)
-SAMPLE_MS = 1000  # heartbeat period and sampling period
-
-SETPOINT_C = DEFAULTS["channels"][0]["setpoint_mc"] / 1000  # GPU channel, 70 degC
-STEP_S = (60, 660)  # the 650 W hold of the bench profile, seconds
-LOADED_S = (60, 1260)  # hold and bursts
-SETTLED_S = (540, 660)  # the last 2 minutes of the hold
-DUTY_STEP = 65535 // 100  # "changed" = more than 1 % of full scale
-SLOWDOWN_MASK = (  # the clocks event reasons that mean thermal slowdown
-    G.CLOCKS_EVENT_SW_THERMAL_SLOWDOWN
-    | G.CLOCKS_EVENT_HW_SLOWDOWN
-    | G.CLOCKS_EVENT_HW_THERMAL_SLOWDOWN
-)
-
-# --- the controllers ---------------------------------------------------------------
-CONTROLLERS = ("pid", "pidtuned", "curve", "bangbang")
-# fan2go's linear curve (internal/curves/linear.go): 0 at/below `min`, linear to 255 at
-# `max`; its example config uses min 40 / max 80 degC, and with neverStop the bottom is
-# the fan's minimum PWM. Here: the firmware's minimum duty (20 %) at 40 degC, 100 % at
-# 80 degC, and the 2 degC hysteresis that the firmware and FanControl default to.
-CURVE_POINTS = [[40000, DEFAULTS["fans"][0]["min_duty"]], [80000, 65535]]
-CURVE_HYSTERESIS_MC = 2000
-TRIP_HIGH_C = 75
-TRIP_LOW_C = 70
-MIN_MANUAL_DUTY = DEFAULTS["safety"]["min_manual_duty"]  # 30 %
-# kp 20 %/degC, ki 2 %/(degC s), no D, no feed-forward (milli-units; docs say why)
-TUNED_GAINS = {"kp": 20000, "ki": 2000, "kd": 0, "kff": 0}
+SETTLE_DUTY = IDLE_START_DUTY
 
 
 def world_params(world=WORLD, overrides=None):
+    """The soak's plant (``WORLD`` with ``WORLD_OVERRIDES``), or another world."""
     params = load_params(world)
     overrides = WORLD_OVERRIDES if overrides is None and world == WORLD else overrides
     return params.override(overrides) if overrides else params
 
 
+# --- the cases ---------------------------------------------------------------------
+def load_w(params):
+    return min(MAX_LOAD_W, params["gpu"]["default_limit_w"])
+
+
+def ceiling_c(params):
+    return params["gpu"]["slowdown_c"] - MARGIN_C
+
+
+def profile_text(load, watts, case_s=CASE_S):
+    rest = case_s - 60 + 10  # the load outlasts the last sample
+    if load == "steady":
+        return f"hold {watts:g}W {case_s + 10}s\n"
+    if load == "step":
+        return f"idle 60s\nhold {watts:g}W {rest}s\n"
+    if load == "bursts30":
+        return f"idle 60s\nbursts {watts:g}W 30s/30s {rest}s\n"
+    if load == "bursts6":
+        return f"idle 60s\nbursts {watts:g}W 6s/4s {rest}s\n"
+    raise ValueError(f"unknown load {load!r}; have {', '.join(LOADS)}")
+
+
+def make_world(world, room_c, load, case_s=CASE_S, substep_ms=None):
+    params = load_params(world)
+    if substep_ms is not None:
+        params = params.override({"world.substep_ms": substep_ms})
+    prof = Profile.parse(profile_text(load, load_w(params), case_s), name=load)
+    w = World(params, seed=SEED, profile=prof, ambient_c=room_c)
+    d = STEADY_START_DUTY if load == "steady" else IDLE_START_DUTY
+    w.set_duties(d, d)
+    w.equilibrate()
+    return w
+
+
+def curve_points(t0_c, width_c):
+    t0 = int(round(t0_c * 1000))
+    return [[t0, MIN_DUTY], [t0 + int(round(width_c * 1000)), 65535]]
+
+
+# --- the host side -----------------------------------------------------------------
 class Host:
     """The bench's side of the protocol: heartbeats and commands, acks checked."""
 
@@ -150,160 +195,449 @@ class Host:
             raise RuntimeError(f"no answer to {sorted(self.pending.values())}")
 
 
-def _setup(host, controller, gains=None):
-    if controller == "pid":
-        return
-    if controller == "pidtuned":
-        host.command("pid_gains", gains or TUNED_GAINS)
-    elif controller == "curve":
-        host.command("fan_curve", {"points": CURVE_POINTS, "hysteresis": CURVE_HYSTERESIS_MC})
-        host.command("fan_mode", {"mode": C.FAN_MODES.index("curve")})
-    elif controller == "bangbang":
-        _manual(host, MIN_MANUAL_DUTY)
-    else:
-        raise ValueError(f"unknown controller {controller!r}; have {', '.join(CONTROLLERS)}")
+def simulate(world, room_c, load, controller="pid", points=None, case_s=CASE_S):
+    """One case on the firmware: per-second samples.
 
-
-def _manual(host, duty):
-    host.command("fan_mode", {"mode": C.FAN_MODES.index("manual"), "duty1": duty, "duty2": duty})
-
-
-def simulate(
-    controller, ambient_c, profile=PROFILE, seed=SEED, duration_s=None, params=None, gains=None
-):
-    """Run one controller through ``profile``; a dict of per-second samples and stats.
-
-    Samples (lists, one entry per simulated second, taken at the end of it): ``t_s``,
-    ``die_c`` (world), ``gpu_c`` (what the host reads), ``duty`` (fan 1 PWM, 0..65535),
-    ``err_c`` (telemetry target: worst controlled NTC minus its setpoint, None when
-    missing), ``state`` and ``faults`` (telemetry), ``slowdown`` (bool).
+    ``controller`` "pid" (factory config) or "curve" (``points``, fan_mode curve).
+    Samples: ``t_s``, ``die_c`` (world), ``ntc_c`` (telemetry GPU NTC, None when
+    missing), ``target_c`` (telemetry target), ``duty`` (fan 1 PWM), ``rpm`` (fan 1,
+    world), ``state``, ``slowdown`` (bool).
     """
-    prof = Profile.get(profile)
-    if duration_s is None:
-        duration_s = math.ceil(prof.end_ms / 1000)
-    world = World(params or world_params(), seed=seed, profile=prof, ambient_c=ambient_c)
-    world.set_duties(SETTLE_DUTY, SETTLE_DUTY)
-    world.equilibrate()
-    keys = ("t_s", "die_c", "gpu_c", "duty", "err_c", "state", "faults", "slowdown")
+    w = make_world(world, room_c, load, case_s)
+    keys = ("t_s", "die_c", "ntc_c", "target_c", "duty", "rpm", "state", "slowdown")
     trace = {k: [] for k in keys}
     with tempfile.TemporaryDirectory(prefix="bench-control-") as tmp:
-        vm = VirtualModule(world, tmp, speed=0, seed=seed)
+        vm = VirtualModule(w, tmp, speed=0, seed=SEED)
         try:
             host = Host(vm)
             vm.power_on()
             vm.run_for(100)  # the boot hello: its nonce signs the commands
-            _setup(host, controller, gains)
-            high = False
+            if controller == "curve":
+                host.command("fan_curve", {"points": points, "hysteresis": CURVE_HYSTERESIS_MC})
+                host.command("fan_mode", {"mode": C.FAN_MODES.index("curve")})
+            elif controller != "pid":
+                raise ValueError(f"unknown controller {controller!r}")
             wall = time.perf_counter()
-            for _ in range(duration_s):
-                gpu = world.gpu
+            for _ in range(case_s):
                 host.heartbeat()
-                if controller == "bangbang":
-                    t = gpu.temperature_c()
-                    if not high and t >= TRIP_HIGH_C:
-                        high = True
-                        _manual(host, 65535)
-                    elif high and t <= TRIP_LOW_C:
-                        high = False
-                        _manual(host, MIN_MANUAL_DUTY)
                 vm.run_for(SAMPLE_MS)
                 host.check_replies()
                 tel = vm.last_telemetry or {}
+                ntc = tel.get("temp_gpu")
                 target = tel.get("target")
-                trace["t_s"].append(world.now_ms / 1000)
-                trace["die_c"].append(world.snapshot()["die_c"])
-                trace["gpu_c"].append(gpu.temperature_c())
-                trace["duty"].append(world.duties[0])
-                trace["err_c"].append(None if target is None else target / 1000)
+                trace["t_s"].append(w.now_ms / 1000)
+                trace["die_c"].append(w.snapshot()["die_c"])
+                trace["ntc_c"].append(None if ntc is None else ntc / 1000)
+                trace["target_c"].append(None if target is None else target / 1000)
+                trace["duty"].append(w.duties[0])
+                trace["rpm"].append(w.rpm[0])
                 trace["state"].append(tel.get("state"))
-                trace["faults"].append(tel.get("faults", 0))
-                trace["slowdown"].append(bool(gpu.clocks_event_reasons() & SLOWDOWN_MASK))
+                trace["slowdown"].append(bool(w.gpu.clocks_event_reasons() & SLOWDOWN_MASK))
             wall = time.perf_counter() - wall
             if vm.resets or vm.mcu_state != "running":
                 raise RuntimeError(f"the module reset or stopped: {vm.stats()} {vm.last_crash}")
-            trace.update(
-                controller=controller,
-                ambient_c=ambient_c,
-                sim_s=duration_s,
-                wall_s=wall,
-                commands=host.commands,
-            )
         finally:
             vm.stop()
+    trace.update(sim_s=case_s, wall_s=wall)
     return trace
 
 
-def _window(trace, key, lo_s, hi_s):
-    return [
-        v
-        for t, v in zip(trace["t_s"], trace[key], strict=True)
-        if lo_s < t <= hi_s and v is not None
-    ]
+# --- the fast curve model (the search) --------------------------------------------
+def fast_curve(world, room_c, load, points, case_s=CASE_S):
+    """The firmware's FanCurve on the world in process; (peak die, mean duty^2)."""
+    w = make_world(world, room_c, load, case_s, FAST_SUBSTEP_MS)
+    curve = FanCurve(points, CURVE_HYSTERESIS_MC)
+    peak = -1e9
+    d2 = 0.0
+    n = 0
+    steps = case_s * 1000 // FAST_STEP_MS
+    for _ in range(steps):
+        worst = None
+        for i in range(4):
+            if _CH_CTL[i]:
+                e = int(w.ntc_c[i] * 1000) - _CH_SP[i]
+                worst = e if worst is None or e > worst else worst
+        duty = max(MIN_DUTY, curve.duty(_CH_SP[0] + worst))
+        w.set_duties(duty, duty)
+        w.step(FAST_STEP_MS)
+        die = w.T[0]  # the die node (World.snapshot()["die_c"])
+        if die > peak:
+            peak = die
+        d2 += (duty / 65535) ** 2
+        n += 1
+    return peak, d2 / n
 
 
-def metrics(trace, setpoint_c=SETPOINT_C, step_s=STEP_S, loaded_s=LOADED_S, settled_s=SETTLED_S):
-    """The benchmark's numbers for one trace (see the module docstring).
+def _bisect_t0(world, cases, width_c, limit_c):
+    """The highest t0 (degC) with peak die <= limit_c in every case, to the
+    bisection's resolution (T0_RANGE_C's low end when none is found)."""
+    lo, hi = T0_RANGE_C
+    for _ in range(BISECT_STEPS):
+        mid = 0.5 * (lo + hi)
+        peak = max(fast_curve(world, r, ld, curve_points(mid, width_c))[0] for r, ld in cases)
+        if peak <= limit_c:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
-    Windows are (lo, hi] in simulated seconds: samples taken after lo up to hi.
+
+def search_world(world):
+    """Tune the world's baseline curve once; and the best curve of each case."""
+    params = load_params(world)
+    limit = ceiling_c(params) - CEILING_GUARD_C
+    hot = [(ROOMS_C[-1], "step")]  # a static curve's worst case: the hot room's step
+    every = [(r, ld) for r in ROOMS_C for ld in LOADS]
+    best = None
+    tried = []
+    for width in WIDTHS_C:
+        t0 = _bisect_t0(world, hot, width, limit)
+        d2 = sum(fast_curve(world, r, ld, curve_points(t0, width))[1] for r, ld in every)
+        tried.append((width, t0, d2))
+        if best is None or d2 < best[2]:
+            best = (width, t0, d2)
+    width, t0, _ = best
+    per_case = {}
+    for r, ld in every:
+        t = _bisect_t0(world, [(r, ld)], width, limit)
+        per_case[f"{r}_{ld}"] = {
+            "t0_c": round(t, 2),
+            "duty2": round(fast_curve(world, r, ld, curve_points(t, width))[1], 5),
+        }
+    return {"world": world, "width_c": width, "t0_c": t0, "tried": tried, "best": per_case}
+
+
+# --- metrics -------------------------------------------------------------------------
+def _moving_mean(xs, n):
+    if n <= 1:
+        return list(xs)
+    out = []
+    acc = 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= n:
+            acc -= xs[i - n]
+        out.append(acc / min(i + 1, n))
+    return out
+
+
+def limit_cycle(duty, period_s, hyst=LC_HYST, min_reversals=LC_REVERSALS):
+    """True when the duty oscillates by itself (not in step with the load).
+
+    ``duty`` is the 1 s duty series of the window examined (the last half of the
+    case). The load-synchronous part is removed first: for a periodic load of
+    ``period_s`` samples, the mean duty at each phase of the period is subtracted
+    (for a constant load, the mean). Then the reversals of the residual are counted
+    with hysteresis ``hyst``: a reversal is a move of more than ``hyst`` back from the
+    last extreme. ``min_reversals`` or more is a limit cycle: an oscillation the load
+    does not explain, of at least 2 % peak to peak, for at least three periods.
     """
-    die_step = _window(trace, "die_c", *step_s)
-    die_loaded = _window(trace, "die_c", *loaded_s)
-    die_settled = _window(trace, "die_c", *settled_s)
-    err_step = _window(trace, "err_c", *step_s)
-    err_loaded = _window(trace, "err_c", *loaded_s)
-    err_settled = _window(trace, "err_c", *settled_s)
+    n = len(duty)
+    p = max(1, period_s)
+    sums = [0.0] * p
+    counts = [0] * p
+    for i, d in enumerate(duty):
+        sums[i % p] += d
+        counts[i % p] += 1
+    resid = [d - sums[i % p] / counts[i % p] for i, d in enumerate(duty)]
+    reversals = 0
+    direction = 0  # until the first move of more than hyst: lo/hi both tracked
+    lo = hi = resid[0] if n else 0.0
+    for r in resid[1:]:
+        if direction == 0:
+            lo = min(lo, r)
+            hi = max(hi, r)
+            if hi - lo > hyst:
+                direction = 1 if r == hi else -1
+                lo = hi = r
+        elif direction > 0:
+            if r > hi:
+                hi = r
+            elif r < hi - hyst:
+                reversals += 1
+                direction = -1
+                lo = r
+        else:
+            if r < lo:
+                lo = r
+            elif r > lo + hyst:
+                reversals += 1
+                direction = 1
+                hi = r
+    return reversals >= min_reversals
+
+
+def metrics(trace, load, ceiling, slowdown):
+    """The per-case numbers of one trace (definitions: docs/control-benchmark.md)."""
+    die = trace["die_c"]
     duty = trace["duty"]
-    minutes = len(duty) * SAMPLE_MS / 60000
+    n = len(die)
+    tail = max(1, n - 120)  # the last 2 minutes
+    half = n // 2
+    onset = ONSET_S[load]
+    period = LOAD_PERIOD_S[load]
+    steady = sum(die[tail:]) / (n - tail)
+    peak = max(die)
+    ntc = [v for v in trace["ntc_c"][half:] if v is not None]
+    mm = _moving_mean(die, period)
+    final = sum(mm[tail:]) / (n - tail)
+    settle = n - onset
+    for i in range(n - 1, onset - 1, -1):
+        if abs(mm[i] - final) > 1.0:
+            settle = i + 1 - onset
+            break
+    else:
+        settle = 0
     changes = sum(1 for a, b in zip(duty, duty[1:], strict=False) if abs(b - a) > DUTY_STEP)
     return {
-        "overshoot_c": max(0.0, max(die_step) - setpoint_c) if die_step else 0.0,
-        "rms_error_c": _rms([t - setpoint_c for t in die_loaded]),
-        "ss_error_c": _mean(die_settled) - setpoint_c if die_settled else 0.0,
-        "max_c": max(trace["die_c"]),
-        "mean_duty": sum(duty) / len(duty) / 65535,
-        "duty_changes_per_min": changes / minutes if minutes else 0.0,
-        "slowdown_s": sum(trace["slowdown"]) * SAMPLE_MS / 1000,
-        "ntc_overshoot_c": max(0.0, max(err_step)) if err_step else 0.0,
-        "ntc_rms_error_c": _rms(err_loaded),
-        "ntc_ss_error_c": _mean(err_settled) if err_settled else 0.0,
+        "peak_c": peak,
+        "steady_c": steady,
+        "ntc_band_c": (max(ntc) - min(ntc)) if ntc else 0.0,
+        "overshoot_c": max(0.0, peak - max(die[tail:])),
+        "settle_s": float(settle),
+        "mean_duty": sum(duty) / n / 65535,
+        "duty2": sum((d / 65535) ** 2 for d in duty) / n,
+        "rpm": sum(trace["rpm"]) / n,
+        "changes_per_min": changes / (n / 60),
+        "slowdown_s": float(sum(1 for v in trace["slowdown"] if v)),
+        "above_slowdown_s": float(sum(1 for v in die if v >= slowdown)),
+        "above_ceiling_s": float(sum(1 for v in die if v > ceiling)),
+        "limit_cycle": limit_cycle(duty[half:], period),
     }
 
 
-def _mean(values):
-    return sum(values) / len(values)
-
-
-def _rms(values):
-    return math.sqrt(sum(v * v for v in values) / len(values)) if values else 0.0
+# --- the run -------------------------------------------------------------------------
+def _fw_job(args):
+    world, room_c, load, controller, points = args
+    params = load_params(world)
+    tr = simulate(world, room_c, load, controller, points)
+    m = metrics(tr, load, ceiling_c(params), params["gpu"]["slowdown_c"])
+    plot = {k: tr[k] for k in ("die_c", "duty")} if room_c == ROOMS_C[-1] else None
+    return args, m, plot, tr["sim_s"], tr["wall_s"]
 
 
 def _job(args):
-    controller, ambient_c = args
-    trace = simulate(controller, ambient_c)
-    return controller, ambient_c, metrics(trace), trace["sim_s"], trace["wall_s"]
+    if args[0] == "search":
+        return search_world(args[1])
+    return _fw_job(args)
 
 
-def run(controllers=CONTROLLERS, ambients=AMBIENTS_C, workers=None) -> dict:
-    jobs = [(c, a) for a in ambients for c in controllers]
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    start = time.perf_counter()
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            done = list(pool.map(_job, jobs))
-    else:
-        done = [_job(j) for j in jobs]
-    wall = time.perf_counter() - start
+def summarize(cases, searches):
+    """results.json keys from the per-case metrics (see the module docstring)."""
     out = {}
+
+    def block(prefix, rows):
+        pid = [r for r in rows if r["controller"] == "pid"]
+        cur = {(r["world"], r["room"], r["load"]): r for r in rows if r["controller"] == "curve"}
+        d2_pid = sum(r["duty2"] for r in pid)
+        d2_cur = sum(cur[(r["world"], r["room"], r["load"])]["duty2"] for r in pid)
+        d2_best = sum(r["best_curve_duty2"] for r in pid)
+        out[prefix + "ceiling_violations"] = sum(1 for r in pid if r["above_ceiling_s"] > 0)
+        out[prefix + "limit_cycles"] = sum(1 for r in pid if r["limit_cycle"])
+        out[prefix + "duty_changes_per_min_bursts_max"] = round(
+            max(r["changes_per_min"] for r in pid if r["load"] in BURST_LOADS), 3
+        )
+        out[prefix + "duty2_vs_curve"] = round(d2_pid / d2_cur, 4)
+        out[prefix + "duty2_vs_best_curve"] = round(d2_pid / d2_best, 4)
+        out[prefix + "peak_max_c"] = round(max(r["peak_c"] for r in pid), 2)
+        out[prefix + "curve_ceiling_violations"] = sum(
+            1 for r in cur.values() if r["above_ceiling_s"] > 0
+        )
+        out[prefix + "curve_limit_cycles"] = sum(1 for r in cur.values() if r["limit_cycle"])
+        out[prefix + "curve_duty_changes_per_min_bursts_max"] = round(
+            max(r["changes_per_min"] for r in cur.values() if r["load"] in BURST_LOADS), 3
+        )
+
+    block("control_suite_", cases)
+    for world in WORLDS:
+        block(f"control_{world}_", [r for r in cases if r["world"] == world])
+        s = searches[world]
+        out[f"control_{world}_curve_t0_c"] = round(s["t0_c"], 2)
+        out[f"control_{world}_curve_width_c"] = s["width_c"]
+    return out
+
+
+def run(workers=None, out_dir=OUT_DIR, worlds=WORLDS, plots=True) -> dict:
+    workers = workers or min(2, os.cpu_count() or 1)
+    start = time.perf_counter()
+    pid_jobs = [(w, r, ld, "pid", None) for w in worlds for r in ROOMS_C for ld in LOADS]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        first = list(pool.map(_job, [("search", w) for w in worlds] + pid_jobs))
+        searches = {s["world"]: s for s in first[: len(worlds)]}
+        pid_done = first[len(worlds) :]
+        curve_jobs = [
+            (w, r, ld, "curve", curve_points(searches[w]["t0_c"], searches[w]["width_c"]))
+            for w in worlds
+            for r in ROOMS_C
+            for ld in LOADS
+        ]
+        curve_done = list(pool.map(_job, curve_jobs))
+    wall = time.perf_counter() - start
+    cases = []
     sim_total = 0
-    for controller, ambient_c, m, sim_s, _ in done:
+    traces = {}
+    for (world, room, load, ctl, _), m, plot, sim_s, _ in pid_done + curve_done:
         sim_total += sim_s
-        for key, value in m.items():
-            out[f"control_{controller}_{ambient_c:g}_{key}"] = round(value, 4)
+        row = {"world": world, "room": room, "load": load, "controller": ctl}
+        row.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in m.items()})
+        best = searches[world]["best"][f"{room}_{load}"]
+        row["best_curve_t0_c"] = best["t0_c"]
+        row["best_curve_duty2"] = best["duty2"]
+        cases.append(row)
+        if plot is not None:
+            traces[(world, load, ctl)] = plot
+    out = summarize(cases, searches)
     out["control_sim_speedup"] = round(sim_total / wall, 1)
     out["control_wall_s"] = round(wall, 1)
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "note": "written by bench/bench_control.py; docs/control-benchmark.md quotes it",
+            "curves": {
+                w: {"t0_c": round(s["t0_c"], 2), "width_c": s["width_c"], "tried": s["tried"]}
+                for w, s in searches.items()
+            },
+            "cases": cases,
+        }
+        (out_dir / "cases.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        if plots:
+            for world in worlds:
+                for load in LOADS:
+                    plot_case(out_dir / f"{world}_{load}_40.png", world, load, traces)
     return out
+
+
+# --- plots and the docs tables -------------------------------------------------------
+PID_RGB = (200, 30, 30)
+CURVE_RGB = (30, 80, 200)
+CEIL_RGB = (0, 0, 0)
+
+
+def plot_case(path, world, load, traces):
+    """Die (top) and fan-1 duty (bottom) of pid (red) and the baseline curve (blue)."""
+    from bench.pngplot import Plot
+
+    params = load_params(world)
+    ceil = ceiling_c(params)
+    fig = Plot(480, 300, panels=2)
+    fig.panel(0, (0, CASE_S), (20, 100), y_ticks=(20, 40, 60, 80, 100), x_ticks=(0, 200, 400))
+    fig.panel(1, (0, CASE_S), (0, 100), y_ticks=(0, 50, 100), x_ticks=(0, 200, 400))
+    fig.hline(0, ceil, CEIL_RGB)
+    for ctl, rgb in (("curve", CURVE_RGB), ("pid", PID_RGB)):
+        tr = traces.get((world, load, ctl))
+        if tr is None:
+            continue
+        xs = list(range(1, len(tr["die_c"]) + 1))
+        fig.line(0, xs, tr["die_c"], rgb)
+        fig.line(1, xs, [d * 100 / 65535 for d in tr["duty"]], rgb)
+    fig.save(path)
+
+
+_WORLD_COLS = (
+    ("ceiling_violations", "ceiling violations", "{:d}"),
+    ("limit_cycles", "limit cycles", "{:d}"),
+    ("duty_changes_per_min_bursts_max", "duty chg/min, bursts (max)", "{:.2f}"),
+    ("duty2_vs_curve", "duty² / curve's", "{:.3f}"),
+    ("duty2_vs_best_curve", "duty² / best curves'", "{:.3f}"),
+    ("peak_max_c", "peak die", "{:.1f}"),
+    ("curve_ceiling_violations", "curve: ceiling violations", "{:d}"),
+    ("curve_limit_cycles", "curve: limit cycles", "{:d}"),
+    ("curve_duty_changes_per_min_bursts_max", "curve: chg/min bursts", "{:.2f}"),
+)
+
+
+def results_table(results):
+    """The docs' summary table from bench/results.json's control keys."""
+    head = "| scope | " + " | ".join(c[1] for c in _WORLD_COLS) + " |"
+    lines = [head, "|" + "---|" * (len(_WORLD_COLS) + 1)]
+    for scope in ("suite",) + WORLDS:
+        cells = [_fmt(fmt, results[f"control_{scope}_{key}"]) for key, _, fmt in _WORLD_COLS]
+        lines.append(f"| {scope} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def curves_table(results):
+    lines = ["| world | ceiling (degC) | baseline curve |", "|---|---|---|"]
+    for w in WORLDS:
+        t0 = results[f"control_{w}_curve_t0_c"]
+        width = results[f"control_{w}_curve_width_c"]
+        ceil = ceiling_c(load_params(w))
+        lines.append(f"| {w} | {ceil:g} | 20 % at {t0:.2f} degC, 100 % at {t0 + width:.2f} degC |")
+    return "\n".join(lines)
+
+
+_CASE_COLS = (
+    ("peak_c", "peak", "{:.1f}"),
+    ("steady_c", "steady", "{:.1f}"),
+    ("ntc_band_c", "NTC band", "{:.1f}"),
+    ("overshoot_c", "overshoot", "{:.1f}"),
+    ("settle_s", "settle s", "{:.0f}"),
+    ("mean_duty", "duty", "{:.3f}"),
+    ("duty2", "duty²", "{:.3f}"),
+    ("rpm", "RPM", "{:.0f}"),
+    ("changes_per_min", "chg/min", "{:.2f}"),
+    ("above_slowdown_s", "s ≥ slowdown", "{:.0f}"),
+    ("limit_cycle", "cycle", "{}"),
+)
+
+
+def cases_table(doc):
+    """The per-case table from docs/control-benchmark/cases.json."""
+    cols = " | ".join(c[1] for c in _CASE_COLS)
+    head = f"| world | room | load | ctl | {cols} | best curve duty² |"
+    lines = [head, "|" + "---|" * (len(_CASE_COLS) + 5)]
+    rows = sorted(
+        doc["cases"],
+        key=lambda r: (WORLDS.index(r["world"]), r["room"], LOADS.index(r["load"]), r["controller"]),  # noqa: E501
+    )
+    for r in rows:
+        cells = [_fmt(fmt, r[key]) for key, _, fmt in _CASE_COLS]
+        best = f"{r['best_curve_duty2']:.3f}" if r["controller"] == "pid" else ""
+        lines.append(
+            f"| {r['world']} | {r['room']} | {r['load']} | {r['controller']} | "
+            + " | ".join(cells)
+            + f" | {best} |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(fmt, v):
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if fmt == "{:d}":
+        return str(int(v))
+    return fmt.format(v)
+
+
+def docs_sections(results, doc):
+    """name -> generated markdown, for the <!-- control:NAME --> blocks of the docs."""
+    return {
+        "summary": results_table(results),
+        "curves": curves_table(results),
+        "cases": cases_table(doc),
+    }
+
+
+def render_docs(text, sections):
+    """Replace each ``<!-- control:NAME -->`` .. ``<!-- /control:NAME -->`` block."""
+    for name, body in sections.items():
+        a = f"<!-- control:{name} -->"
+        b = f"<!-- /control:{name} -->"
+        i = text.index(a) + len(a)
+        j = text.index(b)
+        text = text[:i] + "\n" + body + "\n" + text[j:]
+    return text
+
+
+def update_docs(results_path=ROOT / "bench" / "results.json"):
+    """Regenerate the tables of docs/control-benchmark.md from the recorded results."""
+    results = json.loads(Path(results_path).read_text())
+    doc = json.loads(CASES_FILE.read_text())
+    path = ROOT / "docs" / "control-benchmark.md"
+    path.write_text(render_docs(path.read_text(), docs_sections(results, doc)))
 
 
 if __name__ == "__main__":
     for k, v in sorted(run().items()):
-        print(f"{k:48s} {v}")
+        print(f"{k:56s} {v}")

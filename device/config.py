@@ -279,10 +279,12 @@ DEFAULTS = {
         "slew_pct_s": 20,  # duty may rise at most 20 % per second
         "d_filter_ms": 2000,  # time constant of the derivative's low-pass, 0 = none
         # anti-hunting and the hosted die loop (docs/control-benchmark.md)
-        "slew_down_pct_min": 30,  # duty may fall at most 30 % per minute
+        "slew_down_pct_min": 54,  # duty may fall at most 54 % per minute (0.9 %/s)
         "deadband_mc": 1000,  # errors within +-1 degC count as 0
         "i_band_mc": 8000,  # integrate only while |error| <= 8 degC
-        "die_sp_mc": 75000,  # with a host: the die envelope's setpoint, 0 = NTC only
+        # with a host: the die envelope's setpoint (an RTX 30xx slows down at 83), at most
+        # the GPU's slowdown (heartbeat gpu_slowdown) - 6.5 degC; 0 = NTC only
+        "die_sp_mc": 76500,
         "env_window_s": 90,  # the die envelope: the maximum of the last 90 s
         "ff_tau_ms": 300000,  # the feed-forward power envelope falls with this
     },

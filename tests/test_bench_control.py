@@ -1,112 +1,164 @@
-"""The control benchmark's and the soak's machinery, on short profiles (seconds of wall).
+"""The control suite's and the soak's machinery, on short cases (seconds of wall).
 
 Only what is deterministic is asserted: the runs are lockstepped with the simulated
 world, so the same seed gives the same samples, and what a controller does at a
-given sample follows from the samples before it. The numbers of the real benchmark
-(docs/control-benchmark.md) are not checked here.
+given sample follows from the samples before it. The suite's numbers are not
+re-measured here; the docs' tables are checked to be generated from
+bench/results.json and docs/control-benchmark/cases.json, and the suite keys to
+summarize the per-case file.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import zlib
+from pathlib import Path
 
 import pytest
 
 from bench import bench_control as B
 from bench import bench_soak
 from boards import sim as board
-from modbridge.sim import World, link
-from modbridge.sim.profiles import Profile
+from modbridge.sim import World, link, load_params
 from modbridge.sim.runner import VirtualModule
 
-SHORT = Profile.parse("idle 10s\nhold 650W 80s\nidle 20s\n", name="short")
-FULL = 65535
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------- metrics
 
 
-def _trace(die, duty, err=None):
+def _trace(die, duty, ntc=None):
     n = len(die)
     return {
         "t_s": [float(i + 1) for i in range(n)],
         "die_c": die,
         "duty": duty,
-        "err_c": err if err is not None else [None] * n,
+        "ntc_c": ntc if ntc is not None else [None] * n,
+        "rpm": [1000.0] * n,
         "slowdown": [False] * n,
     }
 
 
-def test_metrics_windows_and_counts():
-    die = [60.0] * 2 + [72.0, 75.0, 71.0, 69.0] + [50.0] * 2  # t = 1..8 s
-    duty = [13107, 13107, 13107 + 600, 30000, 30000, 30000 + 700, 65535, 65535]
-    err = [None, -5.0, 1.0, 2.5, 0.5, -1.0, -20.0, None]
-    m = B.metrics(
-        _trace(die, duty, err), setpoint_c=70, step_s=(2, 5), loaded_s=(2, 6), settled_s=(4, 6)
-    )
-    assert m["overshoot_c"] == 5.0  # max of t = 3..5 is 75
-    assert m["max_c"] == 75.0
-    assert math.isclose(m["rms_error_c"], math.sqrt((4 + 25 + 1 + 1) / 4))
-    assert math.isclose(m["ss_error_c"], 0.0)  # (71 + 69) / 2 - 70
-    assert math.isclose(m["mean_duty"], sum(duty) / 8 / 65535)
-    # 600 and 700 are <= 1 % of 65535 (655); the other two jumps count
-    assert math.isclose(m["duty_changes_per_min"], 3 / (8 / 60))
-    assert m["ntc_overshoot_c"] == 2.5
-    assert math.isclose(m["ntc_rms_error_c"], math.sqrt((1 + 6.25 + 0.25 + 1) / 4))
-    assert math.isclose(m["ntc_ss_error_c"], -0.25)
-    assert m["slowdown_s"] == 0
+def test_metrics_of_a_step():
+    # 60 s idle, a rise to 80 with a peak of 83 at 100 s, settled at 80 from 150 s
+    die = [40.0] * 60 + [40.0 + i for i in range(40)] + [83.0] + [81.5] * 49 + [80.0] * 250
+    duty = [13107] * 100 + [30000] * 100 + [30000 + 600] * 200  # one jump > 1 %
+    ntc = [None] * 200 + [70.0, 71.5] * 100
+    m = B.metrics(_trace(die, duty, ntc), "step", ceiling=82.0, slowdown=83.0)
+    assert m["peak_c"] == 83.0
+    assert m["steady_c"] == 80.0
+    assert m["overshoot_c"] == 3.0  # the peak over the settled peaks
+    assert m["above_ceiling_s"] == 1 and m["above_slowdown_s"] == 1
+    assert m["settle_s"] == 150 - 60  # within 1 degC of 80 from t = 150 s
+    assert math.isclose(m["changes_per_min"], 1 / (400 / 60))
+    assert math.isclose(m["ntc_band_c"], 1.5)
+    assert math.isclose(m["mean_duty"], sum(duty) / 400 / 65535)
+    assert math.isclose(m["duty2"], sum((d / 65535) ** 2 for d in duty) / 400)
+    assert m["limit_cycle"] is False
 
 
-def test_benchmark_plant_is_the_documented_one():
-    p = B.world_params()
-    assert p["air"]["heat_capacity_j_per_k"] == 6000.0
-    assert p["ntc.amb"]["sense_nodes"] == ["ambient"]
-    assert p["fans"]["max_rpm"] == 12000.0  # h200_2u's 80 mm fans
-    assert B.SETPOINT_C == 70.0
-    assert B.CURVE_POINTS == [[40000, 13107], [80000, 65535]]
+def test_limit_cycle_detector():
+    n = 240
+    flat = [30000] * n
+    assert not B.limit_cycle(flat, 1)
+    # the load's own period (30 s on / 30 s off) is explained away
+    forced = [30000 + (6000 if (i // 30) % 2 else 0) for i in range(n)]
+    assert not B.limit_cycle(forced, 60)
+    # a 58 s oscillation under a constant load is a limit cycle...
+    hunt = [30000 + int(8000 * math.sin(2 * math.pi * i / 58)) for i in range(n)]
+    assert B.limit_cycle(hunt, 1)
+    # ... and one at 40 s under 10 s bursts too
+    assert B.limit_cycle([30000 + int(8000 * math.sin(2 * math.pi * i / 40)) for i in range(n)], 10)
+    # wiggles smaller than the hysteresis (2 %) are not
+    assert not B.limit_cycle([30000 + (1000 if i & 1 else 0) for i in range(n)], 1)
+    # a monotone ramp is not
+    assert not B.limit_cycle([13107 + 200 * i for i in range(n)], 1)
+
+
+def test_cases_worlds_and_ceilings():
+    assert B.ceiling_c(load_params("rtx3080")) == 80.0  # 83 degC slowdown - 3
+    assert B.ceiling_c(load_params("h200_2u")) == 84.0
+    assert B.load_w(load_params("rtx3080")) == 320.0
+    assert B.load_w(load_params("default")) == 650.0
+    w = B.make_world("rtx3080_dusty", 40, "bursts6")
+    assert w.ambient_c == 40
+    assert w.profile.demand_w(61000) == 320.0 and w.profile.demand_w(67000) < 100.0
+    assert B.make_world("h200_2u", 20, "steady").profile.demand_w(0) == 650.0
+    with pytest.raises(ValueError, match="unknown load"):
+        B.profile_text("sine", 100)
+
+
+def test_fast_curve_is_monotone_in_t0():
+    cool = B.fast_curve("rtx3080", 40, "step", B.curve_points(40, 20), case_s=120)
+    warm = B.fast_curve("rtx3080", 40, "step", B.curve_points(60, 20), case_s=120)
+    assert warm[0] > cool[0] + 1.0  # hotter die
+    assert warm[1] < cool[1]  # less duty squared
 
 
 # --------------------------------------------------------------------------- short runs
 
 
-def test_bangbang_follows_the_gpu_temperature_and_repeats(monkeypatch):
-    monkeypatch.setattr(B, "TRIP_HIGH_C", 62)
-    monkeypatch.setattr(B, "TRIP_LOW_C", 58)
-    a = B.simulate("bangbang", 35, profile=SHORT)
-    b = B.simulate("bangbang", 35, profile=SHORT)
-    for key in ("die_c", "gpu_c", "duty", "err_c", "state"):
+def test_pid_and_curve_on_the_firmware_are_deterministic_and_hosted():
+    a = B.simulate("rtx3080", 40, "step", "pid", case_s=90)
+    b = B.simulate("rtx3080", 40, "step", "pid", case_s=90)
+    for key in ("die_c", "duty", "target_c", "state"):
         assert a[key] == b[key], key
-    assert a["sim_s"] == 110 and len(a["t_s"]) == 110
-    gpu, duty = a["gpu_c"], a["duty"]
-    high = False
-    trips = 0
-    for i in range(len(gpu) - 1):  # the host decides on sample i, the fans follow at i + 1
-        if not high and gpu[i] >= 62:
-            high = True
-            trips += 1
-        elif high and gpu[i] <= 58:
-            high = False
-        assert duty[i + 1] == (FULL if high else B.MIN_MANUAL_DUTY), (i, gpu[i], duty[i + 1])
-    assert trips >= 1
-    assert set(a["state"][5:]) == {4}  # MANUAL: host alive, manual mode
-
-
-def test_curve_pid_and_tuned_pid_differ_under_load():
-    runs = {c: B.simulate(c, 35, profile=SHORT) for c in ("pid", "pidtuned", "curve")}
-    for c, tr in runs.items():
-        assert set(tr["state"][5:]) == {1}, c  # HOSTED throughout, no fault floor
-    # at the end of the hold the NTC is still below its setpoint: the PID sits at the
-    # fans' minimum duty, the curve (20 % at 40 degC .. 100 % at 80 degC) is well above
-    end = 89
-    assert runs["pid"]["duty"][end] == runs["pidtuned"]["duty"][end] == 13107
-    gpu_scale_c = B.SETPOINT_C + runs["curve"]["err_c"][end - 1]
-    want = 13107 + (gpu_scale_c - 40) / 40 * (65535 - 13107)
-    assert abs(runs["curve"]["duty"][end] - want) < 0.03 * 65535, (gpu_scale_c, want)
+    assert len(a["t_s"]) == 90
+    assert set(a["state"][5:]) == {1}  # HOSTED throughout: no fault floor
+    # hosted: the target is the die envelope against die_sp (76.5 degC) or the NTC error
+    i = 80
+    assert a["target_c"][i] >= max(a["die_c"][i - 60 : i + 1]) - 76.5 - 1.5
+    pts = B.curve_points(45, 20)
+    c = B.simulate("rtx3080", 40, "step", "curve", points=pts, case_s=90)
+    assert set(c["state"][5:]) == {1}
+    x = 70.0 + c["target_c"][i - 1]  # the worst channel on the GPU scale
+    want = 13107 + (x - 45) / 20 * (65535 - 13107)
+    assert abs(c["duty"][i] - want) < 0.05 * 65535, (x, want, c["duty"][i])
 
 
 def test_unknown_controller_is_refused():
     with pytest.raises(ValueError, match="unknown controller"):
-        B.simulate("fuzzy", 25, profile=SHORT, duration_s=1)
+        B.simulate("default", 25, "step", "fuzzy", case_s=70)
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def test_docs_tables_are_generated_from_the_results():
+    results = json.loads((ROOT / "bench" / "results.json").read_text())
+    doc = json.loads(B.CASES_FILE.read_text())
+    text = (ROOT / "docs" / "control-benchmark.md").read_text()
+    assert B.render_docs(text, B.docs_sections(results, doc)) == text
+    assert len(doc["cases"]) == len(B.WORLDS) * len(B.ROOMS_C) * len(B.LOADS) * 2
+    # the suite keys agree with the per-case file they summarize
+    searches = {
+        w: {"t0_c": c["t0_c"], "width_c": c["width_c"]} for w, c in doc["curves"].items()
+    }
+    summary = B.summarize(doc["cases"], searches)
+    for key, value in summary.items():
+        assert results[key] == value, key
+    for png in B.OUT_DIR.glob("*.png"):
+        assert png.stat().st_size < 60_000, png
+
+
+def test_png_writer(tmp_path):
+    from bench.pngplot import Plot
+
+    fig = Plot(120, 80, panels=2)
+    fig.panel(0, (0, 10), (0, 100), y_ticks=(0, 50), x_ticks=(0, 5))
+    fig.panel(1, (0, 10), (0, 1), y_ticks=(0, 1), x_ticks=(0, 5))
+    fig.line(0, range(11), [i * 10 for i in range(11)], (255, 0, 0))
+    fig.hline(1, 0.5, (0, 0, 0))
+    path = tmp_path / "p.png"
+    fig.save(path)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR" and data[16:24] == bytes([0, 0, 0, 120, 0, 0, 0, 80])
+    raw = zlib.decompress(data[data.index(b"IDAT") + 4 : data.index(b"IEND") - 8])
+    assert len(raw) == 80 * (120 + 1)
+    assert raw.count(2) > 20  # the red line's palette index drew pixels
 
 
 # --------------------------------------------------------------------------- heap field

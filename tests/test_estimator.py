@@ -67,15 +67,19 @@ def test_fallback_learns_the_offset_per_watt_and_stops_without_a_host():
     assert est.update(INVALID, 0, False, 250000, 100) == INVALID
 
 
-def test_power_envelope_rises_at_once_and_falls_slowly():
-    est = DieEstimator(power_tau_ms=300000)
+def test_power_envelope_rises_at_once_holds_then_falls_slowly():
+    est = DieEstimator(window_s=90, power_tau_ms=300000)
     est.update(50000, 60000, True, 25000, 100)
     assert est.power_f == 25000
     est.update(50000, 60000, True, 320000, 100)
     assert est.power_f == 320000  # a load step: the feed-forward moves at once
-    _feed(est, 4, 50000, 60000, 25000)  # 4 s off in 6 s / 4 s bursts
-    assert 315000 < est.power_f < 320000, est.power_f  # about 1.3 % of the step
-    _feed(est, 900, 50000, 60000, 25000)  # three time constants
+    for _ in range(10):  # 30 s / 30 s bursts: held at the peak
+        _feed(est, 30, 50000, 60000, 25000)
+        assert est.power_f == 320000, est.power_f
+        _feed(est, 30, 50000, 60000, 320000)
+    _feed(est, 90, 50000, 60000, 25000)  # a real drop: held for the window
+    assert est.power_f == 320000, est.power_f
+    _feed(est, 900, 50000, 60000, 25000)  # then three time constants
     assert 25000 < est.power_f < 45000, est.power_f
 
 

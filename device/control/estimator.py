@@ -23,9 +23,10 @@ regulated. NVML's whole degrees do not make it hunt either: a die at 76.9..77.1
 reads 76 and 77 in turn, the envelope stays at 77.5.
 
 ``power_mw`` also goes into ``power_f``, the feed-forward input, as a peak envelope
-too: it follows a rise at once (a load step moves the fans before the heat arrives)
-and falls with the time constant ``power_tau_ms``, so load bursts shorter than that
-hold the feed-forward at their peak instead of moving the fans with every burst.
+too: it follows a rise at once (a load step moves the fans before the heat arrives),
+holds for ``window_s`` while the power is lower, then falls with the time constant
+``power_tau_ms``; load bursts shorter than the window hold the feed-forward at their
+peak instead of moving the fans with every burst.
 
 Integer only: temperatures are clamped to +-2**20 m degC, power to 0..2**21 mW, dt to
 1..1000 ms; the offset model is kept in Q8 m degC per W (clamped); products
@@ -41,7 +42,8 @@ except ImportError:
 
 from array import array
 
-INVALID = const(-(1 << 30))
+# -2**30, folded from small ints: "1 << 30" is a big int on 32-bit ports
+INVALID = const(-0x3FFFFFFF - 1)
 _D_MAX = const(1048575)  # mW: |power step| taken per tick (so diff * dt < 2**30)
 _T_LIM = const(1048575)
 _P_MAX = const(2097151)
@@ -71,6 +73,7 @@ class DieEstimator:
         self.est = INVALID
         self.env = INVALID
         self.power_f = 0
+        self._p_low_ms = 0  # how long the power has been below power_f
         self.r_q8 = 0  # learned (die - NTC) per W, Q8 m degC/W; 0 = not learned
         self._pos = 0  # ring slot of the current second
         self._ms = 0  # ms into the current second
@@ -93,6 +96,7 @@ class DieEstimator:
         self.est = INVALID
         self.env = INVALID
         self.power_f = 0
+        self._p_low_ms = 0
         self._forget()
 
     def _forget(self):
@@ -117,6 +121,9 @@ class DieEstimator:
         tau = self.power_tau_ms
         if tau == 0 or p >= pf:
             pf = p  # a rise at once: the feed-forward acts on a load step
+            self._p_low_ms = 0
+        elif self._p_low_ms < self.window_s * 1000:
+            self._p_low_ms += dt  # held for the envelope's window (bursts), then a fall
         else:
             pf += _clamp(p - pf, -_D_MAX, _D_MAX) * dt // (tau + dt)
         self.power_f = pf
