@@ -1292,6 +1292,11 @@ def _check_doc(doc, text):
     if version < SCHEMA_VERSION:
         cfg = _migrate(cfg, version)
         detail = "migrated from schema version %d" % version
+    filled = _fill_added(cfg)
+    if filled:
+        detail = (detail + "; " if detail else "") + (
+            "%d key(s) added by this firmware set to factory values" % filled
+        )
     try:
         validate(cfg)
     except ConfigError as e:
@@ -1309,6 +1314,30 @@ def _raw_body(text):
 
 
 _MIGRATIONS = {}  # version n -> fn(cfg) returning the version n+1 config; none yet
+
+# Keys added to schema version 1 after its first release, with the factory value a
+# config saved by an older firmware gets for them. Only these may be missing: any
+# other missing key is still a corrupt file. (A key that changes meaning needs a
+# schema version and a migration instead.)
+_ADDED_IN_1 = (
+    ("pid", "slew_down_pct_min"),
+    ("pid", "deadband_mc"),
+    ("pid", "i_band_mc"),
+    ("pid", "die_sp_mc"),
+    ("pid", "env_window_s"),
+    ("pid", "ff_tau_ms"),
+)
+
+
+def _fill_added(cfg):
+    """Fill the ``_ADDED_IN_1`` keys a stored config lacks; how many were filled."""
+    n = 0
+    for section, key in _ADDED_IN_1:
+        node = cfg.get(section)
+        if type(node) is dict and key not in node:
+            node[key] = DEFAULTS[section][key]
+            n += 1
+    return n
 
 
 def _migrate(cfg, version):

@@ -658,3 +658,23 @@ def test_littlefs_power_cut_at_every_block_write():
             os.umount(mnt)
         seen[kps[0]] = True
     assert seen == {2: True, 3: True, "between the renames": True}, seen
+
+
+def test_a_file_from_before_the_adaptive_pid_keys_loads_with_their_factory_values():
+    # written by the firmware before slew_down_pct_min ... ff_tau_ms existed: an update
+    # must not turn the user's saved config (calibration, setpoints) into a corrupt one
+    cfg = cfg_with(7000)
+    for _, key in config._ADDED_IN_1:
+        del cfg["pid"][key]
+    got, detail = config.decode_file(old_envelope(cfg))
+    assert got["pid"]["kp"] == 7000, got["pid"]
+    for section, key in config._ADDED_IN_1:
+        assert got[section][key] == config.DEFAULTS[section][key], key
+    assert "key(s) added by this firmware" in detail, detail
+
+
+def test_only_the_keys_added_later_may_be_missing():
+    cfg = cfg_with(7000)
+    del cfg["pid"]["kp"]  # a key of the first release: the file is corrupt
+    with raises(ConfigError, match="missing"):
+        config.decode_file(old_envelope(cfg))

@@ -42,8 +42,8 @@ except ImportError:
 
 from array import array
 
-# -2**30, folded from small ints: "1 << 30" is a big int on 32-bit ports
-INVALID = const(-0x3FFFFFFF - 1)
+# as NTC.INVALID: -2**30 itself ends up a big int on 32-bit ports
+INVALID = const(-0x3FFFFFFF)
 _D_MAX = const(1048575)  # mW: |power step| taken per tick (so diff * dt < 2**30)
 _T_LIM = const(1048575)
 _P_MAX = const(2097151)
