@@ -6,12 +6,14 @@ from pathlib import Path
 import pytest
 
 TESTS_DIR = Path(__file__).parent
-PLUGIN_FILES = ("conftest.py", "_mpy_runner.py", "mpcompat.py")
+PLUGIN_FILES = ("conftest.py", "_mpy_runner.py", "mpcompat.py", "_qemu_column.py")
 
 
 @pytest.fixture
-def project(pytester):
-    """A scratch project with a copy of the plugin in its tests/ directory."""
+def project(pytester, monkeypatch):
+    """A scratch project with a copy of the plugin in its tests/ directory (the
+    [qemu-arm] column's half imports ``firmware`` from the repository root)."""
+    monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR.parent))
     tests = pytester.mkdir("tests")
     for name in PLUGIN_FILES:
         shutil.copy(TESTS_DIR / name, tests / name)
