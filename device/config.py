@@ -359,11 +359,15 @@ def _too_deep(parts):
 # ("bool",), ("str", min_len, max_len), ("enum", choices) (str or int choices),
 # ("opt", spec) null or spec, ("list", item, min_len, max_len), ("tuple", specs)
 # fixed-length list, ("obj", ((key, spec), ...)).
+#
+# The schema stays a constant (in flash when frozen; no RAM). Its bounds freeze as big
+# ints where above 0x1FFF, which is harmless: they are compared, never computed with
+# or copied into a value ("frozen-ints: compared only", tests/test_frozen_ints.py).
 
 _DUTY = ("int", 0, DUTY_FULL)
 _TEMP = ("int", C.TEMP_MIN_MC, C.TEMP_MAX_MC)
-_GAIN = ("int", 0, 1000000)  # pid_gains range
-_OHM = ("int", 100, 1000000)
+_GAIN = ("int", 0, 1000000)  # frozen-ints: compared only (pid_gains range)
+_OHM = ("int", 100, 1000000)  # frozen-ints: compared only
 _COEF = ("num", -1, 1)  # int bounds: the same error text on both interpreters
 
 _SAFETY_KEYS = (
@@ -376,7 +380,7 @@ _SAFETY_KEYS = (
     "min_manual_duty",
 )
 
-_CHANNEL = (
+_CHANNEL = (  # frozen-ints: compared only
     "obj",
     (
         ("name", ("enum", C.CHANNELS)),
@@ -398,7 +402,7 @@ _CHANNEL = (
     ),
 )
 
-_FAN = (
+_FAN = (  # frozen-ints: compared only
     "obj",
     (
         ("min_duty", _DUTY),
@@ -410,7 +414,7 @@ _FAN = (
     ),
 )
 
-_SCHEMA = (
+_SCHEMA = (  # frozen-ints: compared only
     "obj",
     (
         ("version", ("int", SCHEMA_VERSION, SCHEMA_VERSION)),
@@ -485,7 +489,9 @@ _ROOT_EXTRA = ("_comment", ("str", 0, 256))  # a note for humans, top level only
 # Per channel: the setpoints message's range for setpoint_mc, and a hard ceiling
 # for crit_mc (above every part's own limit: GPU shutdown, GDDR6X/HBM maximum,
 # MOSFET Tj 150, hot inlet air).
+# frozen-ints: compared only
 _SETPOINT_RANGE_MC = ((20000, 110000), (20000, 110000), (20000, 125000), (10000, 60000))
+# frozen-ints: compared only
 _CRIT_CEILING_MC = (100000, 110000, 150000, 70000)
 
 # The range of model temperatures (degC) over which a correction must stay within

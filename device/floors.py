@@ -33,6 +33,14 @@ except ImportError:  # CPython
 
 DUTY_FULL = const(65535)
 
+
+def _t(*items):
+    """A tuple built at import, not folded into a constant: a constant tuple's ints
+    outside -0x2000..0x1FFF freeze as big ints, whose arithmetic allocates on the MCU
+    (tests/test_frozen_ints.py)."""
+    return items
+
+
 # --- per-cause floors (the largest active cause wins) --------------------------------
 FLOOR_BOOT = const(45875)  # 70 % until the sensors are valid
 FLOOR_HOST_LOST = const(26214)  # 40 % in STANDALONE once a host was seen
@@ -44,13 +52,13 @@ FLOOR_MANUAL = const(19661)  # 30 %: the lowest duty a MANUAL command may ask fo
 
 # Config key in ``safety`` -> its compiled minimum (config may only raise them).
 SAFETY_MINIMUMS = (
-    ("boot", FLOOR_BOOT),
-    ("host_lost", FLOOR_HOST_LOST),
-    ("sensor_fault", FLOOR_SENSOR),
-    ("fan_stall", FLOOR_STALL),
-    ("over_temp", FLOOR_OVER_TEMP),
-    ("critical", FLOOR_CRITICAL),
-    ("min_manual_duty", FLOOR_MANUAL),
+    _t("boot", FLOOR_BOOT),
+    _t("host_lost", FLOOR_HOST_LOST),
+    _t("sensor_fault", FLOOR_SENSOR),
+    _t("fan_stall", FLOOR_STALL),
+    _t("over_temp", FLOOR_OVER_TEMP),
+    _t("critical", FLOOR_CRITICAL),
+    _t("min_manual_duty", FLOOR_MANUAL),
 )
 
 # --- the hot floor: rises with temperature, whatever the control law says ------------
@@ -59,8 +67,8 @@ SAFETY_MINIMUMS = (
 # warning limit, so normal regulation never meets it; it catches a control law that
 # was configured into uselessness (all gains 0, setpoints at their ceiling).
 # Ambient air is not cooled by the fans: no hot floor (start = full = None).
-HOT_START_MC = (80000, 88000, 110000, None)
-HOT_FULL_MC = (95000, 100000, 130000, None)
+HOT_START_MC = _t(80000, 88000, 110000, None)
+HOT_FULL_MC = _t(95000, 100000, 130000, None)
 
 # --- calibration band ---------------------------------------------------------------
 # A channel's calibrated reading is clamped to the board's nominal NTC curve
@@ -70,7 +78,7 @@ CAL_BAND_MC = const(5000)
 # Nominal NTC of the boards (the seed's part): 10 kOhm at 25 degC, B25/50 = 3950, on a
 # 10 kOhm divider with the NTC to ground. A board with another part overrides these
 # in its board module (``hal.ntc_nominal = (beta, r0_ohm, t0_mc, r_fixed_ohm, low)``).
-NTC_NOMINAL = (3950, 10000, 25000, 10000, True)
+NTC_NOMINAL = _t(3950, 10000, 25000, 10000, True)
 
 # --- leaving a fault: bounded ramp-down ----------------------------------------------
 # After a cause clears, the duty may fall at most this much per second (100 % -> 20 %
@@ -98,15 +106,15 @@ FAN_MODELS = {
     # A generic 4-wire PWM fan (Intel spec): may stop below 20 %, 1,000..20,000 RPM at
     # full speed. Floor 400 RPM at 100 %, 200 at 50 % (a 1,000 RPM fan keeps 2.5x);
     # checked from 50 %: the curve of an unknown fan is not trusted below.
-    "pwm4": (13107, 45875, 300, 32768, 40, 1000),
+    "pwm4": _t(13107, 45875, 300, 32768, 40, 1000),
     # 40 mm server fans (the seed's module, H200 chassis): >= 8,000 RPM at full speed.
     # Floor 2,000 RPM at 100 % (4x), 1,000 at 50 %.
-    "pwm4_server": (13107, 45875, 300, 32768, 25, 8000),
+    "pwm4_server": _t(13107, 45875, 300, 32768, 25, 8000),
     # The simulated fans (host/modbridge/sim/worlds/*.toml, boards/sim.py): 120 mm at
     # 3,000 RPM (default) and 80 mm at 12,000 RPM (h200_2u) at full speed, RPM
     # proportional to duty above the stop duty (10 % / 5 %). Floor 1,500 RPM at 100 %,
     # 300 at 20 %: the slower world keeps 2x at every duty from min_spin, the faster 8x.
-    "sim": (13107, 45875, 300, 13107, 50, 3000),
+    "sim": _t(13107, 45875, 300, 13107, 50, 3000),
 }
 FAN_MODEL_DEFAULT = "pwm4"
 FM_MIN_SPIN = const(0)

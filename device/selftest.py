@@ -8,7 +8,9 @@ GPU stays cooled while it runs. Result: a ``selftest_report`` with a pass/fail p
 
 from protocol import catalog as C
 
-STEPS = (65535, 49151, 32768, 16384)  # 100 %, 75 %, 50 %, 25 %
+# 100 %, 75 %, 50 %, 25 %; built from a list: a constant tuple's ints above 0x1FFF
+# freeze as big ints, whose arithmetic allocates on the MCU (tests/test_frozen_ints.py)
+STEPS = tuple([65535, 49151, 32768, 16384])
 STEP_MS = (3000, 2000, 2000, 2000)  # settle time per step (spin-down is slow)
 MIN_RPM_FULL = 300  # a fan that does less than this at 100 % has failed
 RPM_SLACK_PCT = 10  # a lower duty may read up to 10 % more RPM (tach jitter)

@@ -39,7 +39,10 @@ K_ENUM = "e"  # int on the wire, a name in JSON lines
 # with integer arithmetic, trailing zeros trimmed. ``mul`` is 1 or a multiple of
 # 1000 so the product can be split and stay a small int on the MCU.
 MILLI = (1, 1, 3)  # milli-unit -> unit (m degC -> degC, mV -> V, mA -> A, mW -> W)
-DUTY_PCT = (100000, 65535, 3)  # 0..65535 -> 0.000..100.000 % (lossless round trip)
+# 0..65535 -> 0.000..100.000 % (lossless round trip). Built from a list: a constant
+# tuple's ints above 0x1FFF freeze as big ints, whose arithmetic allocates on the MCU
+# (tests/test_frozen_ints.py).
+DUTY_PCT = tuple([100000, 65535, 3])
 GAIN = (1, 1, 3)  # milli-gain -> gain
 RAW = None
 

@@ -47,7 +47,8 @@ from protocol.sign import (
 HEADER_KEYS = ("type", "v", "seq", "link", "ts", "sig")
 SIGNATURE_KEYS = ("link", "ts", "sig")
 _HEX = "0123456789abcdef"
-_POW10 = (1, 10, 100, 1000, 10000, 100000, 1000000)
+# from a list: a constant tuple's ints above 0x1FFF freeze as big ints (tests/test_frozen_ints.py)
+_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
 
 
 def mul_div_round(v, mul, div):

@@ -55,7 +55,8 @@ FLASH_WRITES = index("flash_writes")
 AUTH_FAILURES = index("auth_failures")
 INTERNAL_ERRORS = index("internal_errors")
 
-_POW10 = (1, 10, 100, 1000, 10000, 100000, 1000000)
+# from a list: a constant tuple's ints above 0x1FFF freeze as big ints (tests/test_frozen_ints.py)
+_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
 _KIND_PLAIN = 0
 _KIND_ENUM = 1
 _KIND_SCALED = 2

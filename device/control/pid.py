@@ -129,6 +129,14 @@ def mul(a, m, sh, lim):
     return (hi << (14 - sh)) + ((lo + (1 << (sh - 1))) >> sh)
 
 
+def _zero_gain():
+    # Built at run time: ``return 0, 14, _A_MAX`` is a constant tuple, and freezing
+    # stores its 2**30 - 1 as a big int whose arithmetic allocates on the MCU
+    # (tests/test_frozen_ints.py).
+    lim = _A_MAX
+    return 0, 14, lim
+
+
 def gain(num, den):
     """Convert the real gain num/den (ints >= 0) into ``(m, sh, lim)`` for ``mul``.
 
@@ -140,7 +148,7 @@ def gain(num, den):
     1500
     """
     if num == 0:
-        return 0, 14, _A_MAX
+        return _zero_gain()
     sh = 28
     while True:
         if sh >= 0:
@@ -151,7 +159,7 @@ def gain(num, den):
             break
         sh -= 1
     if m == 0:  # too small to represent: behaves as zero
-        return 0, 14, _A_MAX
+        return _zero_gain()
     if sh >= 0:
         lim = ((_SAT - 1) << sh) // m + 1
     else:

@@ -79,7 +79,8 @@ _ME_CVRF = const(0x0008)  # conversion ready flag
 _ME_LEN = const(0x0001)  # alert latch enable
 
 AVERAGES = (1, 4, 16, 64, 128, 256, 512, 1024)  # AVG code = index
-CONVERSION_TIMES_US = (140, 204, 332, 588, 1100, 2116, 4156, 8244)  # CT code = index
+# CT code = index; frozen-ints: compared only (by _code)
+CONVERSION_TIMES_US = (140, 204, 332, 588, 1100, 2116, 4156, 8244)
 
 _CAL_NUMERATOR = 5120000000  # 0.00512 expressed for uA * uOhm
 _CAL_MAX = const(0x7FFF)
