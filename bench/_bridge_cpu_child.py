@@ -141,7 +141,8 @@ def run_fleet(args: dict) -> None:
         _wrap_tap(i, vm, last_tx)
     fleet.start()
     set_telemetry(fleet, tel)
-    emit(k="ports", ports=fleet.ports, uids=[vm.uid.hex() for vm in fleet.modules])
+    emit(k="ports", ports=fleet.ports, uids=[vm.uid.hex() for vm in fleet.modules],
+         keys_dir=str(fleet.keys.dir))  # fmt: skip
     try:
         for line in sys.stdin:
             cmd = json.loads(line)
@@ -190,7 +191,10 @@ def virtual_gpus(n: int) -> list:
 
 
 def bench_config(ports: list[str], gpus: list, **bridge_kw):
-    """The benchmarks' bridge config: each port mapped to its GPU, heartbeats 1 s.
+    """The benchmarks' bridge config: each port mapped to its GPU, heartbeats 1 s,
+    signed with the fleet's keys (``keys_dir``: the fleet runs in a process of its
+    own, so the bridge is told where they are; without them no heartbeat is sent and
+    the modules stay STANDALONE).
 
     ``disagree_time_s`` is raised: the standalone virtual GPUs are not the ones the
     modules' NTCs sit on, so their temperatures differ, and a sensor_disagree WARN
@@ -251,7 +255,8 @@ def run_bridge(args: dict) -> None:
 
     ports = args["ports"]
     gpus = virtual_gpus(len(ports))
-    cfg = bench_config(ports, gpus, exporter_enabled=bool(args.get("exporter", True)))
+    cfg = bench_config(ports, gpus, exporter_enabled=bool(args.get("exporter", True)),
+                       keys_dir=args["keys_dir"])  # fmt: skip
     tmp = tempfile.TemporaryDirectory(prefix="modbridge-bench-")
     elog = EventLog(os.path.join(tmp.name, "events.jsonl"))
     bridge = Bridge(cfg, VirtualBackend(gpus), ports, event_log=elog)

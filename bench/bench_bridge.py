@@ -194,13 +194,14 @@ class Child:
             self.proc.wait()
 
 
-def start_fleet(telemetry_ms: list[int]) -> tuple[Child, list[str]]:
+def start_fleet(telemetry_ms: list[int]) -> tuple[Child, list[str], str]:
+    """The fleet child: (it, its ports, the directory of its modules' keys)."""
     fleet = Child("fleet", {"n": len(telemetry_ms), "speed": SPEED, "telemetry_ms": telemetry_ms})
     got = fleet.wait_for(lambda o: o["k"] == "ports", 30.0)
     if got is None:
         fleet.close()
         raise RuntimeError("the fleet did not start within 30 s")
-    return fleet, got["ports"]
+    return fleet, got["ports"], got["keys_dir"]
 
 
 # ----------------------------------------------------------------------------- phase A
@@ -378,14 +379,15 @@ def phase_a() -> dict:
     from modbridge.gpu.virtual import VirtualBackend
 
     tel = [TEL_FAST_MS if i in LAT_FAST else TEL_DEFAULT_MS for i in range(N)]
-    fleet, ports = start_fleet(tel)
+    fleet, ports, keys_dir = start_fleet(tel)
     bridge = None
     try:
         gpus = virtual_gpus(N)
         backend = VirtualBackend(gpus)
         rec = Recorder()
         rec.wrap_backend(backend)
-        cfg = bench_config(ports, gpus, exporter_enabled=False, policy={"min_hold_s": MIN_HOLD_S})
+        cfg = bench_config(ports, gpus, exporter_enabled=False, keys_dir=keys_dir,
+                           policy={"min_hold_s": MIN_HOLD_S})  # fmt: skip
         bridge = Bridge(cfg, backend, ports, event_log=rec.event_log())
         rec.wrap_events(bridge)
         bridge.start()
@@ -510,14 +512,15 @@ def _cpu_keys(result: dict, suffix: str) -> dict:
         f"bridge_frames_per_s{suffix}": round(result["frames"] / wall, 1),
         f"bridge_io_wakeups_per_s{suffix}": round(result["io_wakeups"] / wall, 1),
         f"bridge_ticks_per_s{suffix}": round(result["ticks"] / wall, 2),
+        f"bridge_heartbeats_per_s{suffix}": round(result["heartbeats"] / wall, 1),
     }
 
 
 def phase_b() -> dict:
-    fleet, ports = start_fleet([TEL_DEFAULT_MS] * N)
+    fleet, ports, keys_dir = start_fleet([TEL_DEFAULT_MS] * N)
     bridge = None
     try:
-        bridge = Child("bridge", {"ports": ports, "exporter": True})
+        bridge = Child("bridge", {"ports": ports, "exporter": True, "keys_dir": keys_dir})
         ready = bridge.wait_for(lambda o: o["k"] in ("ready", "error"), 40.0)
         if ready is None or ready["k"] != "ready":
             raise RuntimeError(f"phase B: the bridge did not get ready: {ready}")
@@ -549,6 +552,9 @@ def phase_b() -> dict:
         raise RuntimeError(f"phase B: the scrape does not show {N} modules up: {up}")
     if fast["frames"] / fast["wall_s"] < 5 * default["frames"] / default["wall_s"]:
         raise RuntimeError(f"phase B: 10 Hz window frames {fast['frames']}: no switch?")
+    for result in (default, fast):  # signed heartbeats flow (the modules are HOSTED)
+        if result["heartbeats"] < 0.9 * N * result["wall_s"] / 1.0:
+            raise RuntimeError(f"phase B: {result['heartbeats']} heartbeats in {result['tag']}")
     times.sort()
     out = _cpu_keys(default, "")
     out.update(_cpu_keys(fast, "_10hz"))

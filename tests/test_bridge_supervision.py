@@ -154,23 +154,33 @@ def test_modbridge_run_exits_1_with_the_limits_restored(tmp_path, monkeypatch, f
     assert not [t for t in threading.enumerate() if t.name.startswith("modbridge-link")]
 
 
-def test_an_urgent_tick_while_the_loop_ticks_is_left_to_the_loop(tmp_path):
-    """The I/O thread never waits for the loop: if a tick is running, the urgent one
-    is the loop's next (at once); and it never runs a second tick beside it."""
+def test_an_urgent_decision_while_the_loop_ticks_is_left_to_the_loop(tmp_path, monkeypatch):
+    """The I/O thread never waits for the loop: if a tick is running, the urgent
+    decision is the loop's next tick (at once); and it never decides beside it."""
     now = [1000.0]
     b, gpus = _lowered(tmp_path, lambda: now[0])
+    port = "/dev/ttyUSB0"
     ticks = b.ticks
     with b._tick_lock:  # the loop is in a tick
-        b._urgent()
+        b._urgent(port)
         b._decide_urgent()
     assert b.ticks == ticks and b._wake.is_set() and b.inline_ticks == 0
     b._wake.clear()
-    b._urgent()
-    b._decide_urgent()  # free now: decided right here
-    assert b.ticks == ticks + 1 and b.inline_ticks == 1 and not b._wake.is_set()
-    gpus.broken = True
-    b._urgent()
-    b._decide_urgent()  # a failing urgent tick: the loop retries (and counts it)
+    b.links[port].status.telemetry["faults"] = 0  # the fans turn again
+    now[0] += 600.0
+    b.links[port].status.last_frame_at = now[0]
+    b._urgent(port)
+    b._decide_urgent()  # free now: decided right here, without a full tick
+    assert b.ticks == ticks and b.inline_ticks == 1 and not b._wake.is_set()
+    assert gpus.limits[UUID_A] > 200.0  # that pair's decision: no longer the minimum
+    assert "both_fans_stalled" not in b.pairs[port].reasons
+
+    def broken(now, inputs):
+        raise RuntimeError("policy bug")
+
+    monkeypatch.setattr(b.engine, "step_pairs", broken)
+    b._urgent(port)
+    b._decide_urgent()  # a failing urgent decision: the loop retries (and counts it)
     assert b._wake.is_set() and b.inline_ticks == 1
     b.stop()
     assert gpus.limits[UUID_A] == 700.0

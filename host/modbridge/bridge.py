@@ -52,7 +52,14 @@ from modbridge.actuator.power import SIGNALS
 from modbridge.config import BridgeConfig, ModuleMapping, match_gpu
 from modbridge.errors import ModbridgeError
 from modbridge.exporter.eventlog import EventLog
-from modbridge.gpu.base import GpuBackend, GpuError, GpuSample, throttle_temp_c
+from modbridge.gpu.base import (
+    GpuBackend,
+    GpuError,
+    GpuInfo,
+    GpuSample,
+    error_sample,
+    throttle_temp_c,
+)
 from modbridge.link.io import LinkIO
 from modbridge.link.keys import KeyStore
 from modbridge.link.session import LinkError, ModuleLink
@@ -171,7 +178,7 @@ class Bridge:
         # Urgent ticks run in the I/O thread right after the frames are read, unless
         # a GPU read is a subprocess (nvidia-smi: ~21 ms that would hold every port)
         self.decide_inline = backend.name != "nvidia-smi"
-        self._urgent_pending = False
+        self._urgent_ports: set[str] = set()  # ports whose pair is to be decided now
         self._tick_lock = threading.Lock()  # one tick at a time, whichever thread
         self.links: dict[str, ModuleLink] = {}
         self.limiters: dict[str, Actuator] = {}  # power, clocks or both, per GPU
@@ -474,36 +481,41 @@ class Bridge:
         faults = msg.fields.get("faults", 0)
         if self._faults_seen.get(status.port, 0) != faults:
             self._faults_seen[status.port] = faults
-            self._urgent()
+            self._urgent(status.port)
 
     def _on_silent(self, status: ModuleStatus) -> None:
         """A module's silence deadline passed (I/O thread): decide now."""
-        self._urgent()
+        self._urgent(status.port)
 
-    def _urgent(self) -> None:
-        """Decide now (called in the I/O thread): by :meth:`_decide_urgent` once the
-        frames of this wake-up are all read, or by the loop if it cannot be inline."""
-        self._urgent_pending = True
+    def _urgent(self, port: str) -> None:
+        """Decide ``port``'s pair now (called in the I/O thread): by
+        :meth:`_decide_urgent` once the frames of this wake-up are all read, or by the
+        loop (a full tick) if it cannot be inline."""
+        self._urgent_ports.add(port)
         if not self.decide_inline:
             self._wake.set()
 
     def _decide_urgent(self) -> None:
-        """After a wake-up of the I/O thread: the tick an alarm, a change of fault bits
-        or a silence asked for, run right here (no hand-off to the loop's thread). If
-        the loop is ticking now, or this tick fails, the loop ticks again at once (and
-        counts a failure: ``run``'s fail-safe sees every failing tick)."""
-        if not self._urgent_pending:
+        """After a wake-up of the I/O thread: the pairs an alarm, a change of fault bits
+        or a silence asked for, decided right here (no hand-off to the loop's thread),
+        and only those (:meth:`_decide_pairs`: their GPUs read, their limits acted on;
+        the other pairs wait for the loop's next tick). The I/O thread never waits for
+        the loop: if the loop is ticking now, or the decision fails, the loop ticks
+        again at once (and counts a failure: ``run``'s fail-safe sees every failing
+        tick)."""
+        if not self._urgent_ports:
             return
-        self._urgent_pending = False
+        ports = [p for p in self.links if p in self._urgent_ports]
+        self._urgent_ports.clear()
         if self._stop.is_set() or not self.decide_inline:
             return
         if not self._tick_lock.acquire(blocking=False):
             self._wake.set()
             return
         try:
-            self._tick()
+            self._decide_pairs(ports)
         except Exception:  # noqa: BLE001 - the loop's own tick reports and counts it
-            log.debug("urgent tick in the I/O thread failed", exc_info=True)
+            log.debug("urgent decision in the I/O thread failed", exc_info=True)
             self._wake.set()
         else:
             self.urgent_ticks += 1
@@ -538,7 +550,7 @@ class Bridge:
             reason=ev.get("reason"),
             fields={k: v for k, v in msg.fields.items()},
         )
-        self._urgent()  # decide now, not at the next tick
+        self._urgent(status.port)  # decide now, not at the next tick
 
     def _heartbeat(self, port: str) -> dict | None:
         pair = self.pairs.get(port)
@@ -558,6 +570,18 @@ class Bridge:
             log.warning("reading GPUs failed: %s", e)
             return
         self.samples = {s.uuid: s for s in samples}
+
+    def _refresh_gpu(self, uuid: str) -> GpuSample | None:
+        """Read one GPU again (an urgent decision: the one its pair acts on)."""
+        old = self.samples.get(uuid)
+        try:
+            sample = self.backend.sample(uuid)
+        except GpuError as e:
+            if old is None:
+                return None
+            sample = error_sample(GpuInfo(uuid, old.name, old.pci_bus_id), e)
+        self.samples[uuid] = sample
+        return sample
 
     def _gpu_for(self, status: ModuleStatus) -> str | None:
         mid = status.module_id
@@ -716,31 +740,53 @@ class Bridge:
             lim.observe(self.samples.get(uuid))  # the current limit is the truth
         self._note_links()
         self._note_duplicates()
-        inputs = []
-        for port, link in self.links.items():
-            st = link.status
-            uuid = self._gpu_for(st)
-            module_key = st.key()
-            pair = self.pairs.get(port)
-            if pair is None or pair.gpu_uuid != uuid or pair.module_id != module_key:
-                pair = PairState(module_id=module_key, gpu_uuid=uuid)
-                self.pairs[port] = pair
-            lim = self.limiters.get(uuid) if uuid else None
-            pair.original_limit_w = lim.original_w if lim else None
-            inputs.append(
-                PairInput(
-                    module_id=module_key,
-                    gpu_uuid=uuid,
-                    module=st,
-                    gpu=self.samples.get(uuid) if uuid else None,
-                    link_up=st.link_up,
-                    last_frame_age_s=self._frame_age(st, now),
-                    original_limit_w=pair.original_limit_w,
-                )
-            )
-        decisions = self.engine.step(now, inputs)
+        ports = list(self.links)
+        inputs = [self._pair_input(port, now) for port in ports]
+        self._apply(ports, inputs, self.engine.step(now, inputs), now)
+        self._snapshot = self._build_snapshot()
+        return self._snapshot
+
+    def _decide_pairs(self, ports: list[str]) -> None:
+        """Decide only the pairs of ``ports`` now (an alarm, a change of fault bits or a
+        silence on their module), as a tick decides them: their GPU read again and its
+        current limit observed, the pair evaluated (the PSU guard's caps of the last
+        tick), the limit acted on, and a fresh snapshot; every other pair keeps its
+        state until the loop's next tick. Under the tick lock."""
+        now = self.clock()
+        for port in ports:
+            uuid = self._gpu_for(self.links[port].status)
+            if uuid is not None and uuid in self.limiters:
+                self.limiters[uuid].observe(self._refresh_gpu(uuid))
+        inputs = [self._pair_input(port, now) for port in ports]
+        self._apply(ports, inputs, self.engine.step_pairs(now, inputs), now)
+        self._snapshot = self._build_snapshot()
+
+    def _pair_input(self, port: str, now: float) -> PairInput:
+        """The policy's input for ``port``'s pair (its state made anew if its module
+        or its GPU changed)."""
+        st = self.links[port].status
+        uuid = self._gpu_for(st)
+        module_key = st.key()
+        pair = self.pairs.get(port)
+        if pair is None or pair.gpu_uuid != uuid or pair.module_id != module_key:
+            pair = PairState(module_id=module_key, gpu_uuid=uuid)
+            self.pairs[port] = pair
+        lim = self.limiters.get(uuid) if uuid else None
+        pair.original_limit_w = lim.original_w if lim else None
+        return PairInput(
+            module_id=module_key,
+            gpu_uuid=uuid,
+            module=st,
+            gpu=self.samples.get(uuid) if uuid else None,
+            link_up=st.link_up,
+            last_frame_age_s=self._frame_age(st, now),
+            original_limit_w=pair.original_limit_w,
+        )
+
+    def _apply(self, ports: list[str], inputs: list[PairInput], decisions, now: float) -> None:
+        """The decisions into the pairs' state; the limiters act on them."""
         by_key = {(d.module_id, d.gpu_uuid): d for d in decisions}
-        for port, inp in zip(list(self.links), inputs, strict=True):
+        for port, inp in zip(ports, inputs, strict=True):
             d = by_key.get((inp.module_id, inp.gpu_uuid))
             pair = self.pairs[port]
             if d is None:
@@ -760,8 +806,6 @@ class Bridge:
                     self.decision_at[inp.gpu_uuid] = self.clock()
             pair.actions_total = lim.actions_total
             pair.limit_writes_refused = lim.refused_total
-        self._snapshot = self._build_snapshot()
-        return self._snapshot
 
     def _build_snapshot(self) -> BridgeSnapshot:
         modules = []

@@ -114,6 +114,7 @@ class PolicyEngine:
         self.log = log
         self.pairs: dict[tuple, PairPolicy] = {}
         self.psu = PsuGuard.from_config(self.config)
+        self.caps: dict = {}  # the PSU guard's caps (W) by pair key, from the last step
 
     def pair(self, module_id, gpu_uuid) -> PairPolicy:
         key = (module_id, gpu_uuid)
@@ -127,7 +128,18 @@ class PolicyEngine:
         return names is None or inp.gpu_uuid in names or inp.module_id in names
 
     def step(self, now: float, inputs: Iterable[PairInput]) -> list[Decision]:
+        """Every pair of the tick: the PSU guard over all of them, then each pair."""
         inputs = list(inputs)
+        self.caps = self._psu_caps(now, inputs)
+        return self._decide(now, inputs, self.caps)
+
+    def step_pairs(self, now: float, inputs: Iterable[PairInput]) -> list[Decision]:
+        """Only these pairs, now (an alarm on their module): each pair evaluated as in
+        :meth:`step`, with the PSU guard's caps of the last :meth:`step` (the guard
+        weighs every pair at once; it is re-run at the next full tick)."""
+        return self._decide(now, list(inputs), self.caps)
+
+    def _psu_caps(self, now: float, inputs: list[PairInput]) -> dict:
         caps = {}
         if self.psu is not None:
             members = {}
@@ -158,6 +170,9 @@ class PolicyEngine:
                         verdict.budget_w,
                         len(caps),
                     )
+        return caps
+
+    def _decide(self, now: float, inputs: list[PairInput], caps: dict) -> list[Decision]:
         decisions = []
         for inp in inputs:
             d = self.pair(*inp.key).evaluate(
