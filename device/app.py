@@ -245,7 +245,6 @@ class App:
                 C.STATE_BOOT,
             )
         self.config_why = why
-        self._saved = config.canonical(self.cfg) if self.config_source != "factory" else None
 
     def _build(self, cfg):
         """Check ``cfg`` by building every object it configures on stand-in hardware.
@@ -888,7 +887,6 @@ class App:
             self._commit(self._build(cfg), cfg)
             config.factory_reset(self.hal.fs_dir)
             self.cfg = cfg
-            self._saved = None
             self.ack(msg)
         elif t == C.T_CAL_READ:
             self.cmd_cal_read(msg)
@@ -952,9 +950,8 @@ class App:
     def cmd_config_save(self, msg):
         """Write the running config, only if it differs from what flash holds, and at
         most ``_SAVE_BURST`` writes at once then one per ``_SAVE_MS``."""
-        canon = config.canonical(self.cfg)
-        if canon == self._saved:
-            self.ack(msg)  # nothing changed: no flash write
+        if config.is_saved(self.cfg, self.hal.fs_dir):
+            self.ack(msg)  # nothing changed: no flash write, no token (no RAM copy kept)
             return
         tokens, self._save_ms = self._tokens(
             self._save_tokens, self._save_ms, _SAVE_BURST, _SAVE_MS
@@ -971,7 +968,6 @@ class App:
             self.events.push(
                 C.REASON_CONFIG_SAVED, C.SEV_INFO, True, -1, 0, self.sup.state, self.sup.state
             )
-        self._saved = canon
         self.ack(msg)
 
     def apply_changes(self, changes):

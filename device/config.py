@@ -4,18 +4,20 @@ Runs unchanged on MicroPython and CPython. Config is read at boot and changed by
 commands only, never in the control tick, so this module allocates freely and uses
 floats (Steinhart-Hart coefficients).
 
-The configuration is a nested dict of plain JSON values (see ``DEFAULTS``). Units
+The configuration is a nested dict of plain JSON values (see ``defaults()``). Units
 are in the names (``_mc`` milli-degC, ``_ms``, ``_mv``, ``_ma``, ``_uohm``, ``_us``);
 duties are ints 0..65535 like ``machine.PWM.duty_u16``; PID gains are in milli-units
 as in the ``pid_gains`` message (``kp`` 5000 = 5 % duty per degC).
 
 API
 ---
-``DEFAULTS`` / ``defaults()``   factory config (``defaults()`` returns a fresh copy)
+``defaults()``, ``DEFAULTS``    a fresh factory config (built per call: no RAM copy)
+``SCHEMA``                      every key, its type and range (a constant, in flash)
 ``validate(cfg)``               raises ``ConfigError`` naming the path and the problem
 ``merge(base, changes)``        new validated config with ``config_set`` changes applied
 ``save(cfg, dirpath)``          -> bool: store atomically, keep the previous config;
                                 False (nothing written) when nothing changed
+``is_saved(cfg, dirpath)``      -> bool: config.json stores exactly ``cfg``
 ``candidates(dirpath)``         -> ``(cands, writes, problems)``: what to try at boot
 ``load(dirpath)``               -> ``(cfg, status, detail)``, the first candidate,
                                 status ``ok|prev|missing|corrupt``
@@ -171,7 +173,15 @@ from protocol import jsonparse
 from protocol.crc import crc16
 from protocol.jsonl import dump_value
 
-SCHEMA_VERSION = 1
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+SCHEMA_VERSION = const(1)
 FILE_NAME = "config.json"
 PREV_NAME = "config.prev.json"  # the config before the last save (last good)
 TMP_SUFFIX = ".tmp"
@@ -183,7 +193,7 @@ MAX_ENTRIES = 64  # text keys in one config / config_set message (catalog)
 # before anything recursive walks it (a hostile value cannot exhaust the C stack).
 MAX_DEPTH = 6
 
-DUTY_FULL = 65535
+DUTY_FULL = const(65535)
 _ENOENT = 2
 _EEXIST = 17
 
@@ -255,69 +265,81 @@ def _fan():
     }
 
 
-DEFAULTS = {
-    "version": SCHEMA_VERSION,
-    "control": {
-        "period_ms": 100,  # control tick, 10 Hz
-        "telemetry_ms": 1000,  # a multiple of period_ms
-        "telemetry_format": "cbor",  # "cbor" frames or "json" lines
-        "host_timeout_ms": 5000,  # no heartbeat this long -> STANDALONE
-        "mode": "auto",  # boot mode: auto (PID) | manual | curve
-        "manual_duty": 32768,  # manual mode's duty until the host sends one
-    },
-    "channels": [
-        _channel("gpu", 70, 85, 90, True),
-        _channel("vram", 80, 90, 95, True),
-        _channel("mos", 90, 110, 125, True),
-        _channel("amb", 45, 60, 65, False),
-    ],
-    "pid": {  # milli-units, as in the pid_gains message
-        "kp": 5000,  # 5 % duty per degC of error
-        "ki": 200,  # 0.2 % per degC per second
-        "kd": 0,  # no D: the die envelope steps by NVML degrees, D would kick on each
-        "kff": 100,  # 0.1 % per W of GPU power (heartbeat feed-forward)
-        "slew_pct_s": 20,  # duty may rise at most 20 % per second
-        "d_filter_ms": 2000,  # time constant of the derivative's low-pass, 0 = none
-        # anti-hunting and the hosted die loop (docs/control-benchmark.md)
-        "slew_down_pct_min": 54,  # duty may fall at most 54 % per minute (0.9 %/s)
-        "deadband_mc": 1000,  # errors within +-1 degC count as 0
-        "i_band_mc": 8000,  # integrate only while |error| <= 8 degC
-        # with a host: the die envelope's setpoint (an RTX 30xx slows down at 83), at most
-        # the GPU's slowdown (heartbeat gpu_slowdown) - 6.5 degC; 0 = NTC only
-        "die_sp_mc": 76500,
-        "env_window_s": 90,  # the die envelope: the maximum of the last 90 s
-        "ff_tau_ms": 300000,  # the feed-forward power envelope falls with this
-    },
-    "curve": {  # curve mode and the fallback when the PID has no input
-        "points": [[30000, 13107], [50000, 19661], [65000, 32768], [75000, 45875], [85000, 65535]],
-        "hysteresis_mc": 2000,
-    },
-    "fans": [_fan(), _fan()],
-    "safety": {  # duty floors, the largest active cause wins; each at or above its
-        # compiled minimum (floors.SAFETY_MINIMUMS): config can raise them, not lower
-        "boot": 45875,  # 70 % until the sensors are valid
-        "host_lost": 26214,  # 40 % in STANDALONE (no GPU power feed-forward)
-        "sensor_fault": 52428,  # 80 %: an open/short/stale NTC is blind
-        "fan_stall": 65535,  # the other fan, flat out
-        "over_temp": 52428,  # 80 % above a warning limit
-        "critical": 65535,  # above a critical limit; fixed, cannot be lowered
-        "min_manual_duty": 19661,  # 30 %: a forgotten manual override still moves air
-    },
-    "ina226": {
-        "addr": 0x40,
-        "shunt_uohm": 1000,  # 1 mOhm: 81.9 A full scale, a 700 W GPU draws ~58 A at 12 V
-        "max_current_ma": 80000,  # sets current_LSB = max / 2**15
-        "avg": 16,  # samples averaged (reset default 1 is noisy)
-        "ct_us": 1100,  # bus and shunt conversion time
-        "uv_mv": 11400,  # under-voltage alert (12 V - 5 %), 0 = off
-    },
-    "watchdog_ms": 2000,
-}
-
-
 def defaults():
-    """A fresh, independent copy of the factory config."""
-    return _copy(DEFAULTS)
+    """A fresh, independent copy of the factory config. Built on every call, so no
+    copy of it stays in RAM beside the one the app runs (a module-level dict would)."""
+    return {
+        "version": SCHEMA_VERSION,
+        "control": {
+            "period_ms": 100,  # control tick, 10 Hz
+            "telemetry_ms": 1000,  # a multiple of period_ms
+            "telemetry_format": "cbor",  # "cbor" frames or "json" lines
+            "host_timeout_ms": 5000,  # no heartbeat this long -> STANDALONE
+            "mode": "auto",  # boot mode: auto (PID) | manual | curve
+            "manual_duty": 32768,  # manual mode's duty until the host sends one
+        },
+        "channels": [
+            _channel("gpu", 70, 85, 90, True),
+            _channel("vram", 80, 90, 95, True),
+            _channel("mos", 90, 110, 125, True),
+            _channel("amb", 45, 60, 65, False),
+        ],
+        "pid": {  # milli-units, as in the pid_gains message
+            "kp": 5000,  # 5 % duty per degC of error
+            "ki": 200,  # 0.2 % per degC per second
+            "kd": 0,  # no D: the die envelope steps by NVML degrees, D would kick on each
+            "kff": 100,  # 0.1 % per W of GPU power (heartbeat feed-forward)
+            "slew_pct_s": 20,  # duty may rise at most 20 % per second
+            "d_filter_ms": 2000,  # time constant of the derivative's low-pass, 0 = none
+            # anti-hunting and the hosted die loop (docs/control-benchmark.md)
+            "slew_down_pct_min": 54,  # duty may fall at most 54 % per minute (0.9 %/s)
+            "deadband_mc": 1000,  # errors within +-1 degC count as 0
+            "i_band_mc": 8000,  # integrate only while |error| <= 8 degC
+            # with a host: the die envelope's setpoint (an RTX 30xx slows down at 83), at most
+            # the GPU's slowdown (heartbeat gpu_slowdown) - 6.5 degC; 0 = NTC only
+            "die_sp_mc": 76500,
+            "env_window_s": 90,  # the die envelope: the maximum of the last 90 s
+            "ff_tau_ms": 300000,  # the feed-forward power envelope falls with this
+        },
+        "curve": {  # curve mode and the fallback when the PID has no input
+            "points": [
+                [30000, 13107],
+                [50000, 19661],
+                [65000, 32768],
+                [75000, 45875],
+                [85000, 65535],
+            ],
+            "hysteresis_mc": 2000,
+        },
+        "fans": [_fan(), _fan()],
+        "safety": {  # duty floors, the largest active cause wins; each at or above its
+            # compiled minimum (floors.SAFETY_MINIMUMS): config can raise them, not lower
+            "boot": 45875,  # 70 % until the sensors are valid
+            "host_lost": 26214,  # 40 % in STANDALONE (no GPU power feed-forward)
+            "sensor_fault": 52428,  # 80 %: an open/short/stale NTC is blind
+            "fan_stall": 65535,  # the other fan, flat out
+            "over_temp": 52428,  # 80 % above a warning limit
+            "critical": 65535,  # above a critical limit; fixed, cannot be lowered
+            "min_manual_duty": 19661,  # 30 %: a forgotten manual override still moves air
+        },
+        "ina226": {
+            "addr": 0x40,
+            "shunt_uohm": 1000,  # 1 mOhm: 81.9 A full scale, a 700 W GPU draws ~58 A at 12 V
+            "max_current_ma": 80000,  # sets current_LSB = max / 2**15
+            "avg": 16,  # samples averaged (reset default 1 is noisy)
+            "ct_us": 1100,  # bus and shunt conversion time
+            "uv_mv": 11400,  # under-voltage alert (12 V - 5 %), 0 = off
+        },
+        "watchdog_ms": 2000,
+    }
+
+
+def __getattr__(name):
+    """``config.DEFAULTS`` (for host tools and tests): the factory config, a fresh copy
+    from ``defaults()`` on every access, so no dict of it is kept in RAM."""
+    if name == "DEFAULTS":
+        return defaults()
+    raise AttributeError(name)
 
 
 def _copy(v, parts=None, depth=1):
@@ -360,131 +382,153 @@ def _too_deep(parts):
 # ("opt", spec) null or spec, ("list", item, min_len, max_len), ("tuple", specs)
 # fixed-length list, ("obj", ((key, spec), ...)).
 #
-# The schema stays a constant (in flash when frozen; no RAM). Its bounds freeze as big
-# ints where above 0x1FFF, which is harmless: they are compared, never computed with
-# or copied into a value ("frozen-ints: compared only", tests/test_frozen_ints.py).
+# The schema is one constant (in flash when frozen; no RAM): every name in it is a
+# ``const()`` of this module, since a name from another module (C.CHANNELS, the
+# floors) would make MicroPython build the tuples at import, in RAM. Those values
+# are written out here; tests/test_config.py checks them against their sources.
+# Its bounds freeze as big ints where above 0x1FFF, which is harmless: they are
+# compared, never computed with or copied into a value ("frozen-ints: compared
+# only", tests/test_frozen_ints.py).
 
-_DUTY = ("int", 0, DUTY_FULL)
-_TEMP = ("int", C.TEMP_MIN_MC, C.TEMP_MAX_MC)
-_GAIN = ("int", 0, 1000000)  # frozen-ints: compared only (pid_gains range)
-_OHM = ("int", 100, 1000000)  # frozen-ints: compared only
-_COEF = ("num", -1, 1)  # int bounds: the same error text on both interpreters
+_DUTY = const(("int", 0, DUTY_FULL))  # frozen-ints: compared only
+# frozen-ints: compared only (C.TEMP_MIN_MC, C.TEMP_MAX_MC)
+_TEMP = const(("int", -55000, 200000))
+_GAIN = const(("int", 0, 1000000))  # frozen-ints: compared only (pid_gains range)
+_OHM = const(("int", 100, 1000000))  # frozen-ints: compared only
+_COEF = const(("num", -1, 1))  # int bounds: the same error text on both interpreters
 
-_SAFETY_KEYS = (
-    "boot",
-    "host_lost",
-    "sensor_fault",
-    "fan_stall",
-    "over_temp",
-    "critical",
-    "min_manual_duty",
+_SAFETY_KEYS = const(
+    ("boot", "host_lost", "sensor_fault", "fan_stall", "over_temp", "critical", "min_manual_duty")
 )
 
-_CHANNEL = (  # frozen-ints: compared only
-    "obj",
+# frozen-ints: compared only
+_CHANNEL = const(
     (
-        ("name", ("enum", C.CHANNELS)),
-        ("model", ("enum", ("beta", "sh"))),
-        ("beta", ("int", 1000, 10000)),
-        ("r0", _OHM),
-        ("t0_mc", ("int", 0, 100000)),
-        ("sh", ("opt", ("tuple", (_COEF, _COEF, _COEF)))),
-        ("correction", ("list", ("num", -1000000, 1000000), 0, 8)),
-        ("r_fixed", _OHM),
-        ("ntc_low", ("bool",)),
-        ("setpoint_mc", _TEMP),
-        ("warn_mc", _TEMP),
-        ("crit_mc", _TEMP),
-        ("controlled", ("bool",)),
-        ("oversample", ("enum", (1, 2, 4, 8, 16, 32, 64))),  # power of two: shift to average
-        # "none" means no filter: the app passes None to device.drivers.ntc.NTC
-        ("filter", ("enum", ("median5", "ema", "none"))),
-    ),
+        "obj",
+        (
+            ("name", ("enum", ("gpu", "vram", "mos", "amb"))),  # C.CHANNELS
+            ("model", ("enum", ("beta", "sh"))),
+            ("beta", ("int", 1000, 10000)),
+            ("r0", _OHM),
+            ("t0_mc", ("int", 0, 100000)),
+            ("sh", ("opt", ("tuple", (_COEF, _COEF, _COEF)))),
+            ("correction", ("list", ("num", -1000000, 1000000), 0, 8)),
+            ("r_fixed", _OHM),
+            ("ntc_low", ("bool",)),
+            ("setpoint_mc", _TEMP),
+            ("warn_mc", _TEMP),
+            ("crit_mc", _TEMP),
+            ("controlled", ("bool",)),
+            ("oversample", ("enum", (1, 2, 4, 8, 16, 32, 64))),  # power of two: shift to average
+            # "none" means no filter: the app passes None to device.drivers.ntc.NTC
+            ("filter", ("enum", ("median5", "ema", "none"))),
+        ),
+    )
 )
 
-_FAN = (  # frozen-ints: compared only
-    "obj",
+# frozen-ints: compared only
+_FAN = const(
     (
-        ("min_duty", _DUTY),
-        ("kick_duty", _DUTY),
-        ("kick_ms", ("int", 0, 5000)),
-        ("ppr", ("int", 1, 4)),
-        ("stall_ms", ("int", 500, floors.STALL_MAX_MS)),
-        ("max_rpm", ("int", 100, 50000)),
-    ),
+        "obj",
+        (
+            ("min_duty", _DUTY),
+            ("kick_duty", _DUTY),
+            ("kick_ms", ("int", 0, 5000)),
+            ("ppr", ("int", 1, 4)),
+            ("stall_ms", ("int", 500, 10000)),  # floors.STALL_MAX_MS
+            ("max_rpm", ("int", 100, 50000)),
+        ),
+    )
 )
 
-_SCHEMA = (  # frozen-ints: compared only
-    "obj",
+# frozen-ints: compared only
+SCHEMA = const(
     (
-        ("version", ("int", SCHEMA_VERSION, SCHEMA_VERSION)),
+        "obj",
         (
-            "control",
+            ("version", ("int", SCHEMA_VERSION, SCHEMA_VERSION)),
             (
-                "obj",
+                "control",
                 (
-                    ("period_ms", ("int", 20, 1000)),
-                    ("telemetry_ms", ("int", 20, 60000)),
-                    ("telemetry_format", ("enum", ("cbor", "json"))),
-                    ("host_timeout_ms", ("int", 1000, floors.HOST_TIMEOUT_MAX_MS)),
-                    ("mode", ("enum", C.FAN_MODES)),
-                    ("manual_duty", _DUTY),
+                    "obj",
+                    (
+                        ("period_ms", ("int", 20, 1000)),
+                        ("telemetry_ms", ("int", 20, 60000)),
+                        ("telemetry_format", ("enum", ("cbor", "json"))),
+                        ("host_timeout_ms", ("int", 1000, 30000)),  # floors.HOST_TIMEOUT_MAX_MS
+                        ("mode", ("enum", ("auto", "manual", "curve"))),  # C.FAN_MODES
+                        ("manual_duty", _DUTY),
+                    ),
                 ),
             ),
-        ),
-        ("channels", ("list", _CHANNEL, len(C.CHANNELS), len(C.CHANNELS))),
-        (
-            "pid",
+            ("channels", ("list", _CHANNEL, 4, 4)),  # len(C.CHANNELS)
             (
-                "obj",
+                "pid",
                 (
-                    ("kp", _GAIN),
-                    ("ki", _GAIN),
-                    ("kd", _GAIN),
-                    ("kff", _GAIN),
-                    ("slew_pct_s", ("int", 1, 1000)),
-                    ("d_filter_ms", ("int", 0, 60000)),
-                    ("slew_down_pct_min", ("int", 1, 60000)),
-                    ("deadband_mc", ("int", 0, 20000)),
-                    ("i_band_mc", ("int", 0, 131071)),
-                    ("die_sp_mc", ("int", 0, 100000)),
-                    ("env_window_s", ("int", 0, 300)),
-                    ("ff_tau_ms", ("int", 0, 600000)),
+                    "obj",
+                    (
+                        ("kp", _GAIN),
+                        ("ki", _GAIN),
+                        ("kd", _GAIN),
+                        ("kff", _GAIN),
+                        ("slew_pct_s", ("int", 1, 1000)),
+                        ("d_filter_ms", ("int", 0, 60000)),
+                        ("slew_down_pct_min", ("int", 1, 60000)),
+                        ("deadband_mc", ("int", 0, 20000)),
+                        ("i_band_mc", ("int", 0, 131071)),
+                        ("die_sp_mc", ("int", 0, 100000)),
+                        ("env_window_s", ("int", 0, 300)),
+                        ("ff_tau_ms", ("int", 0, 600000)),
+                    ),
                 ),
             ),
-        ),
-        (
-            "curve",
             (
-                "obj",
+                "curve",
                 (
-                    ("points", ("list", ("tuple", (_TEMP, _DUTY)), 2, 16)),
-                    ("hysteresis_mc", ("int", 0, 20000)),
+                    "obj",
+                    (
+                        ("points", ("list", ("tuple", (_TEMP, _DUTY)), 2, 16)),
+                        ("hysteresis_mc", ("int", 0, 20000)),
+                    ),
                 ),
             ),
-        ),
-        ("fans", ("list", _FAN, 2, 2)),
-        ("safety", ("obj", tuple([(k, _DUTY) for k in _SAFETY_KEYS]))),
-        (
-            "ina226",
+            ("fans", ("list", _FAN, 2, 2)),
             (
-                "obj",
+                "safety",
                 (
-                    ("addr", ("int", 0x40, 0x4F)),  # A0/A1 strapping
-                    ("shunt_uohm", ("int", 100, 1000000)),
-                    ("max_current_ma", ("int", 100, 100000)),
-                    ("avg", ("enum", (1, 4, 16, 64, 128, 256, 512, 1024))),
-                    ("ct_us", ("enum", (140, 204, 332, 588, 1100, 2116, 4156, 8244))),
-                    ("uv_mv", ("int", 0, 36000)),  # INA226 bus range is 0..36 V
+                    "obj",
+                    (  # _SAFETY_KEYS, in order
+                        ("boot", _DUTY),
+                        ("host_lost", _DUTY),
+                        ("sensor_fault", _DUTY),
+                        ("fan_stall", _DUTY),
+                        ("over_temp", _DUTY),
+                        ("critical", _DUTY),
+                        ("min_manual_duty", _DUTY),
+                    ),
                 ),
             ),
+            (
+                "ina226",
+                (
+                    "obj",
+                    (
+                        ("addr", ("int", 0x40, 0x4F)),  # A0/A1 strapping
+                        ("shunt_uohm", ("int", 100, 1000000)),
+                        ("max_current_ma", ("int", 100, 100000)),
+                        ("avg", ("enum", (1, 4, 16, 64, 128, 256, 512, 1024))),
+                        ("ct_us", ("enum", (140, 204, 332, 588, 1100, 2116, 4156, 8244))),
+                        ("uv_mv", ("int", 0, 36000)),  # INA226 bus range is 0..36 V
+                    ),
+                ),
+            ),
+            # 1000..8000: the RP2040 watchdog cannot exceed 8388 ms.
+            ("watchdog_ms", ("int", 1000, 8000)),
         ),
-        # 1000..8000: the RP2040 watchdog cannot exceed 8388 ms.
-        ("watchdog_ms", ("int", 1000, 8000)),
-    ),
+    )
 )
 
-_ROOT_EXTRA = ("_comment", ("str", 0, 256))  # a note for humans, top level only
+_ROOT_EXTRA = const(("_comment", ("str", 0, 256)))  # a note for humans, top level only
 
 # Per channel: the setpoints message's range for setpoint_mc, and a hard ceiling
 # for crit_mc (above every part's own limit: GPU shutdown, GDDR6X/HBM maximum,
@@ -638,7 +682,7 @@ def validate(cfg):
     Raises ``ConfigError`` for the first problem found, in schema order (the same on
     both interpreters); returns None when the config is usable.
     """
-    _check_obj(_SCHEMA[1], cfg, [], (_ROOT_EXTRA,))
+    _check_obj(SCHEMA[1], cfg, [], (_ROOT_EXTRA,))
     _check_rules(cfg)
 
 
@@ -1030,7 +1074,7 @@ def get_section(cfg, name, limit=MAX_ENTRIES):
 
 
 def _section_names(cfg):
-    names = [f[0] for f in _SCHEMA[1]]
+    names = [f[0] for f in SCHEMA[1]]
     if "_comment" in cfg:
         names.append("_comment")
     return names
@@ -1172,6 +1216,13 @@ def save(cfg, dirpath, fs=os):
         raise
     _sync(fs)
     return True
+
+
+def is_saved(cfg, dirpath, fs=os):
+    """True if ``config.json`` stores exactly ``cfg``: what ``save`` would skip (the
+    app asks before it spends a flash-write token; it keeps no copy to compare)."""
+    cur = _peek(fs, _path(dirpath, FILE_NAME))
+    return cur is not None and _holds(cur, canonical(cfg))
 
 
 def flash_writes(dirpath, fs=os):
@@ -1338,10 +1389,13 @@ _ADDED_IN_1 = (
 def _fill_added(cfg):
     """Fill the ``_ADDED_IN_1`` keys a stored config lacks; how many were filled."""
     n = 0
+    factory = None
     for section, key in _ADDED_IN_1:
         node = cfg.get(section)
         if type(node) is dict and key not in node:
-            node[key] = DEFAULTS[section][key]
+            if factory is None:
+                factory = defaults()
+            node[key] = factory[section][key]
             n += 1
     return n
 

@@ -1,9 +1,10 @@
 """Message catalog of protocol v1: types, fields, units, enumerations and codes.
 
 This module is the single source of truth; protocol/SPEC.md documents it and a test
-checks that the two agree. Everything is plain tuples so it imports (and costs little
-RAM) on MicroPython. The descriptions of messages and fields live in
-protocol/catalog_doc.py, which is host-only (SPEC.md, humans) and never flashed.
+checks that the two agree. Everything is constant tuples (see MESSAGES), which stay
+in flash when frozen into a MicroPython image. The descriptions of messages and
+fields live in protocol/catalog_doc.py, which is host-only (SPEC.md, humans) and
+never flashed.
 
 Field keys are small integers, append-only: a field keeps its key for the life of the
 major version, new fields take new keys, and a receiver ignores keys it does not know.
@@ -24,30 +25,30 @@ except ImportError:  # CPython
 
 
 # --- field kinds -----------------------------------------------------------
-K_UINT = "u"  # int >= 0
-K_INT = "i"  # int
-K_STR = "s"  # text
-K_BYTES = "b"  # byte string
-K_BOOL = "?"  # true/false
-K_LIST = "l"  # array
-K_MAP = "m"  # map with text keys
-K_NUM = "n"  # int or float (calibration coefficients)
-K_ENUM = "e"  # int on the wire, a name in JSON lines
+K_UINT = const("u")  # int >= 0
+K_INT = const("i")  # int
+K_STR = const("s")  # text
+K_BYTES = const("b")  # byte string
+K_BOOL = const("?")  # true/false
+K_LIST = const("l")  # array
+K_MAP = const("m")  # map with text keys
+K_NUM = const("n")  # int or float (calibration coefficients)
+K_ENUM = const("e")  # int on the wire, a name in JSON lines
 
 # --- JSON display scales: (mul, div, decimals) ----------------------------------
 # q = round(wire * mul / div) is the display value times 10**decimals; it is rendered
 # with integer arithmetic, trailing zeros trimmed. ``mul`` is 1 or a multiple of
 # 1000 so the product can be split and stay a small int on the MCU.
-MILLI = (1, 1, 3)  # milli-unit -> unit (m degC -> degC, mV -> V, mA -> A, mW -> W)
+MILLI = const((1, 1, 3))  # milli-unit -> unit (m degC -> degC, mV -> V, mA -> A, mW -> W)
 # 0..65535 -> 0.000..100.000 % (lossless round trip). Built from a list: a constant
 # tuple's ints above 0x1FFF freeze as big ints, whose arithmetic allocates on the MCU
 # (tests/test_frozen_ints.py).
 DUTY_PCT = tuple([100000, 65535, 3])
-GAIN = (1, 1, 3)  # milli-gain -> gain
-RAW = None
+GAIN = const((1, 1, 3))  # milli-gain -> gain
+RAW = const(None)
 
 # --- enumerations (append-only) ---------------------------------------------
-STATES = ("BOOT", "HOSTED", "STANDALONE", "FAILSAFE", "MANUAL")
+STATES = const(("BOOT", "HOSTED", "STANDALONE", "FAILSAFE", "MANUAL"))
 STATE_BOOT = const(0)
 STATE_HOSTED = const(1)
 STATE_STANDALONE = const(2)
@@ -55,35 +56,37 @@ STATE_FAILSAFE = const(3)
 STATE_MANUAL = const(4)
 
 # Reason codes: why a state was entered, what an event reports.
-REASONS = (
-    "none",  # 0
-    "boot",  # 1  firmware started
-    "host_ok",  # 2  heartbeats arriving
-    "host_timeout",  # 3  no heartbeat within the timeout
-    "sensor_open",  # 4  NTC open circuit (index = channel)
-    "sensor_short",  # 5  NTC short circuit (index = channel)
-    "sensor_stale",  # 6  sensor not updating / I2C read failed repeatedly
-    "fan_stall",  # 7  commanded above minimum, 0 RPM (index = fan)
-    "over_temp",  # 8  a channel above its warning limit (index = channel)
-    "critical_temp",  # 9  a channel above its critical limit: fans forced to 100 %
-    "under_voltage",  # 10 12 V input below the threshold
-    "power_monitor_fault",  # 11 INA226 absent, wrong id or not answering
-    "manual_override",  # 12 host switched fans to manual
-    "config_corrupt",  # 13 stored config unreadable: factory defaults in use
-    "config_saved",  # 14 config written to flash
-    "watchdog_reset",  # 15 last reset was caused by the watchdog
-    "cleared",  # 16 the condition named in ``value`` is gone
-    "selftest",  # 17 self-test ran (value = 1 pass, 0 fail)
-    "calibration",  # 18 calibration coefficients changed (index = channel)
-    "manual_expired",  # 19 the MANUAL lease ended (value: 0 time, 1 host lost, 2 safety)
-    "tach_implausible",  # 20 tach reading does not fit the commanded duty (index = fan)
-    "sensor_stuck",  # 21 NTC reading frozen while the load changes (index = channel)
-    "sensor_implausible",  # 22 NTC disagrees with its neighbours (index = channel)
-    "config_fallback",  # 23 saved config did not configure: value 1 last good, 0 factory
-    "unauthorized",  # 24 unsigned, forged or replayed command refused (value = type)
-    "internal_error",  # 25 a command hit a firmware bug; answered nack internal
-    "paired",  # 26 a new signing secret was provisioned
-    "autotune",  # 27 a relay autotune ended (value = its tune_status)
+REASONS = const(
+    (
+        "none",  # 0
+        "boot",  # 1  firmware started
+        "host_ok",  # 2  heartbeats arriving
+        "host_timeout",  # 3  no heartbeat within the timeout
+        "sensor_open",  # 4  NTC open circuit (index = channel)
+        "sensor_short",  # 5  NTC short circuit (index = channel)
+        "sensor_stale",  # 6  sensor not updating / I2C read failed repeatedly
+        "fan_stall",  # 7  commanded above minimum, 0 RPM (index = fan)
+        "over_temp",  # 8  a channel above its warning limit (index = channel)
+        "critical_temp",  # 9  a channel above its critical limit: fans forced to 100 %
+        "under_voltage",  # 10 12 V input below the threshold
+        "power_monitor_fault",  # 11 INA226 absent, wrong id or not answering
+        "manual_override",  # 12 host switched fans to manual
+        "config_corrupt",  # 13 stored config unreadable: factory defaults in use
+        "config_saved",  # 14 config written to flash
+        "watchdog_reset",  # 15 last reset was caused by the watchdog
+        "cleared",  # 16 the condition named in ``value`` is gone
+        "selftest",  # 17 self-test ran (value = 1 pass, 0 fail)
+        "calibration",  # 18 calibration coefficients changed (index = channel)
+        "manual_expired",  # 19 the MANUAL lease ended (value: 0 time, 1 host lost, 2 safety)
+        "tach_implausible",  # 20 tach reading does not fit the commanded duty (index = fan)
+        "sensor_stuck",  # 21 NTC reading frozen while the load changes (index = channel)
+        "sensor_implausible",  # 22 NTC disagrees with its neighbours (index = channel)
+        "config_fallback",  # 23 saved config did not configure: value 1 last good, 0 factory
+        "unauthorized",  # 24 unsigned, forged or replayed command refused (value = type)
+        "internal_error",  # 25 a command hit a firmware bug; answered nack internal
+        "paired",  # 26 a new signing secret was provisioned
+        "autotune",  # 27 a relay autotune ended (value = its tune_status)
+    )
 )
 REASON_NONE = const(0)
 REASON_BOOT = const(1)
@@ -114,29 +117,31 @@ REASON_INTERNAL_ERROR = const(25)
 REASON_PAIRED = const(26)
 REASON_AUTOTUNE = const(27)
 
-SEVERITIES = ("info", "warning", "alarm", "critical")
+SEVERITIES = const(("info", "warning", "alarm", "critical"))
 SEV_INFO = const(0)
 SEV_WARNING = const(1)
 SEV_ALARM = const(2)
 SEV_CRITICAL = const(3)
 
 # NACK error codes.
-ERRORS = (
-    "ok",  # 0 (never sent in a nack)
-    "malformed",  # 1 frame or payload could not be decoded
-    "version",  # 2 protocol major version not supported
-    "unknown_type",  # 3 message type not in this catalog
-    "missing_field",  # 4 a required field is absent
-    "bad_type",  # 5 a field has the wrong type
-    "out_of_range",  # 6 a value is outside its allowed range
-    "bad_state",  # 7 not allowed in the current state
-    "busy",  # 8 try again later
-    "storage",  # 9 flash read/write failed
-    "unsupported",  # 10 valid request this module cannot do
-    "internal",  # 11 firmware error (a bug: please report it)
-    "direction",  # 12 message only valid in the other direction
-    "unauthorized",  # 13 needs a valid signature (unsigned, forged or replayed)
-    "rate_limited",  # 14 too many requests of this kind: wait and retry
+ERRORS = const(
+    (
+        "ok",  # 0 (never sent in a nack)
+        "malformed",  # 1 frame or payload could not be decoded
+        "version",  # 2 protocol major version not supported
+        "unknown_type",  # 3 message type not in this catalog
+        "missing_field",  # 4 a required field is absent
+        "bad_type",  # 5 a field has the wrong type
+        "out_of_range",  # 6 a value is outside its allowed range
+        "bad_state",  # 7 not allowed in the current state
+        "busy",  # 8 try again later
+        "storage",  # 9 flash read/write failed
+        "unsupported",  # 10 valid request this module cannot do
+        "internal",  # 11 firmware error (a bug: please report it)
+        "direction",  # 12 message only valid in the other direction
+        "unauthorized",  # 13 needs a valid signature (unsigned, forged or replayed)
+        "rate_limited",  # 14 too many requests of this kind: wait and retry
+    )
 )
 ERR_OK = const(0)
 ERR_MALFORMED = const(1)
@@ -155,17 +160,19 @@ ERR_UNAUTHORIZED = const(13)
 ERR_RATE_LIMITED = const(14)
 
 # Relay autotune (device/control/autotune.py): where a test is, or why it stopped.
-TUNE_STATUS = (
-    "idle",  # 0 no test has run
-    "running",  # 1 relay cycles being measured
-    "done",  # 2 consistent cycles measured: ku, pu and gains are in the report
-    "aborted",  # 3 the host aborted it
-    "safety",  # 4 a safety cause appeared (``causes`` says which)
-    "not_hosted",  # 5 no longer HOSTED in automatic mode (host lost, manual, fail-safe)
-    "too_hot",  # 6 the error rose past max_rise
-    "timeout",  # 7 not done within timeout_s
-    "floor",  # 8 a safety floor kept the relay's level from the fans
-    "inconsistent",  # 9 cycles did not agree within the tolerance
+TUNE_STATUS = const(
+    (
+        "idle",  # 0 no test has run
+        "running",  # 1 relay cycles being measured
+        "done",  # 2 consistent cycles measured: ku, pu and gains are in the report
+        "aborted",  # 3 the host aborted it
+        "safety",  # 4 a safety cause appeared (``causes`` says which)
+        "not_hosted",  # 5 no longer HOSTED in automatic mode (host lost, manual, fail-safe)
+        "too_hot",  # 6 the error rose past max_rise
+        "timeout",  # 7 not done within timeout_s
+        "floor",  # 8 a safety floor kept the relay's level from the fans
+        "inconsistent",  # 9 cycles did not agree within the tolerance
+    )
 )
 TUNE_IDLE = const(0)
 TUNE_RUNNING = const(1)
@@ -177,11 +184,11 @@ TUNE_TOO_HOT = const(6)
 TUNE_TIMEOUT = const(7)
 TUNE_FLOOR = const(8)
 TUNE_INCONSISTENT = const(9)
-TUNE_ACTIONS = ("start", "abort")
+TUNE_ACTIONS = const(("start", "abort"))
 
-CHANNELS = ("gpu", "vram", "mos", "amb")  # NTC channels, index order
-FAN_MODES = ("auto", "manual", "curve")
-CAL_MODELS = ("sh", "beta", "poly")
+CHANNELS = const(("gpu", "vram", "mos", "amb"))  # NTC channels, index order
+FAN_MODES = const(("auto", "manual", "curve"))
+CAL_MODELS = const(("sh", "beta", "poly"))
 
 # Telemetry ``faults`` bitmask.
 FAULT_NTC_GPU = const(1 << 0)
@@ -199,22 +206,24 @@ FAULT_FAN1_TACH = const(1 << 11)  # tach reading implausible for the duty
 FAULT_FAN2_TACH = const(1 << 12)
 FAULT_NTC_STUCK = const(1 << 13)  # a channel frozen (its ntc_* bit is set too)
 FAULT_NTC_IMPLAUSIBLE = const(1 << 14)  # a channel disagrees (its ntc_* bit is set too)
-FAULT_BITS = (
-    "ntc_gpu",
-    "ntc_vram",
-    "ntc_mos",
-    "ntc_amb",
-    "fan1_stall",
-    "fan2_stall",
-    "power_monitor",
-    "under_voltage",
-    "over_temp",
-    "critical_temp",
-    "host_timeout",
-    "fan1_tach",
-    "fan2_tach",
-    "ntc_stuck",
-    "ntc_implausible",
+FAULT_BITS = const(
+    (
+        "ntc_gpu",
+        "ntc_vram",
+        "ntc_mos",
+        "ntc_amb",
+        "fan1_stall",
+        "fan2_stall",
+        "power_monitor",
+        "under_voltage",
+        "over_temp",
+        "critical_temp",
+        "host_timeout",
+        "fan1_tach",
+        "fan2_tach",
+        "ntc_stuck",
+        "ntc_implausible",
+    )
 )
 
 # Bounds used for validation (protocol-level sanity; the firmware adds its own
@@ -223,14 +232,14 @@ TEMP_MIN_MC = const(-55000)
 TEMP_MAX_MC = const(200000)
 DUTY_MAX = const(65535)
 U16 = const(0xFFFF)
-U32 = 0xFFFFFFFF
-I32_MIN = -0x80000000
-I32_MAX = 0x7FFFFFFF
+U32 = const(0xFFFFFFFF)
+I32_MIN = const(-0x80000000)
+I32_MAX = const(0x7FFFFFFF)
 
 # --- messages -------------------------------------------------------------------
 # Directions
-D2H = "d2h"  # module -> host
-H2D = "h2d"  # host -> module
+D2H = const("d2h")  # module -> host
+H2D = const("h2d")  # host -> module
 
 # A field: (key, name, kind, required, lo, hi, json_scale, unit)
 # ``lo``/``hi`` bound integers (and list/str/bytes/map lengths); None = unbounded.
@@ -238,20 +247,23 @@ H2D = "h2d"  # host -> module
 # A message: (type id, name, direction, fields)
 # The prose (what a message or field means) is in protocol/catalog_doc.py, keyed by
 # these names: it is for SPEC.md and humans, so it stays on the host (not flashed).
+#
+# Every field is a literal of constants (the names above are ``const()``), so
+# MicroPython's compiler folds it into one constant tuple, which stays in flash when
+# frozen: the catalog costs the MCU's heap only its module dict and the few messages
+# that hold DUTY_PCT (built at import, see there). Bounds beyond 0x1FFF freeze as
+# big ints: they are only compared with (message.check_value, frame's decoder
+# copies them into an array), never computed with.
 
 
-def _f(key, name, kind, required=False, lo=None, hi=None, scale=None, unit=""):
-    return (key, name, kind, required, lo, hi, scale, unit)
-
-
-F_KEY = 0
-F_NAME = 1
-F_KIND = 2
-F_REQUIRED = 3
-F_LO = 4
-F_HI = 5
-F_SCALE = 6
-F_UNIT = 7
+F_KEY = const(0)
+F_NAME = const(1)
+F_KIND = const(2)
+F_REQUIRED = const(3)
+F_LO = const(4)
+F_HI = const(5)
+F_SCALE = const(6)
+F_UNIT = const(7)
 
 T_HELLO = const(0x01)
 T_HELLO_REQUEST = const(0x02)
@@ -281,24 +293,25 @@ T_AUTOTUNE = const(0x34)
 T_AUTOTUNE_REPORT = const(0x17)
 
 
+# frozen-ints: compared only
 MESSAGES = (
     (
         T_HELLO,
         "hello",
         D2H,
         (
-            _f(0, "fw_version", K_STR, True, 1, 32),
-            _f(1, "proto_minor", K_UINT, True, 0, 255),
-            _f(2, "board", K_STR, True, 1, 32),
-            _f(3, "uid", K_STR, True, 1, 64),
-            _f(4, "channels", K_LIST, True, 0, 8),
-            _f(5, "fans", K_UINT, True, 0, 8),
-            _f(6, "max_frame", K_UINT, True, 64, 4096, unit="B"),
-            _f(7, "telemetry_ms", K_UINT, False, 0, 60000, unit="ms"),
-            _f(8, "state", K_ENUM, False, 0, 255, STATES),
-            _f(9, "ref", K_UINT, False, 0, U16),
-            _f(10, "nonce", K_BYTES, False, 8, 8),
-            _f(11, "paired", K_BOOL, False),
+            (0, "fw_version", K_STR, True, 1, 32, None, ""),
+            (1, "proto_minor", K_UINT, True, 0, 255, None, ""),
+            (2, "board", K_STR, True, 1, 32, None, ""),
+            (3, "uid", K_STR, True, 1, 64, None, ""),
+            (4, "channels", K_LIST, True, 0, 8, None, ""),
+            (5, "fans", K_UINT, True, 0, 8, None, ""),
+            (6, "max_frame", K_UINT, True, 64, 4096, None, "B"),
+            (7, "telemetry_ms", K_UINT, False, 0, 60000, None, "ms"),
+            (8, "state", K_ENUM, False, 0, 255, STATES, ""),
+            (9, "ref", K_UINT, False, 0, U16, None, ""),
+            (10, "nonce", K_BYTES, False, 8, 8, None, ""),
+            (11, "paired", K_BOOL, False, None, None, None, ""),
         ),
     ),
     (T_HELLO_REQUEST, "hello_request", H2D, ()),
@@ -307,25 +320,25 @@ MESSAGES = (
         "telemetry",
         D2H,
         (
-            _f(0, "uptime_s", K_UINT, False, 0, U32, unit="s"),
-            _f(1, "state", K_ENUM, True, 0, 255, STATES),
-            _f(2, "reason", K_ENUM, False, 0, 255, REASONS),
-            _f(3, "faults", K_UINT, False, 0, U32),
-            _f(4, "temp_gpu", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            _f(5, "temp_vram", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            _f(6, "temp_mos", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            _f(7, "temp_amb", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            _f(8, "fan1_rpm", K_UINT, False, 0, 100000, unit="RPM"),
-            _f(9, "fan2_rpm", K_UINT, False, 0, 100000, unit="RPM"),
-            _f(10, "fan1_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            _f(11, "fan2_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            _f(12, "v_in", K_UINT, False, 0, 40000, MILLI, "mV"),
-            _f(13, "i_in", K_INT, False, -100000, 100000, MILLI, "mA"),
-            _f(14, "p_in", K_INT, False, 0, 4000000, MILLI, "mW"),
-            _f(15, "target", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            _f(16, "flash_writes", K_UINT, False, 0, U32),
-            _f(17, "auth_failures", K_UINT, False, 0, U32),
-            _f(18, "internal_errors", K_UINT, False, 0, U32),
+            (0, "uptime_s", K_UINT, False, 0, U32, None, "s"),
+            (1, "state", K_ENUM, True, 0, 255, STATES, ""),
+            (2, "reason", K_ENUM, False, 0, 255, REASONS, ""),
+            (3, "faults", K_UINT, False, 0, U32, None, ""),
+            (4, "temp_gpu", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            (5, "temp_vram", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            (6, "temp_mos", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            (7, "temp_amb", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            (8, "fan1_rpm", K_UINT, False, 0, 100000, None, "RPM"),
+            (9, "fan2_rpm", K_UINT, False, 0, 100000, None, "RPM"),
+            (10, "fan1_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            (11, "fan2_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            (12, "v_in", K_UINT, False, 0, 40000, MILLI, "mV"),
+            (13, "i_in", K_INT, False, -100000, 100000, MILLI, "mA"),
+            (14, "p_in", K_INT, False, 0, 4000000, MILLI, "mW"),
+            (15, "target", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            (16, "flash_writes", K_UINT, False, 0, U32, None, ""),
+            (17, "auth_failures", K_UINT, False, 0, U32, None, ""),
+            (18, "internal_errors", K_UINT, False, 0, U32, None, ""),
         ),
     ),
     (
@@ -333,15 +346,15 @@ MESSAGES = (
         "event",
         D2H,
         (
-            _f(0, "code", K_ENUM, True, 0, 255, REASONS),
-            _f(1, "severity", K_ENUM, True, 0, 3, SEVERITIES),
-            _f(2, "active", K_BOOL, False),
-            _f(3, "state", K_ENUM, False, 0, 255, STATES),
-            _f(4, "prev_state", K_ENUM, False, 0, 255, STATES),
-            _f(5, "index", K_INT, False, -1, 255),
-            _f(6, "value", K_INT, False, I32_MIN, I32_MAX),
-            _f(7, "text", K_STR, False, 0, 96),
-            _f(8, "uptime_s", K_UINT, False, 0, U32, unit="s"),
+            (0, "code", K_ENUM, True, 0, 255, REASONS, ""),
+            (1, "severity", K_ENUM, True, 0, 3, SEVERITIES, ""),
+            (2, "active", K_BOOL, False, None, None, None, ""),
+            (3, "state", K_ENUM, False, 0, 255, STATES, ""),
+            (4, "prev_state", K_ENUM, False, 0, 255, STATES, ""),
+            (5, "index", K_INT, False, -1, 255, None, ""),
+            (6, "value", K_INT, False, I32_MIN, I32_MAX, None, ""),
+            (7, "text", K_STR, False, 0, 96, None, ""),
+            (8, "uptime_s", K_UINT, False, 0, U32, None, "s"),
         ),
     ),
     (
@@ -349,14 +362,14 @@ MESSAGES = (
         "cal_raw",
         D2H,
         (
-            _f(0, "ref", K_UINT, True, 0, U16),
-            _f(1, "channel", K_UINT, True, 0, 7),
-            _f(2, "samples", K_UINT, True, 1, 65535),
-            _f(3, "raw_mean_x16", K_UINT, True, 0, 65535 * 16, unit="ADC/16"),
-            _f(4, "raw_min", K_UINT, True, 0, 65535, unit="ADC"),
-            _f(5, "raw_max", K_UINT, True, 0, 65535, unit="ADC"),
-            _f(6, "ohms", K_UINT, False, 0, U32, unit="ohm"),
-            _f(7, "temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            (0, "ref", K_UINT, True, 0, U16, None, ""),
+            (1, "channel", K_UINT, True, 0, 7, None, ""),
+            (2, "samples", K_UINT, True, 1, 65535, None, ""),
+            (3, "raw_mean_x16", K_UINT, True, 0, 65535 * 16, None, "ADC/16"),
+            (4, "raw_min", K_UINT, True, 0, 65535, None, "ADC"),
+            (5, "raw_max", K_UINT, True, 0, 65535, None, "ADC"),
+            (6, "ohms", K_UINT, False, 0, U32, None, "ohm"),
+            (7, "temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
         ),
     ),
     (
@@ -364,27 +377,30 @@ MESSAGES = (
         "config",
         D2H,
         (
-            _f(0, "ref", K_UINT, True, 0, U16),
-            _f(1, "values", K_MAP, True, 0, 64),
-            _f(2, "version", K_UINT, False, 0, U16),
+            (0, "ref", K_UINT, True, 0, U16, None, ""),
+            (1, "values", K_MAP, True, 0, 64, None, ""),
+            (2, "version", K_UINT, False, 0, U16, None, ""),
         ),
     ),
     (
         T_ACK,
         "ack",
         D2H,
-        (_f(0, "ref", K_UINT, True, 0, U16), _f(1, "ref_type", K_UINT, True, 0, 255)),
+        (
+            (0, "ref", K_UINT, True, 0, U16, None, ""),
+            (1, "ref_type", K_UINT, True, 0, 255, None, ""),
+        ),
     ),
     (
         T_NACK,
         "nack",
         D2H,
         (
-            _f(0, "ref", K_UINT, True, 0, U16),
-            _f(1, "ref_type", K_UINT, True, 0, 255),
-            _f(2, "code", K_ENUM, True, 0, 255, ERRORS),
-            _f(3, "field", K_STR, False, 0, 32),
-            _f(4, "text", K_STR, False, 0, 96),
+            (0, "ref", K_UINT, True, 0, U16, None, ""),
+            (1, "ref_type", K_UINT, True, 0, 255, None, ""),
+            (2, "code", K_ENUM, True, 0, 255, ERRORS, ""),
+            (3, "field", K_STR, False, 0, 32, None, ""),
+            (4, "text", K_STR, False, 0, 96, None, ""),
         ),
     ),
     (
@@ -392,13 +408,13 @@ MESSAGES = (
         "heartbeat",
         H2D,
         (
-            _f(0, "gpu_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            _f(1, "gpu_power", K_UINT, False, 0, 4000000, MILLI, "mW"),
-            _f(2, "power_limit", K_UINT, False, 0, 4000000, MILLI, "mW"),
-            _f(3, "host_time", K_UINT, False, 0, U32, unit="s"),
-            _f(4, "gpu_mem_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            _f(5, "period_ms", K_UINT, False, 0, 600000, unit="ms"),
-            _f(6, "gpu_slowdown", K_INT, False, 40000, 125000, MILLI, "m degC"),
+            (0, "gpu_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            (1, "gpu_power", K_UINT, False, 0, 4000000, MILLI, "mW"),
+            (2, "power_limit", K_UINT, False, 0, 4000000, MILLI, "mW"),
+            (3, "host_time", K_UINT, False, 0, U32, None, "s"),
+            (4, "gpu_mem_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            (5, "period_ms", K_UINT, False, 0, 600000, None, "ms"),
+            (6, "gpu_slowdown", K_INT, False, 40000, 125000, MILLI, "m degC"),
         ),
     ),
     (
@@ -406,9 +422,9 @@ MESSAGES = (
         "fan_mode",
         H2D,
         (
-            _f(0, "mode", K_ENUM, True, 0, len(FAN_MODES) - 1, FAN_MODES),
-            _f(1, "duty1", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            _f(2, "duty2", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            (0, "mode", K_ENUM, True, 0, 2, FAN_MODES, ""),
+            (1, "duty1", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            (2, "duty2", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
         ),
     ),
     (
@@ -416,10 +432,10 @@ MESSAGES = (
         "setpoints",
         H2D,
         (
-            _f(0, "sp_gpu", K_INT, False, 20000, 110000, MILLI, "m degC"),
-            _f(1, "sp_vram", K_INT, False, 20000, 110000, MILLI, "m degC"),
-            _f(2, "sp_mos", K_INT, False, 20000, 125000, MILLI, "m degC"),
-            _f(3, "sp_amb", K_INT, False, 10000, 60000, MILLI, "m degC"),
+            (0, "sp_gpu", K_INT, False, 20000, 110000, MILLI, "m degC"),
+            (1, "sp_vram", K_INT, False, 20000, 110000, MILLI, "m degC"),
+            (2, "sp_mos", K_INT, False, 20000, 125000, MILLI, "m degC"),
+            (3, "sp_amb", K_INT, False, 10000, 60000, MILLI, "m degC"),
         ),
     ),
     (
@@ -427,10 +443,10 @@ MESSAGES = (
         "pid_gains",
         H2D,
         (
-            _f(0, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC"),
-            _f(1, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)"),
-            _f(2, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC"),
-            _f(3, "kff", K_INT, False, 0, 1000000, GAIN, "m %/W"),
+            (0, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC"),
+            (1, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)"),
+            (2, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC"),
+            (3, "kff", K_INT, False, 0, 1000000, GAIN, "m %/W"),
         ),
     ),
     (
@@ -438,29 +454,32 @@ MESSAGES = (
         "fan_curve",
         H2D,
         (
-            _f(0, "points", K_LIST, True, 2, 16),
-            _f(1, "hysteresis", K_UINT, False, 0, 20000, MILLI, "m degC"),
+            (0, "points", K_LIST, True, 2, 16, None, ""),
+            (1, "hysteresis", K_UINT, False, 0, 20000, MILLI, "m degC"),
         ),
     ),
-    (T_CONFIG_GET, "config_get", H2D, (_f(0, "section", K_STR, False, 0, 32),)),
-    (T_CONFIG_SET, "config_set", H2D, (_f(0, "values", K_MAP, True, 1, 64),)),
+    (T_CONFIG_GET, "config_get", H2D, ((0, "section", K_STR, False, 0, 32, None, ""),)),
+    (T_CONFIG_SET, "config_set", H2D, ((0, "values", K_MAP, True, 1, 64, None, ""),)),
     (T_CONFIG_SAVE, "config_save", H2D, ()),
     (T_CONFIG_RESET, "config_reset", H2D, ()),
     (
         T_CAL_READ,
         "cal_read",
         H2D,
-        (_f(0, "channel", K_UINT, True, 0, 7), _f(1, "samples", K_UINT, False, 1, 4096)),
+        (
+            (0, "channel", K_UINT, True, 0, 7, None, ""),
+            (1, "samples", K_UINT, False, 1, 4096, None, ""),
+        ),
     ),
     (
         T_CAL_WRITE,
         "cal_write",
         H2D,
         (
-            _f(0, "channel", K_UINT, True, 0, 7),
-            _f(1, "model", K_ENUM, True, 0, len(CAL_MODELS) - 1, CAL_MODELS),
-            _f(2, "coeffs", K_LIST, True, 1, 8),
-            _f(3, "correction", K_LIST, False, 0, 8),
+            (0, "channel", K_UINT, True, 0, 7, None, ""),
+            (1, "model", K_ENUM, True, 0, 2, CAL_MODELS, ""),
+            (2, "coeffs", K_LIST, True, 1, 8, None, ""),
+            (3, "correction", K_LIST, False, 0, 8, None, ""),
         ),
     ),
     (
@@ -468,32 +487,32 @@ MESSAGES = (
         "selftest_report",
         D2H,
         (
-            _f(0, "ref", K_UINT, True, 0, U16),
-            _f(1, "passed", K_BOOL, True),
-            _f(2, "fan1_rpm", K_LIST, False, 0, 8),
-            _f(3, "fan2_rpm", K_LIST, False, 0, 8),
-            _f(4, "fans_ok", K_LIST, False, 0, 8),
-            _f(5, "channels_ok", K_LIST, False, 0, 8),
-            _f(6, "power_monitor_ok", K_BOOL, False),
-            _f(7, "v_in", K_UINT, False, 0, 40000, MILLI, "mV"),
-            _f(8, "text", K_STR, False, 0, 96),
+            (0, "ref", K_UINT, True, 0, U16, None, ""),
+            (1, "passed", K_BOOL, True, None, None, None, ""),
+            (2, "fan1_rpm", K_LIST, False, 0, 8, None, ""),
+            (3, "fan2_rpm", K_LIST, False, 0, 8, None, ""),
+            (4, "fans_ok", K_LIST, False, 0, 8, None, ""),
+            (5, "channels_ok", K_LIST, False, 0, 8, None, ""),
+            (6, "power_monitor_ok", K_BOOL, False, None, None, None, ""),
+            (7, "v_in", K_UINT, False, 0, 40000, MILLI, "mV"),
+            (8, "text", K_STR, False, 0, 96, None, ""),
         ),
     ),
     (T_REBOOT, "reboot", H2D, ()),
     (T_REPL, "repl", H2D, ()),
     (T_SELFTEST, "selftest", H2D, ()),
-    (T_PAIR, "pair", H2D, (_f(0, "key", K_BYTES, True, 32, 32),)),
+    (T_PAIR, "pair", H2D, ((0, "key", K_BYTES, True, 32, 32, None, ""),)),
     (
         T_AUTOTUNE,
         "autotune",
         H2D,
         (
-            _f(0, "action", K_ENUM, True, 0, len(TUNE_ACTIONS) - 1, TUNE_ACTIONS),
-            _f(1, "amplitude", K_UINT, False, 3277, 32767, DUTY_PCT, "1/65535"),
-            _f(2, "hysteresis", K_UINT, False, 50, 5000, MILLI, "m degC"),
-            _f(3, "max_rise", K_UINT, False, 1000, 20000, MILLI, "m degC"),
-            _f(4, "timeout_s", K_UINT, False, 60, 7200, unit="s"),
-            _f(5, "cycles", K_UINT, False, 2, 8),
+            (0, "action", K_ENUM, True, 0, 1, TUNE_ACTIONS, ""),
+            (1, "amplitude", K_UINT, False, 3277, 32767, DUTY_PCT, "1/65535"),
+            (2, "hysteresis", K_UINT, False, 50, 5000, MILLI, "m degC"),
+            (3, "max_rise", K_UINT, False, 1000, 20000, MILLI, "m degC"),
+            (4, "timeout_s", K_UINT, False, 60, 7200, None, "s"),
+            (5, "cycles", K_UINT, False, 2, 8, None, ""),
         ),
     ),
     (
@@ -501,45 +520,45 @@ MESSAGES = (
         "autotune_report",
         D2H,
         (
-            _f(0, "ref", K_UINT, True, 0, U16),
-            _f(1, "status", K_ENUM, True, 0, 255, TUNE_STATUS),
-            _f(2, "cycles", K_UINT, False, 0, 255),
-            _f(3, "elapsed_s", K_UINT, False, 0, U32, unit="s"),
-            _f(4, "bias", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            _f(5, "relay", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            _f(6, "period_ms", K_UINT, False, 0, U32, unit="ms"),
-            _f(7, "amplitude", K_UINT, False, 0, 200000, MILLI, "m degC"),
-            _f(8, "causes", K_UINT, False, 0, 255),
-            _f(9, "ku", K_UINT, False, 0, 1000000, GAIN, "m %/degC"),
-            _f(10, "pu_ms", K_UINT, False, 0, U32, unit="ms"),
-            _f(11, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC"),
-            _f(12, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)"),
-            _f(13, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC"),
-            _f(14, "center", K_INT, False, -200000, 200000, MILLI, "m degC"),
+            (0, "ref", K_UINT, True, 0, U16, None, ""),
+            (1, "status", K_ENUM, True, 0, 255, TUNE_STATUS, ""),
+            (2, "cycles", K_UINT, False, 0, 255, None, ""),
+            (3, "elapsed_s", K_UINT, False, 0, U32, None, "s"),
+            (4, "bias", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            (5, "relay", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            (6, "period_ms", K_UINT, False, 0, U32, None, "ms"),
+            (7, "amplitude", K_UINT, False, 0, 200000, MILLI, "m degC"),
+            (8, "causes", K_UINT, False, 0, 255, None, ""),
+            (9, "ku", K_UINT, False, 0, 1000000, GAIN, "m %/degC"),
+            (10, "pu_ms", K_UINT, False, 0, U32, None, "ms"),
+            (11, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC"),
+            (12, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)"),
+            (13, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC"),
+            (14, "center", K_INT, False, -200000, 200000, MILLI, "m degC"),
         ),
     ),
 )
 
-M_TYPE = 0
-M_NAME = 1
-M_DIR = 2
-M_FIELDS = 3
-
-_BY_TYPE = {}
-_BY_NAME = {}
-for _m in MESSAGES:
-    _BY_TYPE[_m[M_TYPE]] = _m
-    _BY_NAME[_m[M_NAME]] = _m
+M_TYPE = const(0)
+M_NAME = const(1)
+M_DIR = const(2)
+M_FIELDS = const(3)
 
 
 def by_type(type_id):
     """Message definition for a type id, or None."""
-    return _BY_TYPE.get(type_id)
+    for m in MESSAGES:
+        if m[M_TYPE] == type_id:
+            return m
+    return None
 
 
 def by_name(name):
     """Message definition for a name, or None."""
-    return _BY_NAME.get(name)
+    for m in MESSAGES:
+        if m[M_NAME] == name:
+            return m
+    return None
 
 
 def field_index(msg_def, name):

@@ -201,15 +201,25 @@ def dumps(obj, max_depth=DEFAULT_MAX_DEPTH):
 
 
 def _half_to_float(h):
+    """IEEE half-precision bits -> float, exactly: every half is a double, so its
+    float64 bits are built and unpacked (``m * 2.0**e`` goes through ``pow``, which
+    is not exact on every MicroPython port's libm)."""
+    sign = (h & 0x8000) << 48
     exp = (h >> 10) & 0x1F
     mant = h & 0x3FF
-    if exp == 0:
-        val = mant * 2.0**-24
-    elif exp == 31:
-        val = float("inf") if mant == 0 else float("nan")
+    if exp == 0x1F:  # infinity, NaN (payload kept)
+        bits = sign | 0x7FF0000000000000 | (mant << 42)
+    elif exp:  # normal: rebias 15 -> 1023
+        bits = sign | ((exp + 1008) << 52) | (mant << 42)
+    elif mant:  # subnormal: normalise (mant * 2**-24)
+        n = 0
+        while not mant & 0x400:
+            mant <<= 1
+            n += 1
+        bits = sign | ((1009 - n) << 52) | ((mant & 0x3FF) << 42)
     else:
-        val = (mant + 1024) * 2.0 ** (exp - 25)
-    return -val if h & 0x8000 else val
+        bits = sign  # +-0.0
+    return struct.unpack(">d", struct.pack(">Q", bits))[0]
 
 
 def _utf8_is_lax():

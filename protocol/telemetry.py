@@ -18,8 +18,16 @@ The bytes are identical to :func:`protocol.frame.encode_frame` and
 from protocol import VERSION_MAJOR, VERSION_MINOR, catalog as C, cobs
 from protocol.cbor import MAJOR_MAP, put_head, put_int
 from protocol.crc import crc16
-from protocol.frame import HEADER_LEN, MAX_FRAME
+from protocol.frame import HEADER_LEN
 from protocol.jsonl import mul_div_round
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
 
 _MDEF = C.by_type(C.T_TELEMETRY)
 FIELDS = _MDEF[C.M_FIELDS]
@@ -112,48 +120,83 @@ def _put_fixed(buf, o, v, mul, div, dec):
     return o
 
 
-class TelemetryEncoder:
-    """Preallocated telemetry frame builder; see the module docstring."""
+def _put_str(buf, o, s):
+    """The ASCII text ``s`` (a catalog name, in flash) at ``o``: iterating a str and
+    ``ord`` of its one-character items allocate nothing."""
+    for c in s:
+        buf[o] = ord(c)
+        o += 1
+    return o
 
-    def __init__(self, max_frame=MAX_FRAME):
+
+# The longest text of one value, with room: a u32 or an i32 prints at most 10 digits,
+# a sign and a decimal point (12); a small int scaled by DUTY_PCT (x 1.53) as many.
+_VALUE_TEXT = const(14)
+_CBOR_FIELD = const(10)  # key (< 24: 1 byte) + an int head of up to 9 bytes
+
+
+def max_cbor_len():
+    """Unstuffed bytes of the longest telemetry frame: header, map head, every field
+    with the widest int head, CRC (a fixed bound: the buffer is sized to it)."""
+    return HEADER_LEN + 1 + N_FIELDS * _CBOR_FIELD + 2
+
+
+def max_json_len():
+    """Bytes of the longest telemetry JSON line (every field, every value as long as
+    any value can print, the newline)."""
+    n = len(_json_head()) + 5 + 2  # seq, '}', newline
+    i = 0
+    while i < N_FIELDS:
+        f = FIELDS[i]
+        longest = _VALUE_TEXT
+        if f[C.F_KIND] == C.K_ENUM:
+            for name in f[C.F_SCALE]:
+                if len(name) + 2 > longest:
+                    longest = len(name) + 2
+        n += 1 + len(f[C.F_NAME]) + 3 + longest  # ,"name": value
+        i += 1
+    return n
+
+
+def _json_head():
+    return '{"type":"telemetry","v":"%d.%d","seq":' % (VERSION_MAJOR, VERSION_MINOR)
+
+
+class TelemetryEncoder:
+    """Preallocated telemetry frame builder; see the module docstring.
+
+    Its buffers are sized to the longest telemetry frame and line (``max_cbor_len``,
+    ``max_json_len``); the JSON text of names comes straight from the catalog's
+    strings, so no table of encoded names is kept in RAM."""
+
+    def __init__(self):
         # A list, not array("i"): uptime_s and faults are u32, which "i" would wrap
         # (silently on MicroPython), and reading an array("q") item allocates.
         self.values = [0] * N_FIELDS
         self.present = 0
-        self.raw = bytearray(max_frame)
-        self.out = bytearray(cobs.max_encoded_len(max_frame) + 1)
+        self.raw = bytearray(max_cbor_len())
+        out = cobs.max_encoded_len(len(self.raw)) + 1
+        line = max_json_len()
+        self.out = bytearray(out if out > line else line)
         keys = bytearray(N_FIELDS)
         kinds = bytearray(N_FIELDS)
-        jkeys = []
         scales = []
-        enums = []
         i = 0
         while i < N_FIELDS:
             f = FIELDS[i]
             keys[i] = f[C.F_KEY]
-            jkeys.append(('"%s":' % f[C.F_NAME]).encode())
-            scale = f[C.F_SCALE]
             if f[C.F_KIND] == C.K_ENUM:
                 kinds[i] = _KIND_ENUM
-                enums.append(tuple([('"%s"' % s).encode() for s in scale]))
-                scales.append(None)
-            elif scale is not None:
+            elif f[C.F_SCALE] is not None:
                 kinds[i] = _KIND_SCALED
-                enums.append(None)
-                scales.append(scale)
             else:
                 kinds[i] = _KIND_PLAIN
-                enums.append(None)
-                scales.append(None)
+            scales.append(f[C.F_SCALE])
             i += 1
         self._keys = keys
         self._kinds = kinds
-        self._jkeys = tuple(jkeys)
         self._scales = tuple(scales)
-        self._enums = tuple(enums)
-        self._jhead = (
-            '{"type":"telemetry","v":"%d.%d","seq":' % (VERSION_MAJOR, VERSION_MINOR)
-        ).encode()
+        self._jhead = _json_head().encode()
 
     def set(self, i, value):
         """Set field ``i`` (an index constant of this module) and mark it present."""
@@ -219,13 +262,20 @@ class TelemetryEncoder:
         while i < N_FIELDS:
             if present & (1 << i):
                 buf[o] = 0x2C  # ','
-                o = _put_bytes(buf, o + 1, self._jkeys[i])
+                buf[o + 1] = 0x22  # '"'
+                o = _put_str(buf, o + 2, FIELDS[i][C.F_NAME])
+                buf[o] = 0x22
+                buf[o + 1] = 0x3A  # ':'
+                o += 2
                 v = values[i]
                 k = kinds[i]
                 if k == _KIND_ENUM:
-                    names = self._enums[i]
+                    names = self._scales[i]
                     if 0 <= v < len(names):
-                        o = _put_bytes(buf, o, names[v])
+                        buf[o] = 0x22
+                        o = _put_str(buf, o + 1, names[v])
+                        buf[o] = 0x22
+                        o += 1
                     else:
                         o = _put_fixed(buf, o, v, 1, 1, 0)
                 elif k == _KIND_SCALED:

@@ -73,12 +73,20 @@ ENODEV = 19
 EIO = 5
 ETIMEDOUT = 110
 
-TICKS_PERIOD = 1 << 30
-_TICKS_MASK = TICKS_PERIOD - 1
-_TICKS_HALF = TICKS_PERIOD >> 1
+TICKS_PERIOD = 1 << 30  # a big int on a 32-bit port: tests only, never in a tick
+# Literals, so they are small ints on every port (``TICKS_PERIOD - 1`` would be a big
+# int on 32-bit ARM, and so would every result computed with it: each tick allocated).
+_TICKS_MASK = 0x3FFFFFFF
+_TICKS_HALF = 0x20000000
 
 IRQ_RISING = 1
 IRQ_FALLING = 2
+
+
+def _small(v):
+    """``v`` (0 <= v < 2**30) as a small int: on a 32-bit port a result computed from
+    a big int stays a big int, though its value fits."""
+    return int.from_bytes(v.to_bytes(4, "little"), "little")
 
 
 def ticks_diff(a, b):
@@ -95,19 +103,40 @@ class FakeClock:
     """Millisecond clock that only moves when told to."""
 
     def __init__(self, start_ms=0):
-        self.now_ms = start_ms
+        # the time as wraps * TICKS_PERIOD + ticks, each a small int on a 32-bit port
+        # too, so ticks_ms() and advance() allocate nothing there (``now_ms`` does)
+        self._wraps = start_ms // TICKS_PERIOD
+        self._ticks = _small(start_ms - self._wraps * TICKS_PERIOD)
         self.sleeps = 0
 
+    @property
+    def now_ms(self):
+        """The unwrapped total (a big int past 2**30 on a 32-bit port)."""
+        return self._wraps * TICKS_PERIOD + self._ticks
+
     def ticks_ms(self):
-        return self.now_ms & _TICKS_MASK
+        return self._ticks
 
     def ticks_us(self):
-        return (self.now_ms * 1000) & _TICKS_MASK
+        """``now_ms * 1000`` wrapped at 2**30, in small ints: (2**20 * 1000 < 2**30)."""
+        lo = (self._ticks & 0xFFFFF) * 1000
+        hi = (((self._ticks >> 20) * 1000) & 0x3FF) << 20
+        room = _TICKS_MASK - lo
+        return hi - room - 1 if hi > room else lo + hi
 
     def advance(self, ms):
         if ms < 0:
             raise ValueError("a clock cannot go back")
-        self.now_ms += ms
+        if ms > _TICKS_MASK:  # a jump past a whole period (a big int on 32-bit ports)
+            n = ms // TICKS_PERIOD
+            self._wraps += n
+            ms = _small(ms - n * TICKS_PERIOD)
+        room = _TICKS_MASK - self._ticks
+        if ms > room:
+            self._wraps += 1
+            self._ticks = ms - room - 1
+        else:
+            self._ticks += ms
 
     def sleep_ms(self, ms):
         self.sleeps += 1

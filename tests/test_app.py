@@ -348,7 +348,7 @@ def test_setpoints_pid_curve_applied():
     assert app.cfg["channels"][0]["setpoint_mc"] == 65000 and app.setpoints[2] == 85000
     seq = cmd(hal, "pid_gains", {"kp": 8000, "ki": 300})
     assert answer(hal, app, seq)[0].name == "ack"
-    assert app.cfg["pid"]["kp"] == 8000 and app.cfg["pid"]["kd"] == config.DEFAULTS["pid"]["kd"]
+    assert app.cfg["pid"]["kp"] == 8000 and app.cfg["pid"]["kd"] == config.defaults()["pid"]["kd"]
     pts = [[30000, 16384], [60000, 40000], [80000, 65535]]
     seq = cmd(hal, "fan_curve", {"points": pts, "hysteresis": 3000})
     assert answer(hal, app, seq)[0].name == "ack"
@@ -380,7 +380,7 @@ def test_config_get_set_save_reset_round_trip():
     assert app2.telemetry_ms == 2000
     seq = cmd(hal, "config_reset")
     assert answer(hal, app, seq)[0].name == "ack"
-    assert app.telemetry_ms == config.DEFAULTS["control"]["telemetry_ms"]
+    assert app.telemetry_ms == config.defaults()["control"]["telemetry_ms"]
     assert config.load(hal.fs_dir)[1] == "missing"
 
 
@@ -392,7 +392,7 @@ def test_corrupt_config_boots_defaults_and_raises_an_event():
     app = App(hal)
     signer_for(hal, app)
     assert app.config_status == "corrupt"
-    assert app.period_ms == config.DEFAULTS["control"]["period_ms"]
+    assert app.period_ms == config.defaults()["control"]["period_ms"]
     app.boot()
     run(app, hal, 500)
     assert len(events(hal.take(), C.REASON_CONFIG_CORRUPT)) == 1

@@ -108,7 +108,6 @@ class PowerCutFs(FatFs):
 
 
 def test_defaults_validate():
-    config.validate(config.DEFAULTS)
     config.validate(config.defaults())
 
 
@@ -116,14 +115,37 @@ def test_defaults_is_a_fresh_copy():
     a = config.defaults()
     a["pid"]["kp"] = 1
     a["channels"][0]["correction"].append(1.0)
-    assert config.DEFAULTS["pid"]["kp"] == 5000
-    assert config.DEFAULTS["channels"][0]["correction"] == []
-    assert config.defaults() == config.DEFAULTS
-    assert config.DEFAULTS["fans"][0] is not config.DEFAULTS["fans"][1]
+    assert config.defaults()["pid"]["kp"] == 5000
+    assert config.defaults()["channels"][0]["correction"] == []
+    assert config.defaults() == config.defaults()
+    assert config.defaults() is not config.defaults()
+    assert config.defaults()["fans"][0] is not config.defaults()["fans"][1]
+
+
+def test_the_schema_copies_agree_with_their_sources():
+    """SCHEMA is one constant, in flash when frozen (device/config.py says why), so it
+    writes out the values it shares with the catalog and the compiled floors."""
+    from device import floors
+    from protocol import catalog as C
+
+    root = dict(config.SCHEMA[1])
+    channels = root["channels"]
+    assert channels[2] == channels[3] == len(C.CHANNELS)
+    ch = dict(channels[1][1])
+    assert ch["name"] == ("enum", C.CHANNELS)
+    for key in ("setpoint_mc", "warn_mc", "crit_mc"):
+        assert ch[key] == ("int", C.TEMP_MIN_MC, C.TEMP_MAX_MC), key
+    ctl = dict(root["control"][1])
+    assert ctl["mode"] == ("enum", C.FAN_MODES)
+    assert ctl["host_timeout_ms"][2] == floors.HOST_TIMEOUT_MAX_MS
+    assert dict(root["fans"][1][1])["stall_ms"][2] == floors.STALL_MAX_MS
+    safety = [key for key, _ in root["safety"][1]]
+    assert sorted(safety) == sorted(config.defaults()["safety"])
+    assert sorted(root) == sorted(config.defaults())
 
 
 def test_defaults_content():
-    d = config.DEFAULTS
+    d = config.defaults()
     assert d["version"] == config.SCHEMA_VERSION == 1
     assert d["control"]["period_ms"] == 100
     assert [c["name"] for c in d["channels"]] == ["gpu", "vram", "mos", "amb"]
@@ -178,7 +200,7 @@ def _garbage_for(dotted, default):
 
 def test_every_leaf_rejects_garbage():
     cfg = config.defaults()
-    flat = config.flatten(config.DEFAULTS)
+    flat = config.flatten(config.defaults())
     assert len(flat) >= 100, len(flat)
     cases = 0
     for dotted in sorted(flat):
@@ -206,19 +228,19 @@ def test_every_section_rejects_wrong_type():
             with raises(ConfigError) as ctx:
                 config.validate(cfg)
             assert str(ctx.value).startswith(section), str(ctx.value)
-    for bad in ("x", None, [config.DEFAULTS], 5):
+    for bad in ("x", None, [config.defaults()], 5):
         with raises(ConfigError, match="config: expected an object"):
             config.validate(bad)
 
 
 def _dict_nodes():
-    """Dotted paths of every dict in DEFAULTS ("" = the root), in a stable order."""
+    """Dotted paths of every dict in defaults() ("" = the root), in a stable order."""
     out = [""]
-    for dotted in sorted(config.flatten(config.DEFAULTS)):
+    for dotted in sorted(config.flatten(config.defaults())):
         parts = dotted.split(".")
         for n in range(1, len(parts)):
             node = ".".join(parts[:n])
-            if node not in out and type(get_at(config.DEFAULTS, node)) is dict:
+            if node not in out and type(get_at(config.defaults(), node)) is dict:
                 out.append(node)
     return out
 
@@ -255,7 +277,7 @@ def test_comment_must_be_text():
 def test_missing_keys_rejected_everywhere():
     count = 0
     for node in _dict_nodes():
-        keys = list(config.DEFAULTS if node == "" else get_at(config.DEFAULTS, node))
+        keys = list(config.defaults() if node == "" else get_at(config.defaults(), node))
         for key in keys:
             cfg = config.defaults()
             target = cfg if node == "" else get_at(cfg, node)
@@ -411,7 +433,7 @@ def test_merge_dotted_keys():
     assert new["pid"]["kp"] == 4000
     assert new["channels"][1]["setpoint_mc"] == 75000
     assert new["curve"]["points"] == [[40000, 20000], [80000, 65535]]
-    assert base == config.DEFAULTS  # untouched
+    assert base == config.defaults()  # untouched
     assert new["pid"]["ki"] == base["pid"]["ki"]
 
 
@@ -424,7 +446,7 @@ def test_merge_nested():
     assert new["pid"]["ki"] == 200  # partial: the rest kept
     assert new["channels"][2]["warn_mc"] == 105000
     assert new["fans"][1]["min_duty"] == 15000 and new["fans"][0]["min_duty"] == 13107
-    assert base == config.DEFAULTS
+    assert base == config.defaults()
 
 
 def test_merge_deeper_key_wins_and_lists_replace_whole():
@@ -441,7 +463,7 @@ def test_merge_deeper_key_wins_and_lists_replace_whole():
 
 
 def test_merge_accepts_comment():
-    new = config.merge(config.DEFAULTS, {"_comment": "lab rig 2"})
+    new = config.merge(config.defaults(), {"_comment": "lab rig 2"})
     assert new["_comment"] == "lab rig 2"
 
 
@@ -471,7 +493,7 @@ def test_merge_errors_leave_base_unchanged():
 
 def test_merge_error_path_is_the_dotted_key():
     with raises(ConfigError) as ctx:
-        config.merge(config.DEFAULTS, {"channels.2.crit_mc": 100000})
+        config.merge(config.defaults(), {"channels.2.crit_mc": 100000})
     assert ctx.value.path == "channels.2.crit_mc", ctx.value.path
 
 
@@ -479,13 +501,13 @@ def test_merge_error_path_is_the_dotted_key():
 
 
 def test_flatten_shape():
-    flat = config.flatten(config.DEFAULTS)
+    flat = config.flatten(config.defaults())
     assert flat["pid.kp"] == 5000
     assert flat["channels.0.beta"] == 3950
     assert flat["channels.3.name"] == "amb"
     assert flat["channels.0.sh"] is None
     assert flat["channels.0.correction"] == []
-    assert flat["curve.points"] == config.DEFAULTS["curve"]["points"]
+    assert flat["curve.points"] == config.defaults()["curve"]["points"]
     assert flat["fans.1.ppr"] == 2
     assert flat["watchdog_ms"] == 2000
     for key in flat:
@@ -498,7 +520,7 @@ def test_unflatten_round_trip():
     cfg["_comment"] = "x"
     assert config.unflatten(config.flatten(cfg)) == cfg
     # a config_set map built from flat keys merges back to the same config
-    assert config.merge(config.DEFAULTS, config.flatten(cfg)) == cfg
+    assert config.merge(config.defaults(), config.flatten(cfg)) == cfg
 
 
 def test_get_section():
@@ -573,7 +595,7 @@ def test_file_text_is_the_canonical_envelope():
 
 def test_save_load_round_trip():
     d = tmpdir()
-    cfg = config.merge(config.DEFAULTS, {"pid.kp": 4321, "channels.0.model": "sh",
+    cfg = config.merge(config.defaults(), {"pid.kp": 4321, "channels.0.model": "sh",
                                          "channels.0.sh": list(SH_10K),
                                          "channels.0.correction": [-0.25, 0.01, 3e-05],
                                          "_comment": "caf\u00e9"})
@@ -594,13 +616,13 @@ def test_save_load_round_trip():
 
 def test_save_to_root_style_dir():
     d = tmpdir()
-    config.save(config.DEFAULTS, d + "/")  # e.g. fs_dir "/" on a Pico
+    config.save(config.defaults(), d + "/")  # e.g. fs_dir "/" on a Pico
     assert exists(d + "/config.json")
 
 
 def test_save_refuses_invalid_and_writes_nothing():
     d = tmpdir()
-    config.save(config.DEFAULTS, d)
+    config.save(config.defaults(), d)
     before = read_bytes(d + "/config.json")
     bad = changed("safety.critical", 1000)
     with raises(ConfigError, match="safety.critical"):
@@ -613,10 +635,10 @@ def test_load_missing():
     d = tmpdir()
     cfg, status, detail = config.load(d)
     assert status == "missing", status
-    assert cfg == config.DEFAULTS
+    assert cfg == config.defaults()
     assert "factory defaults" in detail
-    cfg["pid"]["kp"] = 1  # a copy, not DEFAULTS
-    assert config.DEFAULTS["pid"]["kp"] == 5000
+    cfg["pid"]["kp"] = 1  # a copy, not the factory config
+    assert config.defaults()["pid"]["kp"] == 5000
     assert os.listdir(d) == []
 
 
@@ -627,8 +649,8 @@ def _invalid_cfg():
 
 
 def _corrupt_variants():
-    good = config.encode_file(config.DEFAULTS).encode()
-    no_crc = config.canonical({"config": config.DEFAULTS, "version": 1}).encode()
+    good = config.encode_file(config.defaults()).encode()
+    no_crc = config.canonical({"config": config.defaults(), "version": 1}).encode()
     return (
         ("truncated", good[: len(good) // 2], "not valid JSON"),
         ("truncated by one byte", good[:-2], "not valid JSON"),
@@ -638,15 +660,15 @@ def _corrupt_variants():
         ("whitespace", b" \n", "not valid JSON"),
         ("a list", b"[1, 2, 3]", "holds list"),
         ("a number", b"42", "holds int"),
-        ("bad CRC", envelope(config.DEFAULTS, crc_delta=1), "CRC mismatch"),
+        ("bad CRC", envelope(config.defaults(), crc_delta=1), "CRC mismatch"),
         ("flipped value", good.replace(b'"kp":5000', b'"kp":5001'), "CRC mismatch"),
         ("no crc", no_crc, "int version, int crc"),
         ("crc as text", b'{"config":{},"crc":"x","version":1}', "int version, int crc"),
         ("extra key", good.replace(b'"crc":', b'"_":0,"crc":'), "unknown key"),
-        ("bare config", config.canonical(config.DEFAULTS).encode(), "unknown key"),
+        ("bare config", config.canonical(config.defaults()).encode(), "unknown key"),
         ("CRC ok, invalid values", envelope(_invalid_cfg()), "pid.kp"),
-        ("newer schema", envelope(config.DEFAULTS, version=2), "newer than this firmware"),
-        ("no migration", envelope(config.DEFAULTS, version=0), "no migration"),
+        ("newer schema", envelope(config.defaults(), version=2), "newer than this firmware"),
+        ("no migration", envelope(config.defaults(), version=0), "no migration"),
         ("huge", b" " * (config.MAX_FILE_BYTES + 1), "bytes"),
     )
 
@@ -657,7 +679,7 @@ def test_load_corrupt_variants():
         write_bytes(d + "/config.json", data)
         cfg, status, detail = config.load(d)
         assert status == "corrupt", (name, status, detail)
-        assert cfg == config.DEFAULTS, name
+        assert cfg == config.defaults(), name
         assert match in detail, (name, match, detail)
         assert "kept as config.json.bad" in detail, (name, detail)
         assert read_bytes(d + "/config.json.bad") == data, name
@@ -679,7 +701,7 @@ def test_corrupt_replaces_an_older_bad_file():
 
 def test_load_accepts_a_reformatted_file_with_the_canonical_crc():
     d = tmpdir()
-    cfg = config.merge(config.DEFAULTS, {"pid.kp": 4000})
+    cfg = config.merge(config.defaults(), {"pid.kp": 4000})
     body = config.canonical(cfg)
     # Key order and whitespace changed (a host tool, or a human with an editor).
     crc = str(crc16(body.encode()))
@@ -694,21 +716,21 @@ def test_load_accepts_a_reformatted_file_with_the_canonical_crc():
 def test_interrupted_save_tmp_left_beside_a_good_file():
     for leftover in (b'{"config":{"chan', config.encode_file(changed("pid.kp", 9)).encode()):
         d = tmpdir()
-        config.save(config.DEFAULTS, d)
+        config.save(config.defaults(), d)
         write_bytes(d + "/config.json.tmp", leftover)
         cfg, status, _ = config.load(d)
         assert status == "ok"
-        assert cfg == config.DEFAULTS  # the unfinished save never took effect
+        assert cfg == config.defaults()  # the unfinished save never took effect
         assert sorted(os.listdir(d)) == ["config.json"]
 
 
 def test_interrupted_first_save_truncated_tmp_only():
     d = tmpdir()
-    write_bytes(d + "/config.json.tmp", config.encode_file(config.DEFAULTS).encode()[:100])
+    write_bytes(d + "/config.json.tmp", config.encode_file(config.defaults()).encode()[:100])
     cfg, status, detail = config.load(d)
     assert status == "missing", (status, detail)
     assert "unfinished" in detail
-    assert cfg == config.DEFAULTS
+    assert cfg == config.defaults()
     assert os.listdir(d) == []
 
 
@@ -727,7 +749,7 @@ def test_fat_window_complete_tmp_only_is_recovered():
 def test_save_on_a_fat_like_filesystem():
     d = tmpdir()
     fs = FatFs()
-    config.save(config.DEFAULTS, d, fs=fs)
+    config.save(config.defaults(), d, fs=fs)
     config.save(changed("pid.kp", 42), d, fs=fs)  # current -> prev, tmp -> current
     config.save(changed("pid.kp", 43), d, fs=fs)  # prev exists: remove, then rename
     assert fs.renames == 5
@@ -739,12 +761,12 @@ def test_save_on_a_fat_like_filesystem():
 
 def test_rename_error_keeps_the_old_file():
     d = tmpdir()
-    config.save(config.DEFAULTS, d)
+    config.save(config.defaults(), d)
     with raises(OSError):
         config.save(changed("pid.kp", 42), d, fs=PowerCutFs())
     assert not exists(d + "/config.json.tmp")  # cleaned up; the caller nacks
     cfg, status, _ = config.load(d)
-    assert status == "ok" and cfg == config.DEFAULTS
+    assert status == "ok" and cfg == config.defaults()
     assert sorted(os.listdir(d)) == ["config.json"]
 
 
@@ -778,7 +800,7 @@ def test_factory_reset():
     write_bytes(d + "/config.json.tmp", b"x")
     write_bytes(d + "/config.json.bad", b"y")
     cfg = config.factory_reset(d)
-    assert cfg == config.DEFAULTS
+    assert cfg == config.defaults()
     assert sorted(os.listdir(d)) == ["config.json.bad"]  # kept for diagnosis
     assert config.load(d)[1] == "missing"
     config.factory_reset(d)  # nothing to delete: fine
@@ -808,7 +830,7 @@ _FAN_FLOOR = (("min_duty", _MODEL[floors.FM_MIN_SPIN]), ("kick_duty", _MODEL[flo
 
 
 def test_defaults_meet_the_compiled_floors():
-    d = config.DEFAULTS
+    d = config.defaults()
     assert sorted(_SAFETY_FLOOR) == sorted(d["safety"])
     for key in _SAFETY_FLOOR:
         assert d["safety"][key] >= _SAFETY_FLOOR[key], key
@@ -834,7 +856,7 @@ def test_safety_floors_cannot_be_zeroed():
                      f"must be >= {floor} (compiled floor, ")
         # through config_set too: the base is untouched
         with raises(ConfigError, match="compiled floor"):
-            config.merge(config.DEFAULTS, {"safety." + key: 0} if key != "critical"
+            config.merge(config.defaults(), {"safety." + key: 0} if key != "critical"
                          else {"safety.critical": 65535, "safety.boot": 0})
 
 
@@ -854,7 +876,7 @@ def test_fan_floors_cannot_be_zeroed():
             for bad in (0, floor - 1):
                 rejected(changed(dotted, bad), dotted, f"must be >= {floor} (compiled floor")
             with raises(ConfigError, match="compiled floor"):
-                config.merge(config.DEFAULTS, {"fans": {str(i): {key: 0}}})
+                config.merge(config.defaults(), {"fans": {str(i): {key: 0}}})
 
 
 def test_config_may_raise_every_floor():
@@ -906,7 +928,7 @@ def test_correction_cannot_hide_a_hot_sensor():
                        "than the compiled calibration band of +-5 degC (checked every degC "
                        "from -20 to 150)"), msg
         with raises(ConfigError, match="calibration band"):
-            config.merge(config.DEFAULTS, {dotted: [-40]})
+            config.merge(config.defaults(), {dotted: [-40]})
 
 
 def test_correction_band_names_the_worst_temperature():
@@ -933,7 +955,7 @@ def test_a_stored_file_with_a_hiding_correction_is_corrupt():
     d = tmpdir()
     write_bytes(d + "/config.json", envelope(changed("channels.0.correction", [-40])))
     cfg, status, detail = config.load(d)
-    assert status == "corrupt" and cfg == config.DEFAULTS, (status, detail)
+    assert status == "corrupt" and cfg == config.defaults(), (status, detail)
     assert "calibration band" in detail, detail
 
 
@@ -945,7 +967,7 @@ def test_filter_choices_are_what_the_ntc_driver_takes():
         def read_u16(self):
             return 30000
 
-    spec = dict(config._CHANNEL[1])["filter"]
+    spec = dict(dict(config.SCHEMA[1])["channels"][1][1])["filter"]
     assert spec == ("enum", ("median5", "ema", "none")), spec
     for choice in spec[1]:
         ch = changed("channels.0.filter", choice)["channels"][0]
@@ -993,7 +1015,7 @@ def test_merge_refuses_deep_nesting():
 
 
 def test_merge_accepts_the_nesting_the_schema_needs():
-    new = config.merge(config.DEFAULTS, {
+    new = config.merge(config.defaults(), {
         "channels": {"0": {"correction": [0.5], "sh": None}},
         "curve": {"points": [[30000, 13107], [85000, 65535]]},
     })
@@ -1002,7 +1024,7 @@ def test_merge_accepts_the_nesting_the_schema_needs():
     rejected(changed("channels.0.correction", nested_lists(5, 0.0)),
              "channels.0.correction.0", "expected a finite number")
     with raises(ConfigError, match="pid.kp: expected int"):
-        config.merge(config.DEFAULTS, {"pid.kp": nested_lists(6)})
+        config.merge(config.defaults(), {"pid.kp": nested_lists(6)})
 
 
 def test_validate_reports_deep_values_without_recursing():

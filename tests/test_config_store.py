@@ -150,9 +150,9 @@ def test_a_changed_save_writes_once():
 
 
 def test_the_flashed_default_file_is_not_rewritten():
-    # modbridge flash writes encode_file(DEFAULTS); saving the defaults costs nothing
+    # modbridge flash writes encode_file(defaults()); saving the defaults costs nothing
     d = tmpdir()
-    write_bytes(d + "/config.json", config.encode_file(config.DEFAULTS).encode())
+    write_bytes(d + "/config.json", config.encode_file(config.defaults()).encode())
     assert config.save(config.defaults(), d) is False
     assert config.flash_writes(d) == 0
 
@@ -190,7 +190,7 @@ def test_a_file_without_a_write_count_is_zero_and_still_loads():
 def test_a_bad_write_count_is_corrupt():
     for bad in (b"-1", b'"3"', b"1.5", b"null", b"true"):
         d = tmpdir()
-        data = config.encode_file(config.DEFAULTS, 3).encode().replace(b'"writes":3',
+        data = config.encode_file(config.defaults(), 3).encode().replace(b'"writes":3',
                                                                      b'"writes":' + bad)
         write_bytes(d + "/config.json", data)
         _, status, detail = config.load(d)
@@ -228,7 +228,7 @@ def test_candidates_order_and_details():
     d = tmpdir()
     cands, writes, problems = config.candidates(d)
     assert sources(cands) == ["factory"] and writes == 0 and problems == []
-    assert cands[0][1] == config.DEFAULTS and cands[0][2] == "factory defaults"
+    assert cands[0][1] == config.defaults() and cands[0][2] == "factory defaults"
     config.save(cfg_with(1), d)
     cands, writes, problems = config.candidates(d)
     assert sources(cands) == ["current", "factory"] and writes == 1
@@ -241,7 +241,7 @@ def test_candidates_order_and_details():
     assert writes == 2 and problems == []
     # each candidate is a fresh object: the app may keep and change the one it uses
     cands[2][1]["pid"]["kp"] = 1
-    assert config.DEFAULTS["pid"]["kp"] == 5000
+    assert config.defaults()["pid"]["kp"] == 5000
 
 
 def boot(d, configure):
@@ -327,7 +327,7 @@ def test_load_statuses():
     assert (status, cfg["pid"]["kp"]) == ("prev", 1), detail
     write_bytes(d + "/config.prev.json", b"")
     cfg, status, detail = config.load(d)
-    assert status == "corrupt" and cfg == config.DEFAULTS, detail
+    assert status == "corrupt" and cfg == config.defaults(), detail
     assert "config.prev.json: file is empty; kept as config.prev.json.bad" in detail, detail
     assert "in use: factory defaults" in detail
     assert config.load(d)[1] == "missing"
@@ -367,7 +367,7 @@ def test_factory_reset_removes_both_and_keeps_bad_files():
     write_bytes(d + "/config.json.tmp", b"x")
     write_bytes(d + "/config.json.bad", b"y")
     write_bytes(d + "/config.prev.json.bad", b"z")
-    assert config.factory_reset(d) == config.DEFAULTS
+    assert config.factory_reset(d) == config.defaults()
     assert listdir(d) == ["config.json.bad", "config.prev.json.bad"]
     cands, writes, problems = config.candidates(d)
     assert sources(cands) == ["factory"] and writes == 0 and problems == []
@@ -398,7 +398,7 @@ def test_deeply_nested_files_are_corrupt_not_a_crash():
         for data in (
             b'{"config":' + b"[" * n + b"]" * n + b',"crc":0,"version":1}',
             b"[" * n + b"]" * n,
-            config.encode_file(config.DEFAULTS).encode().replace(
+            config.encode_file(config.defaults()).encode().replace(
                 b'"correction":[]', b'"correction":' + b"[" * n + b"]" * n, 1),
         ):
             if len(data) > config.MAX_FILE_BYTES:
@@ -406,7 +406,7 @@ def test_deeply_nested_files_are_corrupt_not_a_crash():
             d = tmpdir()
             write_bytes(d + "/config.json", data)
             cfg, status, detail = config.load(d)
-            assert status == "corrupt" and cfg == config.DEFAULTS, (n, detail)
+            assert status == "corrupt" and cfg == config.defaults(), (n, detail)
             assert "file is nested deeper than 6 levels" in detail, (n, detail)
             with raises(ConfigError, match="nested deeper than 6 levels"):
                 config.decode_file(data)
@@ -669,7 +669,7 @@ def test_a_file_from_before_the_adaptive_pid_keys_loads_with_their_factory_value
     got, detail = config.decode_file(old_envelope(cfg))
     assert got["pid"]["kp"] == 7000, got["pid"]
     for section, key in config._ADDED_IN_1:
-        assert got[section][key] == config.DEFAULTS[section][key], key
+        assert got[section][key] == config.defaults()[section][key], key
     assert "key(s) added by this firmware" in detail, detail
 
 

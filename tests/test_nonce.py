@@ -1,7 +1,8 @@
 """device/nonce.py: the per-boot nonce, with and without os.urandom (STM32F411)."""
 
+from mpcompat import tmpdir
+
 from device import nonce as N
-from tests.mpcompat import tmpdir
 
 DUAL = True
 UID = b"\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c"
