@@ -757,7 +757,7 @@ def test_prefixes_of_a_module_that_went_away_are_dropped():
     gone = f"{MOD}02"
 
     def cached_labels():
-        return {v for p in r._prefixes.values() for labels in p for v in labels}
+        return r.cached_label_values()
 
     assert gone in cached_labels()
     for _ in range(2):

@@ -1126,11 +1126,11 @@ def _break_service(link, failures, exc=None):
     real = link._service
     times = []
 
-    def broken():
+    def broken(*args):
         if len(times) < failures:
             times.append(time.monotonic())
             raise exc
-        return real()
+        return real(*args)
 
     link._service = broken
     return times

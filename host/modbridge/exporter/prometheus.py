@@ -523,17 +523,226 @@ def _live_version(snap: BridgeSnapshot | None) -> tuple:
     )
 
 
+def _sources(snap: BridgeSnapshot):
+    """(modules, gpus, pairs, gpu_by_uuid, gpu_of_module) of a snapshot, deduplicated
+    as :func:`_fill` exports them."""
+    gpus = _dedupe(snap.gpus, key=lambda s: s.uuid)
+    pairs = _dedupe(snap.pairs, key=lambda p: (p.module_id or "", p.gpu_uuid or ""))
+    modules = _dedupe(
+        snap.modules,
+        key=_module_label,
+        prefer=lambda m: (not m.link_up, -(m.last_frame_at or float("-inf"))),
+    )
+    gpu_by_uuid = {s.uuid: s for s in gpus}
+    gpu_of_module = {p.module_id: p.gpu_uuid for p in pairs if p.module_id}
+    return modules, gpus, pairs, gpu_by_uuid, gpu_of_module
+
+
+_ONE = (1,)  # an info sample's value
+_ERROR_KINDS = tuple(ERROR_KINDS)
+_CLOCK_NAMES = tuple(CLOCKS_EVENT_REASONS)
+_CLOCK_MASKS = tuple(CLOCKS_EVENT_REASONS.values())
+_GPU_VALUES = (
+    ("g_temp", "temperature_c"), ("g_mem_temp", "memory_temperature_c"),
+    ("g_slowdown", "slowdown_temp_c"), ("g_shutdown", "shutdown_temp_c"),
+    ("g_max_op", "max_operating_temp_c"), ("g_power", "power_w"),
+    ("g_limit", "enforced_limit_w"), ("g_limit_default", "default_limit_w"),
+    ("g_limit_min", "min_limit_w"), ("g_limit_max", "max_limit_w"),
+    ("g_util", "utilization"), ("g_fan", "fan_speed_ratio"),
+)  # fmt: skip
+
+
+_known_sets: dict[tuple, tuple] = {}  # known names -> (their set, zeros)
+
+
+def _counts(known: tuple, counts) -> tuple[tuple, tuple]:
+    """(names, values) of :func:`_with_zeros`: every known name (0 if not counted),
+    then the counted names not known, in their order."""
+    got = _known_sets.get(known)
+    if got is None:
+        got = _known_sets[known] = (frozenset(known), (0,) * len(known))
+    if counts.keys() <= got[0]:
+        return known, tuple(map(counts.get, known, got[1]))
+    names = known + tuple(k for k in counts if k not in got[0])
+    return names, tuple(counts.get(k, 0) for k in names)
+
+
+_hots: dict = {}  # (known names, active) -> (names, values)
+
+
+def _hot(known: tuple, active) -> tuple[tuple, tuple]:
+    """(names, values) of :func:`_one_hot`."""
+    got = _hots.get((known, active))
+    if got is None:
+        names = known if active is None or active in known else known + (active,)
+        got = (names, tuple(1.0 if n == active else 0.0 for n in names))
+        if len(_hots) < 4096:  # states from the wire: bounded
+            _hots[known, active] = got
+    return got
+
+
+def _bits(names: tuple, bits: tuple, value: int) -> tuple:
+    """0/1 per bit of ``value`` (fault bits, clocks event reasons)."""
+    got = _bit_values.get((names, value))
+    if got is None:
+        got = tuple(1.0 if value & bit else 0.0 for bit in bits)
+        if len(_bit_values) < 4096:
+            _bit_values[names, value] = got
+    return got
+
+
+_bit_values: dict = {}
+_FAULT_MASKS = tuple(1 << i for i in range(len(C.FAULT_BITS)))
+
+
+class _Blocks:
+    """One walk of a snapshot as blocks: per family, a list of ``(key, values)`` in
+    exposition order, where ``key = (head, names)`` gives the block's label values
+    (``head``, or ``head + (name,)`` for each of ``names``) and ``values`` its samples'
+    values. The same rows as :func:`_fill` (a test holds them equal, byte for byte),
+    grouped so that a block whose values did not change keeps its text."""
+
+    def __init__(self, snap: BridgeSnapshot | None):
+        self.families: dict[str, list] = {attr: [] for attr, *_ in FAMILIES}
+        self.modules: list[ModuleStatus] = []
+        f = self.families
+        f["build_info"].append((((__version__, snap.backend if snap else ""), None), _ONE))
+        if snap is None:
+            return
+        modules, gpus, pairs, gpu_by_uuid, gpu_of_module = _sources(snap)
+        self.modules = modules
+        for m in modules:
+            self._module(m, gpu_of_module, gpu_by_uuid)
+        for s in gpus:
+            self._gpu(s)
+        seen = set()
+        for p in pairs:
+            if p.gpu_uuid and p.original_limit_w is not None and p.gpu_uuid not in seen:
+                seen.add(p.gpu_uuid)
+                w = p.original_limit_w
+                f["g_limit_original"].append((((p.gpu_uuid,), None), (w if w else _z(w),)))
+        for p in pairs:
+            self._pair(p)
+
+    def _module(self, m: ModuleStatus, gpu_of_module, gpu_by_uuid) -> None:
+        f = self.families
+        mod = _module_label(m)
+        head = (mod,)
+        gpu_uuid = gpu_of_module.get(m.module_id) or ""
+        gpu = gpu_by_uuid.get(gpu_uuid)
+        info = (m.fw_version, m.proto_version, m.board, gpu_uuid, gpu.name if gpu else "")
+        info = (mod, m.port) + tuple(sanitize(v) if v else "" for v in info)
+        f["m_info"].append(((info, None), _ONE))
+        f["m_up"].append((((mod, m.port), None), (1.0 if m.link_up else 0.0,)))
+        f["m_frames"].append(((head, None), (m.frames_total,)))
+        names, values = _counts(_ERROR_KINDS, m.frame_errors)
+        f["m_frame_errors"].append(((head, names), values))
+        f["m_reconnects"].append(((head, None), (m.reconnects,)))
+        f["m_resets"].append(((head, None), (m.module_resets,)))
+        names, values = _counts(C.REASONS, m.events_total)
+        f["m_events"].append(((head, names), values))
+        if not m.telemetry or not m.link_up:
+            return  # no readings, no state, no faults (see BridgeCollector._module)
+        faults = m.faults
+        chans, temps = [], []
+        for ch in C.CHANNELS:
+            t = m.temperature_c(ch)
+            if t is not None and not faults & _NTC_FAULT[ch]:
+                chans.append(ch)
+                temps.append(t if t else _z(t))
+        if chans:
+            f["m_temp"].append(((head, tuple(chans)), tuple(temps)))
+        rpm_n, rpm_v, duty_n, duty_v = [], [], [], []
+        for fan in range(1, (m.fans or 2) + 1):
+            rpm, duty = m.fan_rpm(fan), m.fan_duty_ratio(fan)
+            if rpm is not None:
+                rpm_n.append(str(fan))
+                rpm_v.append(rpm if rpm else _z(rpm))
+            if duty is not None:
+                duty_n.append(str(fan))
+                duty_v.append(duty if duty else _z(duty))
+        if rpm_n:
+            f["m_fan_rpm"].append(((head, tuple(rpm_n)), tuple(rpm_v)))
+        if duty_n:
+            f["m_fan_duty"].append(((head, tuple(duty_n)), tuple(duty_v)))
+        for attr, value in (("m_volts", m.v_in_v), ("m_amps", m.i_in_a), ("m_watts", m.p_in_w)):
+            if value is not None:
+                f[attr].append(((head, None), (value if value else _z(value),)))
+        state = m.state
+        if state is not None:
+            names, values = _hot(C.STATES, state)
+            f["m_state"].append(((head, names), values))
+        if "faults" in m.telemetry:
+            values = _bits(C.FAULT_BITS, _FAULT_MASKS, faults)
+            f["m_fault"].append(((head, C.FAULT_BITS), values))
+
+    def _gpu(self, s: GpuSample) -> None:
+        f = self.families
+        head = (s.uuid,)
+        f["g_info"].append((((s.uuid, s.name, s.pci_bus_id), None), _ONE))
+        f["g_up"].append(((head, None), (1.0 if s.state == "ok" else 0.0,)))
+        names, values = _hot(GPU_STATES, s.state)
+        f["g_state"].append(((head, names), values))
+        for attr, field in _GPU_VALUES:
+            value = getattr(s, field)
+            if value is not None:
+                f[attr].append(((head, None), (value if value else _z(value),)))
+        reasons = s.clocks_event_reasons
+        if reasons is not None:
+            values = _bits(_CLOCK_NAMES, _CLOCK_MASKS, reasons)
+            f["g_clocks"].append(((head, _CLOCK_NAMES), values))
+
+    def _pair(self, p: PairState) -> None:
+        f = self.families
+        head = (p.module_id or "", p.gpu_uuid or "")
+        f["p_level"].append(((head, None), (p.level,)))
+        level = POLICY_LEVELS[p.level] if 0 <= p.level < len(POLICY_LEVELS) else str(p.level)
+        names, values = _hot(POLICY_LEVELS, level)
+        f["p_state"].append(((head, names), values))
+        names, values = _counts(POLICY_ACTIONS, p.actions_total)
+        f["p_actions"].append(((head, names), values))
+        f["p_refused"].append(((head, None), (p.limit_writes_refused,)))
+        if p.eta_s is not None:
+            eta = max(0.0, p.eta_s)
+            f["p_eta"].append(((head, None), (eta if eta else _z(eta),)))
+        target = p.target_limit_w if p.target_limit_w is not None else p.original_limit_w
+        if target is not None:
+            f["p_target"].append(((head, None), (target if target else _z(target),)))
+
+
+def _labels_of(key: tuple) -> list[tuple]:
+    head, names = key
+    return [head] if names is None else [head + (n,) for n in names]
+
+
+def _lines(prefixes: list[str], values: tuple) -> str:
+    return "".join([f"{p}{value_text(v)}\n" for p, v in zip(prefixes, values, strict=True)])
+
+
+def _z(v):
+    """A zero as its text tells it: -0.0 (which equals 0.0 but is written "-0.0") as
+    a string that ``float()`` reads back, so that blocks compare equal only when their
+    text is the same. For values from outside (telemetry, GPU readings, the policy);
+    call it only on a falsy value: ``v if v else _z(v)``."""
+    return "-0.0" if type(v) is float and math.copysign(1.0, v) < 0 else v
+
+
 class Renderer:
     """The exposition text of a snapshot source, rendered once per snapshot version.
 
     ``render(fmt)`` returns exactly the bytes prometheus_client's ``generate_latest``
     (or its OpenMetrics one) makes of a registry holding ``BridgeCollector(source,
-    clock)`` and then ``extra``'s collectors: the same rows (``_fill``), and every
-    header and label prefix is prometheus_client's own text, made once and kept.
-    A scrape of a snapshot version already rendered costs the CLOCKED samples
-    (ages), ``extra`` (the process metrics) and a join; a new version costs one walk
-    over the snapshot and one line per sample. ``renders`` counts the versions
-    rendered (tests count it; no timing in tests).
+    clock)`` and then ``extra``'s collectors: the same rows (:class:`_Blocks` walks the
+    snapshot as :func:`_fill` does), and every header and sample prefix is
+    prometheus_client's own text, made once and kept. A scrape of a snapshot version
+    already rendered costs the CLOCKED samples (ages), ``extra`` (the process
+    metrics) and a join; a new version costs one walk over the snapshot, a tuple
+    comparison per family (in C) and, in a family that changed, per block (a module's
+    frame errors, a GPU's power, a pair's actions), and a line per sample of the
+    blocks whose values changed. Texts and prefixes a
+    render did not use (a module that went away) are dropped after the next render
+    of that format. ``renders`` counts the versions rendered (tests count it; no
+    timing in tests).
     """
 
     def __init__(
@@ -548,13 +757,15 @@ class Renderer:
         self._lock = threading.Lock()
         self._snap: BridgeSnapshot | None = None
         self._version: tuple | None = None
-        self._rows: _Families | None = None
-        self._modules: list[ModuleStatus] = []
+        self._blocks: _Blocks | None = None
         self._parts: dict[str, list] = {}  # fmt -> [bytes | CLOCKED attr, ...]
         self._headers: dict[tuple[str, str], str] = {}
-        self._prefixes: dict = {}  # (fmt, attr) -> {label values: text before the value}
-        self._old_prefixes: dict = {}
-        self._texts: dict[str, dict] = {}  # fmt -> {attr: (rows, text)} of the last render
+        # (fmt, attr) -> {block key: (values, text, prefixes)} of the last render of fmt
+        self._texts: dict[tuple[str, str], dict] = {}
+        # (fmt, attr) -> {label values: text before the value}: the CLOCKED families'
+        self._prefixes: dict[tuple[str, str], dict] = {}
+        # (fmt, attr) -> (blocks, text) of the last render of fmt
+        self._family_texts: dict[tuple[str, str], tuple] = {}
         self.renders = 0
 
     def render(self, fmt: str = TEXT) -> bytes:
@@ -562,17 +773,16 @@ class Renderer:
         now = self._clock()
         with self._lock:
             version = _live_version(snap)
-            if self._rows is None or snap is not self._snap or version != self._version:
-                rows = _Families()
-                self._modules = _fill(rows, snap)
-                self._snap, self._version, self._rows = snap, version, rows
+            if self._blocks is None or snap is not self._snap or version != self._version:
+                self._blocks = _Blocks(snap)
+                self._snap, self._version = snap, version
                 self._parts = {}
                 self.renders += 1
             parts = self._parts.get(fmt)
             if parts is None:
                 parts = self._parts[fmt] = self._segments(fmt)
             clocked = _Families()
-            _fill_clocked(clocked, snap, self._modules, now)
+            _fill_clocked(clocked, snap, self._blocks.modules, now)
             out = [
                 p if type(p) is bytes else self._family(fmt, p, getattr(clocked, p)).encode()
                 for p in parts
@@ -584,66 +794,89 @@ class Renderer:
         return b"".join(out)
 
     def _segments(self, fmt: str) -> list:
-        """The rows as text, cut where a CLOCKED family goes in. A family whose rows
-        are equal to its rows in the last render (most: info, one-hot states, limits,
-        counters at rest) keeps its text; label prefixes no longer used (a module that
-        went away) are dropped once they were not needed twice."""
-        self._old_prefixes, self._prefixes = self._prefixes, {}
-        last = self._texts.get(fmt, {})
-        texts = self._texts[fmt] = {}
+        """The blocks as text, cut where a CLOCKED family goes in. A block whose values
+        equal its values in the last render of ``fmt`` keeps its text."""
         parts, text = [], []
-        for attr, rows in self._rows.rows():
+        for attr, *_ in FAMILIES:
             if attr in CLOCKED:
                 parts.append("".join(text).encode())
                 parts.append(attr)
                 text = []
-            elif rows:
-                kept = last.get(attr)
-                if kept is not None and kept[0].same_as(rows):
-                    self._keep_prefixes(fmt, attr)
-                    family = kept[1]
-                else:
-                    family = self._family(fmt, attr, rows)
-                texts[attr] = (rows, family)
-                text.append(family)
+                continue
+            blocks = self._blocks.families[attr]
+            if blocks:
+                text.append(self._family_text(fmt, attr, blocks))
         parts.append("".join(text).encode())
         return parts
 
-    def _keep_prefixes(self, fmt: str, attr: str) -> None:
+    def _family_text(self, fmt: str, attr: str, blocks: list) -> str:
         key = (fmt, attr)
-        if key not in self._prefixes and key in self._old_prefixes:
-            self._prefixes[key] = self._old_prefixes[key]
+        last = self._family_texts.get(key)
+        if last is not None and last[0] == blocks:
+            return last[1]  # every block as in the last render (one comparison, in C)
+        old = self._texts.get(key, {})
+        texts = self._texts[key] = {}
+        new = [(block, values) for block, values in blocks if block not in old]
+        if new:  # prometheus_client writes the prefixes of all new blocks at once
+            labels = [_labels_of(block) for block, _ in new]
+            flat = self._new_prefixes(fmt, attr, [lv for ls in labels for lv in ls])
+            i = 0
+            for (block, values), ls in zip(new, labels, strict=True):
+                prefixes = flat[i : i + len(ls)]
+                i += len(ls)
+                old[block] = (values, _lines(prefixes, values), prefixes)
+        out = [self._header(fmt, attr)]
+        for block, values in blocks:
+            kept = old[block]
+            if kept[0] != values:
+                kept = (values, _lines(kept[2], values), kept[2])
+            texts[block] = kept
+            out.append(kept[1])
+        text = "".join(out)
+        self._family_texts[key] = (blocks, text)
+        return text
 
-    def _family(self, fmt: str, attr: str, rows: _Rows) -> str:
-        if not rows:
-            return ""
+    def _header(self, fmt: str, attr: str) -> str:
         header = self._headers.get((fmt, attr))
         if header is None:
             header = self._headers[fmt, attr] = _text_of(fmt, _Given(_family(*_FAMILY_DEF[attr])))
-        lines = [header]
-        key = (fmt, attr)
-        prefixes = self._prefixes.get(key)
-        if prefixes is None:
-            prefixes = self._prefixes[key] = {}
-        info = _FAMILY_DEF[attr][0] == "info"  # the rows' value is {}: the sample's is 1
-        for label_values, v in rows:
-            prefix = prefixes.get(label_values)
-            if prefix is None:
-                prefix = self._old_prefixes.get(key, {}).get(label_values)
-                if prefix is None:
-                    prefix = self._prefix(fmt, attr, label_values)
-                prefixes[label_values] = prefix
-            lines.append(f"{prefix}{value_text(1 if info else v)}\n")
+        return header
+
+    def _new_prefixes(self, fmt: str, attr: str, labels: list[tuple]) -> list[str]:
+        """Samples' lines up to their values, as prometheus_client writes them (name,
+        suffix, labels escaped): the samples rendered, their values cut off."""
+        family = _family(*_FAMILY_DEF[attr])
+        for lv in labels:
+            family.add_metric(list(lv), {} if family.type == "info" else 0)
+        body = _text_of(fmt, _Given(family))[len(self._header(fmt, attr)) :]
+        return [line[: line.rindex(" ") + 1] for line in body.split("\n")[:-1]]
+
+    def _family(self, fmt: str, attr: str, rows: _Rows) -> str:
+        """A CLOCKED family's text from its rows (every scrape)."""
+        if not rows:
+            return ""
+        old = self._prefixes.get((fmt, attr), {})
+        labels = [lv for lv, _ in rows]
+        prefixes = {lv: old[lv] for lv in labels if lv in old}  # a module gone: dropped
+        missing = [lv for lv in labels if lv not in prefixes]
+        if missing:
+            prefixes.update(zip(missing, self._new_prefixes(fmt, attr, missing), strict=True))
+        self._prefixes[fmt, attr] = prefixes
+        lines = [self._header(fmt, attr)]
+        lines += [f"{prefixes[lv]}{value_text(v)}\n" for lv, v in rows]
         return "".join(lines)
 
-    def _prefix(self, fmt: str, attr: str, label_values: tuple) -> str:
-        """A sample's line up to its value, as prometheus_client writes it (name,
-        suffix, labels sorted and escaped): one sample rendered, its value cut off."""
-        family = _family(*_FAMILY_DEF[attr])
-        family.add_metric(list(label_values), {} if family.type == "info" else 0)
-        header = self._headers[fmt, attr]
-        line = _text_of(fmt, _Given(family))[len(header) :]
-        return line[: line.rindex(" ") + 1]
+    def cached_label_values(self) -> set:
+        """Every label value a cached text or prefix holds (a test's view)."""
+        out = set()
+        for texts in self._texts.values():
+            for block in texts:
+                for lv in _labels_of(block):
+                    out.update(lv)
+        for prefixes in self._prefixes.values():
+            for lv in prefixes:
+                out.update(lv)
+        return out
 
 
 # -- HTTP endpoint ------------------------------------------------------------------

@@ -15,7 +15,7 @@ from protocol.message import lookup, validate_fields
 log = logging.getLogger(__name__)
 
 MAX_PERIOD_MS = 600000  # the catalog's period_ms maximum
-_HEARTBEAT = lookup("heartbeat")
+HEARTBEAT = lookup("heartbeat")
 
 
 def wire_int(v):
@@ -51,7 +51,7 @@ def checked_fields(fields: dict, once: Callable[[str], bool], port: str) -> dict
     encodes once, signed or not); None if not even an empty heartbeat would do."""
     for _ in range(len(fields) + 1):
         try:
-            validate_fields(_HEARTBEAT, fields)
+            validate_fields(HEARTBEAT, fields)
             return fields
         except ProtocolError as e:
             bad = getattr(e, "field", None)

@@ -165,8 +165,10 @@ class LinkIO:
                     else:
                         ready.add(key.data)
                 for link in list(self._links):
-                    if link in ready or link._due():
-                        link._step()
+                    if link in ready:
+                        link._step(True)
+                    elif link._due():
+                        link._step(False)  # a deadline: nothing to read
                 if self.after_iteration is not None:
                     self._after()
         finally:

@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import threading
 import time
@@ -96,6 +97,8 @@ from modbridge.link.codec import (  # noqa: F401 - re-exported: the link's publi
     Banner,
     HostDecoder,
     _cobs_decode,
+    encode_fast,
+    fast_keyed,
 )
 from modbridge.link.errors import (  # noqa: F401 - re-exported
     BadRequest,
@@ -112,7 +115,7 @@ from modbridge.link.errors import (  # noqa: F401 - re-exported
     not_paired_text,
     version_error_text,
 )
-from modbridge.link.heartbeat import checked_fields, heartbeat_fields
+from modbridge.link.heartbeat import HEARTBEAT, checked_fields, heartbeat_fields
 from modbridge.link.io import LinkIO
 from modbridge.link.keys import PAIRING_WINDOW_S, KeyStore, KeyStoreError
 from modbridge.link.port import (  # noqa: F401 - re-exported
@@ -146,6 +149,7 @@ from protocol.sign import Signer
 log = logging.getLogger(__name__)
 
 POLL_PERIOD_S = 0.5  # only for a port object without a fileno() (a test double)
+READ_CHUNK = 4096  # bytes a read takes at most (a pty holds 4 KB; a UART's FIFO far less)
 HELLO_TIMEOUT_S = 1.0  # first wait for a hello; doubles per retry up to BACKOFF_MAX_S
 HELLO_TRIES = 3  # unanswered hello_requests before last_error says so
 STOP_TIMEOUT_S = 2.0
@@ -245,6 +249,7 @@ class ModuleLink:
         self._key_error_shown: str | None = None  # the last_error the key situation set
 
         self._ser = None
+        self._fd: int | None = None  # a pyserial port's fd: read and written directly
         self._stop = threading.Event()
         self._up = threading.Condition()
         self._wlock = threading.Lock()
@@ -503,10 +508,12 @@ class ModuleLink:
                 due = silent_at
         return due
 
-    def _step(self) -> None:
+    def _step(self, readable: bool = True) -> None:
         """Service the link once (read what is waiting, run its timers, reopen a lost
         port) under the link's supervisor: a lost port is the reconnect path, anything
-        else restarts the link (:meth:`_loop_failed`); nothing escapes to the thread."""
+        else restarts the link (:meth:`_loop_failed`); nothing escapes to the thread.
+        ``readable``: the selector says the port has bytes (or hung up); a port it does
+        not watch (no fd) is read every time."""
         if self._stop.is_set():
             return
         try:
@@ -516,20 +523,18 @@ class ModuleLink:
                     if self.clock() >= self._reopen_at:
                         self._try_open()
                 else:
-                    self._service()
+                    self._service(readable)
             except (serial.SerialException, OSError) as e:
                 self._lost(e)
             self._check_silence()
         except BaseException as e:  # noqa: BLE001 - the supervisor: restart, never die
             self._loop_failed(e)
 
-    def _service(self) -> None:
+    def _service(self, readable: bool = True) -> None:
         """Read everything waiting (stamped now), dispatch it, run the timers. The
         read is non-blocking; on an unplugged port it raises (the selector reports the
         fd readable), which :meth:`_step` turns into a reconnect."""
-        ser = self._ser
-        n = ser.in_waiting
-        data = ser.read(n if n > 0 else 1)
+        data = self._read() if readable or not self._selectable else b""
         now = self.clock()
         self._last_service = now
         if data:
@@ -552,6 +557,25 @@ class ModuleLink:
                     )
                 )
             self._send_hello_request(now)
+
+    def _read(self) -> bytes:
+        """What the port holds now. A pyserial port's fd is read directly (one
+        syscall; pyserial's read adds an ioctl and a select): ready but empty means the
+        device is gone, as pyserial says it."""
+        fd = self._fd
+        if fd is None:
+            ser = self._ser
+            n = ser.in_waiting
+            return ser.read(n if n > 0 else 1)
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return b""
+        if not data:
+            raise serial.SerialException(
+                "device reports readiness to read but returned no data (device disconnected?)"
+            )
+        return data
 
     def _check_silence(self) -> None:
         if self.on_silent is None or self._silent_reported:
@@ -611,6 +635,8 @@ class ModuleLink:
         return True
 
     def _opened(self) -> None:
+        # a pyserial port itself (not a wrapper or a test double): its fd directly
+        self._fd = self._ser.fd if type(self._ser) is serial.Serial else None
         if self._lost_once:
             self.status.reconnects += 1
             log.info("%s: port reopened (reconnect %d)", self.port, self.status.reconnects)
@@ -637,6 +663,7 @@ class ModuleLink:
             self._reopen_at = self.clock() + self._backoff.next()
 
     def _close(self) -> None:
+        self._fd = None
         ser, self._ser = self._ser, None
         if ser is not None:
             try:
@@ -674,7 +701,7 @@ class ModuleLink:
         reach the module in timestamp order (a later timestamp sent first would make
         the earlier frame a replay)."""
         if signer is None:
-            frame = encode_frame(name, fields, seq)
+            frame = encode_fast(name, fields, seq)
             self._check_size(name, frame)
             self._write(frame)
             return
@@ -684,7 +711,7 @@ class ModuleLink:
             # one timestamp sequence per link id, whichever signer (key) signs
             signer.last_ts = max(signer.last_ts, self._last_ts)
             try:
-                frame = encode_frame(name, fields, seq, signer=signer)
+                frame = encode_fast(name, fields, seq, signer=signer)
             except ProtocolError as e:
                 raise BadRequest(f"{self.port}: {name}: {e}") from None
             self._last_ts = signer.last_ts
@@ -692,7 +719,10 @@ class ModuleLink:
             self._write_locked(frame)
 
     def _check_size(self, name: str, frame: bytes) -> None:
-        if len(_cobs_decode(frame[:-1]) or b"") > self.max_frame:
+        n = len(frame) - 2  # a frame below one COBS block: one code byte, the delimiter
+        if n >= 254:
+            n = len(_cobs_decode(frame[:-1]) or b"")
+        if n > self.max_frame:
             raise BadRequest(
                 f"{self.port}: {name} is larger than the module's {self.max_frame}-byte frames"
             )
@@ -709,6 +739,15 @@ class ModuleLink:
             frame = b"\x00" + frame
             self._flush_next = False
         try:
+            fd = self._fd
+            if fd is not None:  # a pyserial port: write what the fd takes now
+                try:
+                    n = os.write(fd, frame)
+                except BlockingIOError:
+                    n = 0
+                if n == len(frame):
+                    return
+                frame = frame[n:]  # the rest the way pyserial waits for it (timeout)
             ser.write(frame)
         except serial.SerialTimeoutException:
             # The module is not reading (host_silence, a full pty): not a lost
@@ -756,13 +795,15 @@ class ModuleLink:
                 log.warning("%s: %d bytes not taken by the module: heartbeats held back "
                             "until it reads again", self.port, queued)  # fmt: skip
             return
-        fields = checked_fields(self.heartbeat_fields(), self._once, self.port)
-        if fields is None:
-            return
+        fields = self.heartbeat_fields()
+        if fast_keyed(HEARTBEAT, fields) is None:  # a field the catalog refuses: dropped
+            fields = checked_fields(fields, self._once, self.port)
+            if fields is None:
+                return
         seq = self._next_seq()
         if not self.signing_supported:
             try:
-                frame = encode_frame("heartbeat", fields, seq)
+                frame = encode_fast("heartbeat", fields, seq)
             except ProtocolError as e:  # too large for a frame: nothing to drop here
                 if self._once(f"hb-encode {e}"):
                     log.warning("%s: heartbeat not sent: %s", self.port, e)
