@@ -413,15 +413,7 @@ def _fill(f: _Families, snap: BridgeSnapshot | None) -> list[ModuleStatus]:
     f.build_info.add_metric([__version__, snap.backend if snap else ""], {})
     if snap is None:
         return []
-    gpus = _dedupe(snap.gpus, key=lambda s: s.uuid)
-    pairs = _dedupe(snap.pairs, key=lambda p: (p.module_id or "", p.gpu_uuid or ""))
-    modules = _dedupe(
-        snap.modules,
-        key=_module_label,
-        prefer=lambda m: (not m.link_up, -(m.last_frame_at or float("-inf"))),
-    )
-    gpu_by_uuid = {s.uuid: s for s in gpus}
-    gpu_of_module = {p.module_id: p.gpu_uuid for p in pairs if p.module_id}
+    modules, gpus, pairs, gpu_by_uuid, gpu_of_module = _sources(snap)
     for m in modules:
         BridgeCollector._module(f, m, gpu_of_module, gpu_by_uuid)
     for s in gpus:
