@@ -1257,11 +1257,11 @@ def test_a_crash_of_the_io_thread_itself_restarts_it_and_is_reported(links, capl
         real = io._timeout
         boom = [2]
 
-        def broken():
+        def broken(*args):
             if boom[0]:
                 boom[0] -= 1
                 raise RuntimeError("selector bug")
-            return real()
+            return real(*args)
 
         with caplog.at_level("DEBUG", logger="modbridge.link.io"):
             io._timeout = broken

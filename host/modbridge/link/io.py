@@ -153,9 +153,13 @@ class LinkIO:
             sel.register(self._rfd, selectors.EVENT_READ, None)
             while not self._stop.is_set():
                 self.supervision.check_recovered()
-                self._apply_ops()
+                if self._ops:
+                    self._apply_ops()
                 self._sync(sel)
-                timeout = self._timeout()
+                # every link's deadline, once: they move only when a link is stepped
+                links = list(self._links)
+                deadlines = [link._deadline() for link in links]
+                timeout = self._timeout(links, deadlines)
                 events = sel.select(timeout)
                 self.iterations += 1
                 ready = set()
@@ -164,10 +168,10 @@ class LinkIO:
                         self._drain()
                     else:
                         ready.add(key.data)
-                for link in list(self._links):
+                for link, due in zip(links, deadlines, strict=True):
                     if link in ready:
                         link._step(True)
-                    elif link._due():
+                    elif link.clock() >= due and link in self._links:
                         link._step(False)  # a deadline: nothing to read
                 if self.after_iteration is not None:
                     self._after()
@@ -241,10 +245,15 @@ class LinkIO:
             link._selectable = fd is not None
             self._watched[link] = (ser, fd)
 
-    def _timeout(self) -> float:
+    def _timeout(self, links: list | None = None, deadlines: list | None = None) -> float:
+        """Seconds until the earliest deadline (``deadlines`` of ``links``, computed
+        now when not given), at most ``MAX_WAIT_S``."""
+        if links is None:
+            links = self._links
+            deadlines = [link._deadline() for link in links]
         wait = MAX_WAIT_S
-        for link in self._links:
-            left = link._deadline() - link.clock()
+        for link, due in zip(links, deadlines, strict=True):
+            left = due - link.clock()
             if left < wait:
                 wait = left
         return max(wait, 0.0)
