@@ -102,10 +102,12 @@ def _u32(b, o):
 
 
 def _s32(b, o):
-    v = _u32(b, o)
-    if v & 0x80000000:
-        v -= 0x100000000
-    return v
+    """Signed 32-bit little-endian, without a big int for a value within +-2**30 (a
+    32-bit port's small ints): ``v & 0x80000000`` would allocate on every step."""
+    if b[o + 3] & 0x80:  # negative: -(ones' complement + 1), from the bytes
+        inv = (b[o] ^ 0xFF) | ((b[o + 1] ^ 0xFF) << 8) | ((b[o + 2] ^ 0xFF) << 16)
+        return -((inv | ((b[o + 3] ^ 0xFF) << 24)) + 1)
+    return _u32(b, o)
 
 
 def _put16(b, o, v):

@@ -77,6 +77,12 @@ def _s16(v):
     return v - 0x10000 if v & 0x8000 else v
 
 
+def _gcd(a, b):
+    while b:
+        a, b = b, a % b
+    return a
+
+
 def _div_round(n, d):
     """n / d rounded to the nearest int, halves away from zero (d > 0)."""
     if n >= 0:
@@ -98,6 +104,11 @@ class INA226Model:
         if shunt_ohm <= 0:
             raise ValueError("shunt_ohm must be > 0")
         self.shunt_nohm = int(shunt_ohm * 1e9 + 0.5)
+        # mA * nOhm / 2_500_000 pV, reduced by their gcd so the product stays a small
+        # int on a 32-bit port (20 A * 1 mOhm in pV would be a big int: it allocated)
+        g = _gcd(self.shunt_nohm, 2500000)
+        self._cur_num = self.shunt_nohm // g
+        self._cur_den = 2500000 // g
         self.clock = clock
         self.manufacturer_id = manufacturer_id
         self.die_id = die_id
@@ -116,7 +127,7 @@ class INA226Model:
 
     def set_current_ma(self, ma):
         # mA * nOhm = pV; one shunt LSB is 2.5 uV = 2_500_000 pV
-        raw = _div_round(int(ma) * self.shunt_nohm, 2500000)
+        raw = _div_round(int(ma) * self._cur_num, self._cur_den)
         self._in_shunt = max(-0x8000, min(0x7FFF, raw))
         self._input_changed()
 
