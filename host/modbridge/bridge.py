@@ -6,9 +6,10 @@ Every ``tick_s`` the loop ticks: it reads all GPUs (one NVML pass, or one nvidia
 call), pairs each module with its GPU, lets the policy decide, has the power limiters
 act, and publishes a fresh :class:`~modbridge.model.BridgeSnapshot` that scrapes and
 ``status`` read. An alarm event, a change of fault bits or a silence deadline is
-decided at once: the I/O thread runs the tick itself right after reading the frames
-(:meth:`Bridge._decide_urgent`; ticks take turns under one lock). The links'
-heartbeats carry the cached GPU reading of their pair; nothing slow runs in a scrape.
+decided at once, for that module's pair only: the I/O thread decides it right after
+reading the frames (:meth:`Bridge._decide_urgent`, :meth:`Bridge._decide_pairs`;
+ticks and urgent decisions take turns under one lock). The links' heartbeats carry
+the cached GPU reading of their pair; nothing slow runs in a scrape.
 
 Pairing: the config's ``[[module]]`` tables map module ids (the MCU unique id from
 hello) or ports to GPU UUIDs / PCI bus ids; with one module and one GPU and no

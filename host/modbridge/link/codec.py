@@ -14,7 +14,14 @@ import cbor2
 from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
 from protocol.errors import ProtocolError
-from protocol.frame import HEADER_LEN, MAX_FRAME, MIN_FRAME, StreamDecoder, encode_frame
+from protocol.frame import (
+    HEADER_LEN,
+    MAX_FRAME,
+    MIN_FRAME,
+    StreamDecoder,
+    _is_space,
+    encode_frame,
+)
 from protocol.message import FMT_CBOR, Message, fields_from_keys, lookup
 from protocol.sign import FLAG_SIGNED, TRAILER_LEN
 
@@ -64,6 +71,31 @@ def _plain(value, depth: int) -> bool:
     return False  # None, tags, datetimes, sets, ...: the reference decoder decides
 
 
+_IDLE = 0  # StreamDecoder's state with nothing buffered
+_NL = 0x0A
+
+
+def _whole_frames(data: bytes, max_encoded: int) -> list[bytes] | None:
+    """The binary frames of ``data`` if it is only whole ones (each ended by its
+    0x00; runs of 0x00 between them), every one a frame to the reference state
+    machine too: its second byte a control byte, not whitespace (the first byte
+    of a frame's content is the major version), not a blank line's LF before it, and
+    not longer than the receive buffer. None for anything else."""
+    if not data or data[-1] != 0:
+        return None
+    frames = []
+    for enc in data.split(b"\x00")[:-1]:
+        if not enc:
+            continue
+        if len(enc) < 2 or len(enc) > max_encoded:
+            return None
+        b = enc[1]
+        if b >= 0x20 or _is_space(b) or (enc[0] == _NL and b != VERSION_MAJOR):
+            return None
+        frames.append(enc)
+    return frames
+
+
 class Banner:
     """A boot banner line (``MODULER READY v<fw>``) seen on the stream."""
 
@@ -93,8 +125,29 @@ class HostDecoder(StreamDecoder):
         self.peer_version: tuple[int, int] | None = None
         self.fast_frames = 0
 
+    def feed(self, data, n=None, sink=None):
+        """:meth:`StreamDecoder.feed`; a chunk that is nothing but whole binary frames
+        (what a read of the port returns almost every time) is cut at its delimiters
+        and each frame decoded at once, without the byte-wise state machine. Anything
+        else (text, a frame cut by the read, a sink) goes the reference way."""
+        if sink is None and n is None and self._state == _IDLE and type(data) is bytes:
+            frames = _whole_frames(data, self.max_encoded)
+            if frames is not None:
+                end = len(data)
+                room = 0x3FFFFFFF - self.bytes  # as the reference counts (no big int)
+                self.bytes = end - room - 1 if end > room else self.bytes + end
+                out = []
+                for enc in frames:
+                    self._binary(out, enc, False)
+                return out
+        return super().feed(data, n, sink)
+
     def _end_binary(self, out):
-        enc = bytes(self._buf[: self._n])
+        self._binary(out, bytes(self._buf[: self._n]), True)
+
+    def _binary(self, out, enc: bytes, buffered: bool) -> None:
+        """One binary frame ``enc`` (COBS, no delimiter); ``buffered``: it is also in
+        the receive buffer, where the reference path reads it."""
         raw = _cobs_decode(enc)
         if raw is not None and MIN_FRAME <= len(raw) <= len(self._raw):
             n = len(raw)
@@ -105,11 +158,14 @@ class HostDecoder(StreamDecoder):
                     msg = _fast_message(raw)
                     if msg is not None:
                         self._n = 0
-                        self._state = 0  # _IDLE
+                        self._state = _IDLE
                         self.frames += 1
                         self.fast_frames += 1
                         out.append(msg)
                         return
+        if not buffered:
+            self._buf[: len(enc)] = enc
+            self._n = len(enc)
         super()._end_binary(out)
 
     def _end_text(self, out):
