@@ -197,6 +197,8 @@ class Bridge:
         self._refused: dict[str, tuple[float, float]] = {}  # uuid -> (target W, when)
         self.duplicates: dict[str, tuple[str, ...]] = {}  # module id -> its ports (>= 2)
         self._id_port: dict[str, str] = {}  # module id -> the one port that may map it
+        self._mapped: dict[tuple, str | None] = {}  # _gpu_for's answers, while valid for
+        self._mapped_for: tuple | None = None  # (GPUs read, _id_port, duplicates)
         self.ticks = 0
         self.tick_errors = 0
         self.tick_failures_in_a_row = 0
@@ -585,6 +587,20 @@ class Bridge:
         return sample
 
     def _gpu_for(self, status: ModuleStatus) -> str | None:
+        """The GPU a module is mapped to (None: none, or not now). Remembered per
+        (port, module id, reconnects) while the GPUs read, the duplicate ids and the
+        ports that may map an id stay the same."""
+        m = self._mapped_for
+        if (m is None or m[0] != self.samples.keys() or m[1] != self._id_port
+                or m[2] != self.duplicates):  # fmt: skip
+            self._mapped = {}
+            self._mapped_for = (set(self.samples), dict(self._id_port), dict(self.duplicates))
+        key = (status.port, status.module_id, status.reconnects)
+        if key not in self._mapped:
+            self._mapped[key] = self._find_gpu(status)
+        return self._mapped[key]
+
+    def _find_gpu(self, status: ModuleStatus) -> str | None:
         mid = status.module_id
         if mid is not None and (mid in self.duplicates or self._id_port.get(mid, status.port)
                                 != status.port):  # fmt: skip

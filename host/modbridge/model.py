@@ -37,6 +37,9 @@ def silence_timeout_s(telemetry_ms: int | None, max_s: float | None) -> float | 
     return derived if max_s is None else min(derived, max_s)
 
 
+_FAULT_NAMES: dict = {}  # fault bits -> their names (ModuleStatus.fault_names)
+
+
 def _milli(v):
     return None if v is None else v / 1000.0
 
@@ -114,7 +117,12 @@ class ModuleStatus:
 
     def fault_names(self) -> list[str]:
         f = self.faults
-        return [name for i, name in enumerate(C.FAULT_BITS) if f & (1 << i)]
+        names = _FAULT_NAMES.get(f)
+        if names is None:
+            names = tuple(name for i, name in enumerate(C.FAULT_BITS) if f & (1 << i))
+            if len(_FAULT_NAMES) < 4096:  # bits from the wire: bounded
+                _FAULT_NAMES[f] = names
+        return list(names)
 
     def temperature_c(self, channel: str) -> float | None:
         return _milli(self.telemetry.get("temp_" + channel))
