@@ -8,25 +8,31 @@ rooms (20/30/40 degC) x 4 loads (steady, step, 30 s/30 s bursts, 6 s/4 s bursts)
 480 simulated seconds each. Every controller must keep the GPU die under the same
 ceiling, the world's slowdown temperature minus ``MARGIN_C``, in every case.
 
-Controllers, both the real firmware (MicroPython unix port, sim board) lockstepped
+Controllers, all the real firmware (MicroPython unix port, sim board) lockstepped
 with the world, the bench playing the host (a signed heartbeat every simulated
-second with the GPU's temperature and power):
+second with what the real bridge sends: ``modbridge.bridge.heartbeat_fields`` of the
+virtual GPU's sample, die temperature, power, power limit and slowdown temperature):
 
-``pid``    factory config (device/config.py DEFAULTS): with a host, the PID regulates
-           the peak envelope of the die estimate (device/control/estimator.py)
-``curve``  the baseline: a linear curve (minimum duty at t0, 100 % at t0 + width, on
-           the worst NTC channel, 2 degC hysteresis) tuned ONCE per world: the widths
-           of ``WIDTHS_C``, each with the highest t0 that keeps the die under the
-           ceiling in the suite's worst case for a static curve, the 40 degC room's
-           load step (bisection), and of those the width with the least duty^2 over
-           the world's 12 cases; the firmware runs then check every case
+``pid``          factory config (device/config.py defaults()): with a host, the PID
+                 regulates the peak envelope of the die estimate
+                 (device/control/estimator.py) against the GPU's slowdown - 5 degC
+``curve``        the baseline: a linear curve (minimum duty at t0, 100 % at t0 +
+                 width, on the worst NTC channel, 2 degC hysteresis) tuned ONCE for
+                 the whole suite: for each width of ``WIDTHS_C`` the highest t0 that
+                 keeps the die under its world's ceiling in every one of the 48 cases
+                 (bisection), and of those the width with the least duty^2 summed over
+                 the suite (``search_suite_width``, ``pick_suite_curve``)
+``world_curve``  the same family tuned once per world (``search_world``): the highest
+                 t0 for the world's worst case for a static curve, the 40 degC room's
+                 load step, the width with the least duty^2 over the world's 12 cases
 
 The curve search runs the firmware's own ``FanCurve`` in process on the same world
 (``fast_curve``: the NTC readings of the world, no ADC noise, a control step of
-``FAST_STEP_MS``, physics sub-steps of ``FAST_SUBSTEP_MS``); only the chosen
-baseline is then run on the firmware, whose numbers are the ones reported.
-``best curve`` per case is the same bisection on that one case, at the baseline's
-width (fast model numbers, reported as such).
+``FAST_STEP_MS``, physics sub-steps of ``FAST_SUBSTEP_MS``); only the chosen curves
+are then run on the firmware, whose numbers are the ones reported. ``best curve``
+per case is the same bisection on that one case, at the world curve's width, and
+the ``oracle`` per case the least constant duty after the onset that keeps the die
+under the ceiling (``oracle_case``); both fast-model numbers, reported as such.
 
 Metrics per case, from 1 s samples (``metrics``): peak and steady die, NTC band,
 overshoot, settling time, mean duty, mean duty^2, fan RPM, duty changes per minute,
@@ -45,8 +51,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from device.config import DEFAULTS
+from device.config import defaults
 from device.control.curve import FanCurve
+from modbridge.bridge import heartbeat_fields
+from modbridge.gpu.virtual import VirtualBackend
 from modbridge.sim import World, load_params
 from modbridge.sim import gpu as G
 from modbridge.sim.profiles import Profile
@@ -71,7 +79,8 @@ SAMPLE_MS = 1000  # heartbeat and sampling period
 IDLE_START_DUTY = 19661  # idle starts: the steady state of fans at 30 % (as SimFleet)
 STEADY_START_DUTY = 65535  # "steady": the steady state of the load at 100 %
 
-MIN_DUTY = DEFAULTS["fans"][0]["min_duty"]
+FACTORY = defaults()  # device/config.py's factory config
+MIN_DUTY = FACTORY["fans"][0]["min_duty"]
 CURVE_HYSTERESIS_MC = 2000
 WIDTHS_C = (10, 20, 30)
 T0_RANGE_C = (20.0, 90.0)
@@ -88,8 +97,8 @@ SLOWDOWN_MASK = (
     | G.CLOCKS_EVENT_HW_SLOWDOWN
     | G.CLOCKS_EVENT_HW_THERMAL_SLOWDOWN
 )
-_CH_SP = [ch["setpoint_mc"] for ch in DEFAULTS["channels"]]
-_CH_CTL = [ch["controlled"] for ch in DEFAULTS["channels"]]
+_CH_SP = [ch["setpoint_mc"] for ch in FACTORY["channels"]]
+_CH_CTL = [ch["controlled"] for ch in FACTORY["channels"]]
 
 
 # The soak's plant (bench/bench_soak.py; tests/test_plausibility_world.py runs it too):
@@ -157,6 +166,7 @@ class Host:
 
     def __init__(self, vm):
         self.vm = vm
+        self.backend = VirtualBackend([vm.world.gpu])
         self.seq = 0
         self.pending = {}  # seq -> command name, until acked
         self.commands = 0
@@ -168,15 +178,10 @@ class Host:
         self.vm.host_write(self.vm.encode(name, fields or {}, self.seq))
 
     def heartbeat(self):
-        gpu = self.vm.world.gpu
-        fields = {
-            "gpu_temp": int(gpu.temperature_c()) * 1000,
-            "gpu_power": round(gpu.power_w() * 1000),
-            "power_limit": round(gpu.power_limit_w() * 1000),
-        }
-        mem = gpu.memory_temperature_c()
-        if mem is not None:
-            fields["gpu_mem_temp"] = int(mem) * 1000
+        """What the real bridge sends: ``modbridge.bridge.heartbeat_fields`` of the
+        virtual GPU's NVML sample (die and memory temperature, power, power limit and
+        the GPU's slowdown temperature ``gpu_slowdown``)."""
+        fields = heartbeat_fields(self.backend.sample(self.vm.world.gpu.uuid))
         self.seq = (self.seq + 1) & 0xFFFF
         self.vm.host_write(self.vm.encode("heartbeat", fields, self.seq))
 
@@ -268,30 +273,68 @@ def fast_curve(world, room_c, load, points, case_s=CASE_S):
     return peak, d2 / n
 
 
-def _bisect_t0(world, cases, width_c, limit_c):
-    """The highest t0 (degC) with peak die <= limit_c in every case, to the
+def _peak_margin(t0_c, width_c, cases):
+    """max over ``cases`` ((world, room, load, limit_c)) of peak die - limit (fast model);
+    stops at the first case over its limit (list the likely worst cases first)."""
+    worst = -1e9
+    for world, room, load, limit in cases:
+        m = fast_curve(world, room, load, curve_points(t0_c, width_c))[0] - limit
+        worst = m if m > worst else worst
+        if worst > 0:
+            break
+    return worst
+
+
+def _bisect_t0(cases, width_c):
+    """The highest t0 (degC) whose curve keeps the die under each case's limit, to the
     bisection's resolution (T0_RANGE_C's low end when none is found)."""
     lo, hi = T0_RANGE_C
     for _ in range(BISECT_STEPS):
         mid = 0.5 * (lo + hi)
-        peak = max(fast_curve(world, r, ld, curve_points(mid, width_c))[0] for r, ld in cases)
-        if peak <= limit_c:
+        if _peak_margin(mid, width_c, cases) <= 0:
             lo = mid
         else:
             hi = mid
     return lo
 
 
+def _limit(world):
+    return ceiling_c(load_params(world)) - CEILING_GUARD_C
+
+
+def all_cases(worlds=WORLDS):
+    return [(w, r, ld) for w in worlds for r in ROOMS_C for ld in LOADS]
+
+
+def search_suite_width(width_c, worlds=WORLDS):
+    """The suite's baseline at one width: the highest t0 that keeps the die under the
+    ceiling in EVERY case of the suite (bisection), and its duty^2 over the suite."""
+    every = all_cases(worlds)
+    # the hot rooms' steps and steady loads first: where a static curve is likely
+    # to fail, so a failing candidate is found after a few runs
+    order = sorted(every, key=lambda c: (-c[1], LOADS.index(c[2]) > 1))
+    t0 = _bisect_t0([(w, r, ld, _limit(w)) for w, r, ld in order], width_c)
+    d2 = sum(fast_curve(w, r, ld, curve_points(t0, width_c))[1] for w, r, ld in every)
+    return {"width_c": width_c, "t0_c": t0, "duty2_sum": d2}
+
+
+def pick_suite_curve(per_width):
+    """Of the widths' candidates, the one with the least duty^2 over the suite."""
+    best = min(per_width, key=lambda c: c["duty2_sum"])
+    tried = [[c["width_c"], c["t0_c"], c["duty2_sum"]] for c in per_width]
+    return {"width_c": best["width_c"], "t0_c": best["t0_c"], "tried": tried}
+
+
 def search_world(world):
-    """Tune the world's baseline curve once; and the best curve of each case."""
-    params = load_params(world)
-    limit = ceiling_c(params) - CEILING_GUARD_C
-    hot = [(ROOMS_C[-1], "step")]  # a static curve's worst case: the hot room's step
+    """Tune the world's own curve once (its hot room's load step); and the best curve
+    of each case at that width."""
+    limit = _limit(world)
+    hot = [(world, ROOMS_C[-1], "step", limit)]  # a static curve's worst case in a world
     every = [(r, ld) for r in ROOMS_C for ld in LOADS]
     best = None
     tried = []
     for width in WIDTHS_C:
-        t0 = _bisect_t0(world, hot, width, limit)
+        t0 = _bisect_t0(hot, width)
         d2 = sum(fast_curve(world, r, ld, curve_points(t0, width))[1] for r, ld in every)
         tried.append((width, t0, d2))
         if best is None or d2 < best[2]:
@@ -299,12 +342,58 @@ def search_world(world):
     width, t0, _ = best
     per_case = {}
     for r, ld in every:
-        t = _bisect_t0(world, [(r, ld)], width, limit)
+        t = _bisect_t0([(world, r, ld, limit)], width)
         per_case[f"{r}_{ld}"] = {
             "t0_c": round(t, 2),
             "duty2": round(fast_curve(world, r, ld, curve_points(t, width))[1], 5),
         }
     return {"world": world, "width_c": width, "t0_c": t0, "tried": tried, "best": per_case}
+
+
+# --- the oracle ----------------------------------------------------------------------
+ORACLE_STEPS = 10  # bisection on the duty: 80 % / 2**10, 0.08 %
+
+
+def fast_constant(world, room_c, load, duty, case_s=CASE_S):
+    """The fans at ``duty`` from the load's onset (the minimum before it) on the world
+    in process (the fast model); (peak die, mean duty^2)."""
+    w = make_world(world, room_c, load, case_s, FAST_SUBSTEP_MS)
+    onset_ms = ONSET_S[load] * 1000
+    peak = -1e9
+    d2 = 0.0
+    n = 0
+    for k in range(case_s * 1000 // FAST_STEP_MS):
+        d = duty if k * FAST_STEP_MS >= onset_ms else MIN_DUTY
+        w.set_duties(d, d)
+        w.step(FAST_STEP_MS)
+        peak = max(peak, w.T[0])
+        d2 += (d / 65535) ** 2
+        n += 1
+    return peak, d2 / n
+
+
+def oracle_case(world, room_c, load):
+    """With hindsight: the least constant duty after the onset that keeps the die at or
+    under the ceiling (bisection; fast model), and its mean duty^2."""
+    ceil = ceiling_c(load_params(world))
+    lo, hi = MIN_DUTY, 65535
+    if fast_constant(world, room_c, load, lo)[0] <= ceil:
+        hi = lo
+    else:
+        for _ in range(ORACLE_STEPS):
+            mid = (lo + hi) // 2
+            if fast_constant(world, room_c, load, mid)[0] <= ceil:
+                hi = mid
+            else:
+                lo = mid
+    return {"duty": hi / 65535, "duty2": fast_constant(world, room_c, load, hi)[1]}
+
+
+def oracle_world(world):
+    return {
+        "world": world,
+        "cases": {f"{r}_{ld}": oracle_case(world, r, ld) for r in ROOMS_C for ld in LOADS},
+    }
 
 
 # --- metrics -------------------------------------------------------------------------
@@ -407,69 +496,98 @@ def metrics(trace, load, ceiling, slowdown):
 
 
 # --- the run -------------------------------------------------------------------------
+CONTROLLERS = ("pid", "curve", "world_curve")
+
+
 def _fw_job(args):
     world, room_c, load, controller, points = args
     params = load_params(world)
-    tr = simulate(world, room_c, load, controller, points)
+    kind = "curve" if controller.endswith("curve") else controller
+    tr = simulate(world, room_c, load, kind, points)
     m = metrics(tr, load, ceiling_c(params), params["gpu"]["slowdown_c"])
     plot = {k: tr[k] for k in ("die_c", "duty")} if room_c == ROOMS_C[-1] else None
     return args, m, plot, tr["sim_s"], tr["wall_s"]
 
 
 def _job(args):
+    if args[0] == "suite":
+        return search_suite_width(args[1], args[2])
     if args[0] == "search":
         return search_world(args[1])
+    if args[0] == "oracle":
+        return oracle_world(args[1])
     return _fw_job(args)
 
 
-def summarize(cases, searches):
-    """results.json keys from the per-case metrics (see the module docstring)."""
+def summarize(cases, curves):
+    """results.json keys from the per-case metrics (see the module docstring).
+
+    ``curves``: ``{"suite": {"t0_c", "width_c"}, <world>: {...}}``, the baseline and
+    each world's own curve."""
     out = {}
 
     def block(prefix, rows):
+        by = {(r["world"], r["room"], r["load"], r["controller"]): r for r in rows}
         pid = [r for r in rows if r["controller"] == "pid"]
-        cur = {(r["world"], r["room"], r["load"]): r for r in rows if r["controller"] == "curve"}
-        d2_pid = sum(r["duty2"] for r in pid)
-        d2_cur = sum(cur[(r["world"], r["room"], r["load"])]["duty2"] for r in pid)
+
+        def d2(ctl):
+            return sum(by[(r["world"], r["room"], r["load"], ctl)]["duty2"] for r in pid)
+
+        d2_pid = d2("pid")
+        d2_cur = d2("curve")
         d2_best = sum(r["best_curve_duty2"] for r in pid)
+        d2_oracle = sum(r["oracle_duty2"] for r in pid)
         out[prefix + "ceiling_violations"] = sum(1 for r in pid if r["above_ceiling_s"] > 0)
         out[prefix + "limit_cycles"] = sum(1 for r in pid if r["limit_cycle"])
         out[prefix + "duty_changes_per_min_bursts_max"] = round(
             max(r["changes_per_min"] for r in pid if r["load"] in BURST_LOADS), 3
         )
         out[prefix + "duty2_vs_curve"] = round(d2_pid / d2_cur, 4)
+        out[prefix + "duty2_vs_world_curve"] = round(d2_pid / d2("world_curve"), 4)
         out[prefix + "duty2_vs_best_curve"] = round(d2_pid / d2_best, 4)
+        out[prefix + "duty2_oracle_vs_curve"] = round(d2_oracle / d2_cur, 4)
         out[prefix + "peak_max_c"] = round(max(r["peak_c"] for r in pid), 2)
-        out[prefix + "curve_ceiling_violations"] = sum(
-            1 for r in cur.values() if r["above_ceiling_s"] > 0
-        )
-        out[prefix + "curve_limit_cycles"] = sum(1 for r in cur.values() if r["limit_cycle"])
-        out[prefix + "curve_duty_changes_per_min_bursts_max"] = round(
-            max(r["changes_per_min"] for r in cur.values() if r["load"] in BURST_LOADS), 3
-        )
+        for ctl in ("curve", "world_curve"):
+            cur = [r for r in rows if r["controller"] == ctl]
+            out[prefix + ctl + "_ceiling_violations"] = sum(
+                1 for r in cur if r["above_ceiling_s"] > 0
+            )
+            out[prefix + ctl + "_limit_cycles"] = sum(1 for r in cur if r["limit_cycle"])
+            out[prefix + ctl + "_duty_changes_per_min_bursts_max"] = round(
+                max(r["changes_per_min"] for r in cur if r["load"] in BURST_LOADS), 3
+            )
 
     block("control_suite_", cases)
-    for world in WORLDS:
+    out["control_suite_curve_t0_c"] = round(curves["suite"]["t0_c"], 2)
+    out["control_suite_curve_width_c"] = curves["suite"]["width_c"]
+    for world in [w for w in WORLDS if any(r["world"] == w for r in cases)]:
         block(f"control_{world}_", [r for r in cases if r["world"] == world])
-        s = searches[world]
-        out[f"control_{world}_curve_t0_c"] = round(s["t0_c"], 2)
-        out[f"control_{world}_curve_width_c"] = s["width_c"]
+        out[f"control_{world}_world_curve_t0_c"] = round(curves[world]["t0_c"], 2)
+        out[f"control_{world}_world_curve_width_c"] = curves[world]["width_c"]
     return out
 
 
 def run(workers=None, out_dir=OUT_DIR, worlds=WORLDS, plots=True) -> dict:
     workers = workers or min(2, os.cpu_count() or 1)
     start = time.perf_counter()
-    pid_jobs = [(w, r, ld, "pid", None) for w in worlds for r in ROOMS_C for ld in LOADS]
+    every = all_cases(worlds)
+    pid_jobs = [(w, r, ld, "pid", None) for w, r, ld in every]
+    first_jobs = (
+        [("suite", width, worlds) for width in WIDTHS_C]
+        + [("search", w) for w in worlds]
+        + [("oracle", w) for w in worlds]
+    )
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        first = list(pool.map(_job, [("search", w) for w in worlds] + pid_jobs))
-        searches = {s["world"]: s for s in first[: len(worlds)]}
-        pid_done = first[len(worlds) :]
-        curve_jobs = [
-            (w, r, ld, "curve", curve_points(searches[w]["t0_c"], searches[w]["width_c"]))
-            for w in worlds
-            for r in ROOMS_C
-            for ld in LOADS
+        first = list(pool.map(_job, first_jobs + pid_jobs))
+        n_w = len(WIDTHS_C)
+        suite = pick_suite_curve(first[:n_w])
+        searches = {s["world"]: s for s in first[n_w : n_w + len(worlds)]}
+        oracles = {o["world"]: o for o in first[n_w + len(worlds) : len(first_jobs)]}
+        pid_done = first[len(first_jobs) :]
+        base = curve_points(suite["t0_c"], suite["width_c"])
+        curve_jobs = [(w, r, ld, "curve", base) for w, r, ld in every] + [
+            (w, r, ld, "world_curve", curve_points(searches[w]["t0_c"], searches[w]["width_c"]))
+            for w, r, ld in every
         ]
         curve_done = list(pool.map(_job, curve_jobs))
     wall = time.perf_counter() - start
@@ -483,21 +601,29 @@ def run(workers=None, out_dir=OUT_DIR, worlds=WORLDS, plots=True) -> dict:
         best = searches[world]["best"][f"{room}_{load}"]
         row["best_curve_t0_c"] = best["t0_c"]
         row["best_curve_duty2"] = best["duty2"]
+        orc = oracles[world]["cases"][f"{room}_{load}"]
+        row["oracle_duty"] = round(orc["duty"], 4)
+        row["oracle_duty2"] = round(orc["duty2"], 5)
         cases.append(row)
         if plot is not None:
             traces[(world, load, ctl)] = plot
-    out = summarize(cases, searches)
+    curves = {"suite": suite}
+    curves.update(
+        {
+            w: {"t0_c": round(s["t0_c"], 2), "width_c": s["width_c"], "tried": s["tried"]}
+            for w, s in searches.items()
+        }
+    )
+    out = summarize(cases, curves)
     out["control_sim_speedup"] = round(sim_total / wall, 1)
     out["control_wall_s"] = round(wall, 1)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        curves["suite"] = dict(suite, t0_c=round(suite["t0_c"], 2))
         doc = {
             "note": "written by bench/bench_control.py; docs/control-benchmark.md quotes it",
-            "curves": {
-                w: {"t0_c": round(s["t0_c"], 2), "width_c": s["width_c"], "tried": s["tried"]}
-                for w, s in searches.items()
-            },
+            "curves": curves,
             "cases": cases,
         }
         (out_dir / "cases.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -511,11 +637,13 @@ def run(workers=None, out_dir=OUT_DIR, worlds=WORLDS, plots=True) -> dict:
 # --- plots and the docs tables -------------------------------------------------------
 PID_RGB = (200, 30, 30)
 CURVE_RGB = (30, 80, 200)
+WORLD_CURVE_RGB = (40, 160, 60)
 CEIL_RGB = (0, 0, 0)
 
 
 def plot_case(path, world, load, traces):
-    """Die (top) and fan-1 duty (bottom) of pid (red) and the baseline curve (blue)."""
+    """Die (top) and fan-1 duty (bottom) of pid (red), the baseline curve (blue) and the
+    world's own curve (green)."""
     from bench.pngplot import Plot
 
     params = load_params(world)
@@ -524,7 +652,7 @@ def plot_case(path, world, load, traces):
     fig.panel(0, (0, CASE_S), (20, 100), y_ticks=(20, 40, 60, 80, 100), x_ticks=(0, 200, 400))
     fig.panel(1, (0, CASE_S), (0, 100), y_ticks=(0, 50, 100), x_ticks=(0, 200, 400))
     fig.hline(0, ceil, CEIL_RGB)
-    for ctl, rgb in (("curve", CURVE_RGB), ("pid", PID_RGB)):
+    for ctl, rgb in (("world_curve", WORLD_CURVE_RGB), ("curve", CURVE_RGB), ("pid", PID_RGB)):
         tr = traces.get((world, load, ctl))
         if tr is None:
             continue
@@ -538,12 +666,15 @@ _WORLD_COLS = (
     ("ceiling_violations", "ceiling violations", "{:d}"),
     ("limit_cycles", "limit cycles", "{:d}"),
     ("duty_changes_per_min_bursts_max", "duty chg/min, bursts (max)", "{:.2f}"),
-    ("duty2_vs_curve", "duty² / curve's", "{:.3f}"),
+    ("duty2_vs_curve", "duty² / baseline curve's", "{:.3f}"),
+    ("duty2_vs_world_curve", "duty² / world curve's", "{:.3f}"),
     ("duty2_vs_best_curve", "duty² / best curves'", "{:.3f}"),
+    ("duty2_oracle_vs_curve", "oracle duty² / baseline's", "{:.3f}"),
     ("peak_max_c", "peak die", "{:.1f}"),
-    ("curve_ceiling_violations", "curve: ceiling violations", "{:d}"),
-    ("curve_limit_cycles", "curve: limit cycles", "{:d}"),
-    ("curve_duty_changes_per_min_bursts_max", "curve: chg/min bursts", "{:.2f}"),
+    ("curve_ceiling_violations", "baseline: ceiling violations", "{:d}"),
+    ("curve_limit_cycles", "baseline: limit cycles", "{:d}"),
+    ("curve_duty_changes_per_min_bursts_max", "baseline: chg/min bursts", "{:.2f}"),
+    ("world_curve_ceiling_violations", "world curve: ceiling violations", "{:d}"),
 )
 
 
@@ -558,12 +689,20 @@ def results_table(results):
 
 
 def curves_table(results):
-    lines = ["| world | ceiling (degC) | baseline curve |", "|---|---|---|"]
+    lines = ["| curve | tuned on | ceiling (degC) | points |", "|---|---|---|---|"]
+
+    def pts(t0, width):
+        return f"20 % at {t0:.2f} degC, 100 % at {t0 + width:.2f} degC"
+
+    t0 = results["control_suite_curve_t0_c"]
+    width = results["control_suite_curve_width_c"]
+    ceils = " / ".join(f"{c:g}" for c in sorted({ceiling_c(load_params(w)) for w in WORLDS}))
+    lines.append(f"| baseline | every case of the suite | {ceils} | {pts(t0, width)} |")
     for w in WORLDS:
-        t0 = results[f"control_{w}_curve_t0_c"]
-        width = results[f"control_{w}_curve_width_c"]
+        t0 = results[f"control_{w}_world_curve_t0_c"]
+        width = results[f"control_{w}_world_curve_width_c"]
         ceil = ceiling_c(load_params(w))
-        lines.append(f"| {w} | {ceil:g} | 20 % at {t0:.2f} degC, 100 % at {t0 + width:.2f} degC |")
+        lines.append(f"| world curve | {w} (40 degC step) | {ceil:g} | {pts(t0, width)} |")
     return "\n".join(lines)
 
 
@@ -585,19 +724,26 @@ _CASE_COLS = (
 def cases_table(doc):
     """The per-case table from docs/control-benchmark/cases.json."""
     cols = " | ".join(c[1] for c in _CASE_COLS)
-    head = f"| world | room | load | ctl | {cols} | best curve duty² |"
-    lines = [head, "|" + "---|" * (len(_CASE_COLS) + 5)]
+    head = f"| world | room | load | ctl | {cols} | best curve duty² | oracle duty² |"
+    lines = [head, "|" + "---|" * (len(_CASE_COLS) + 6)]
     rows = sorted(
         doc["cases"],
-        key=lambda r: (WORLDS.index(r["world"]), r["room"], LOADS.index(r["load"]), r["controller"]),  # noqa: E501
+        key=lambda r: (
+            WORLDS.index(r["world"]),
+            r["room"],
+            LOADS.index(r["load"]),
+            CONTROLLERS.index(r["controller"]),
+        ),
     )
     for r in rows:
         cells = [_fmt(fmt, r[key]) for key, _, fmt in _CASE_COLS]
-        best = f"{r['best_curve_duty2']:.3f}" if r["controller"] == "pid" else ""
+        pid = r["controller"] == "pid"
+        best = f"{r['best_curve_duty2']:.3f}" if pid else ""
+        orc = f"{r['oracle_duty2']:.3f}" if pid else ""
         lines.append(
             f"| {r['world']} | {r['room']} | {r['load']} | {r['controller']} | "
             + " | ".join(cells)
-            + f" | {best} |"
+            + f" | {best} | {orc} |"
         )
     return "\n".join(lines)
 

@@ -56,7 +56,8 @@ _BOOT_TICKS = const(5)  # filter warm-up before sensor verdicts are trusted
 _RX_SIZE = const(128)
 _INA_RETRY_MS = const(5000)
 _DIE_FRESH_MS = const(3000)  # a heartbeat die temperature older than this is stale
-_DIE_SLOWDOWN_MARGIN_MC = const(6500)  # the die loop's setpoint: at most slowdown - this
+_DIE_SLOWDOWN_MARGIN_MC = const(5000)  # the die loop's setpoint: at most slowdown - this
+_DIE_SP_NO_SLOWDOWN_MC = const(76500)  # ... or this without one (an RTX 30xx: 83 - 6.5)
 REPL_FLAG = "repl.flag"  # in fs_dir: the next boot stays in the REPL
 MODE_AUTO = const(0)
 MODE_MANUAL = const(1)
@@ -178,6 +179,7 @@ class App:
         self.selftest = None
         self.wdt = None
         self.fans = None
+        self.safety = None
         self.sup = None
         self.watch = None  # sensor plausibility (device.plausibility), set by _commit
         self.controlled = 0
@@ -260,7 +262,9 @@ class App:
         b.host_timeout_ms = ctl["host_timeout_ms"]
         b.standalone_curve = ctl.get("standalone", "curve") == "curve"
         chans = cfg["channels"]
-        luts = {}  # channels with the same curve and divider share one table
+        luts = {}  # channels with the same curve and divider share one table, and
+        if self.safety is not None:  # with the safety layer's nominal one (1 KB each)
+            luts[self.safety.nominal_key] = self.safety.nominal_table
         ntcs = []
         for i in range(_N_CH):
             ch = chans[i]
@@ -269,6 +273,7 @@ class App:
                 ch["filter"] = None
             ntcs.append(NTC.from_config(hal.adc[i], ch, luts=luts))
         b.ntcs = ntcs
+        b.luts = luts
         b.setpoints = [chans[i]["setpoint_mc"] for i in range(_N_CH)]
         ctl_mask = 0
         for i in range(_N_CH):
@@ -327,7 +332,7 @@ class App:
                 )
                 for i in range(_N_FAN)
             ]
-            self.safety = Safety(hal, self.fans, _N_CH)
+            self.safety = Safety(hal, self.fans, _N_CH, luts=b.luts)
         else:
             for i in range(_N_FAN):
                 self.fans[i].configure(fans[i])
@@ -595,12 +600,19 @@ class App:
                 hosted = host_ok and self.die_sp > 0 and env != _NO_EST
                 sp = self.die_sp
                 slow = self.gpu_slowdown_mc
-                if slow > 0 and slow - _DIE_SLOWDOWN_MARGIN_MC < sp:
-                    sp = slow - _DIE_SLOWDOWN_MARGIN_MC  # the GPU's own threshold, less
-                if hosted and env - sp > err:
+                lim = slow - _DIE_SLOWDOWN_MARGIN_MC if slow > 0 else _DIE_SP_NO_SLOWDOWN_MC
+                if lim < sp:
+                    sp = lim  # the GPU's own threshold less the margin (or a safe guess)
+                if hosted:
                     # the die envelope against its setpoint, never below what the NTC
-                    # channels ask for against their own setpoints
-                    err = env - sp
+                    # channels ask for against their own setpoints; the GPU's NTC
+                    # through its envelope (>= its reading: bursts do not move it)
+                    if valid & 1:
+                        e0 = self.est.ntc_env - self.setpoints[0]
+                        if e0 > err:
+                            err = e0
+                    if env - sp > err:
+                        err = env - sp
                     self.worst_out[1] = err  # telemetry target: what is regulated
                 if hosted != self.hosted:
                     self.hosted = hosted

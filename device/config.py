@@ -295,9 +295,9 @@ def defaults():
             "slew_down_pct_min": 54,  # duty may fall at most 54 % per minute (0.9 %/s)
             "deadband_mc": 1000,  # errors within +-1 degC count as 0
             "i_band_mc": 8000,  # integrate only while |error| <= 8 degC
-            # with a host: the die envelope's setpoint (an RTX 30xx slows down at 83), at most
-            # the GPU's slowdown (heartbeat gpu_slowdown) - 6.5 degC; 0 = NTC only
-            "die_sp_mc": 76500,
+            # with a host: the die envelope's setpoint, at most the GPU's slowdown (heartbeat
+            # gpu_slowdown) - 5 degC, or 76.5 without one; 100000 = follow it; 0 = NTC only
+            "die_sp_mc": 100000,
             "env_window_s": 90,  # the die envelope: the maximum of the last 90 s
             "ff_tau_ms": 300000,  # the feed-forward power envelope falls with this
         },

@@ -107,15 +107,59 @@ def test_pid_and_curve_on_the_firmware_are_deterministic_and_hosted():
         assert a[key] == b[key], key
     assert len(a["t_s"]) == 90
     assert set(a["state"][5:]) == {1}  # HOSTED throughout: no fault floor
-    # hosted: the target is the die envelope against die_sp (76.5 degC) or the NTC error
+    # hosted: the target is the die envelope against slowdown - 5 (78 degC) or an NTC error
     i = 80
-    assert a["target_c"][i] >= max(a["die_c"][i - 60 : i + 1]) - 76.5 - 1.5
+    assert a["target_c"][i] >= max(a["die_c"][i - 60 : i + 1]) - 78.0 - 1.5
     pts = B.curve_points(45, 20)
     c = B.simulate("rtx3080", 40, "step", "curve", points=pts, case_s=90)
     assert set(c["state"][5:]) == {1}
     x = 70.0 + c["target_c"][i - 1]  # the worst channel on the GPU scale
     want = 13107 + (x - 45) / 20 * (65535 - 13107)
     assert abs(c["duty"][i] - want) < 0.05 * 65535, (x, want, c["duty"][i])
+
+
+def test_the_heartbeat_is_the_real_bridges():
+    # what modbridge.bridge sends, the GPU's slowdown temperature included
+    w = B.make_world("rtx3080", 30, "step", case_s=70)
+
+    class Vm:
+        world = w
+        sent = []
+
+        def encode(self, name, fields, seq):
+            self.sent.append((name, fields))
+            return b""
+
+        def host_write(self, data):
+            pass
+
+    vm = Vm()
+    B.Host(vm).heartbeat()
+    name, fields = vm.sent[0]
+    assert name == "heartbeat"
+    assert fields["gpu_slowdown"] == 83000  # the rtx3080 world's slowdown
+    assert fields["gpu_temp"] == int(w.gpu.temperature_c()) * 1000
+    assert fields["power_limit"] == 320000
+
+
+def test_oracle_is_the_least_safe_constant_duty():
+    # more duty after the onset: a cooler die and more duty squared
+    lo = B.fast_constant("rtx3080_dusty", 40, "step", 26214, case_s=200)
+    hi = B.fast_constant("rtx3080_dusty", 40, "step", 52428, case_s=200)
+    assert hi[0] < lo[0] - 2 and hi[1] > lo[1]
+    # at the fans' minimum before the onset: the duty^2 of the first 60 s is 0.04
+    assert abs(B.fast_constant("default", 20, "step", B.MIN_DUTY, case_s=120)[1] - 0.04) < 1e-9
+
+
+def test_suite_curve_is_the_quietest_width():
+    tried = [
+        {"width_c": 10, "t0_c": 60.0, "duty2_sum": 4.0},
+        {"width_c": 20, "t0_c": 55.0, "duty2_sum": 3.5},
+        {"width_c": 30, "t0_c": 50.0, "duty2_sum": 5.0},
+    ]
+    pick = B.pick_suite_curve(tried)
+    assert (pick["width_c"], pick["t0_c"]) == (20, 55.0)
+    assert pick["tried"] == [[10, 60.0, 4.0], [20, 55.0, 3.5], [30, 50.0, 5.0]]
 
 
 def test_unknown_controller_is_refused():
@@ -131,12 +175,11 @@ def test_docs_tables_are_generated_from_the_results():
     doc = json.loads(B.CASES_FILE.read_text())
     text = (ROOT / "docs" / "control-benchmark.md").read_text()
     assert B.render_docs(text, B.docs_sections(results, doc)) == text
-    assert len(doc["cases"]) == len(B.WORLDS) * len(B.ROOMS_C) * len(B.LOADS) * 2
+    n = len(B.WORLDS) * len(B.ROOMS_C) * len(B.LOADS)
+    assert len(doc["cases"]) == n * len(B.CONTROLLERS)
     # the suite keys agree with the per-case file they summarize
-    searches = {
-        w: {"t0_c": c["t0_c"], "width_c": c["width_c"]} for w, c in doc["curves"].items()
-    }
-    summary = B.summarize(doc["cases"], searches)
+    assert set(doc["curves"]) == {"suite", *B.WORLDS}
+    summary = B.summarize(doc["cases"], doc["curves"])
     for key, value in summary.items():
         assert results[key] == value, key
     for png in B.OUT_DIR.glob("*.png"):

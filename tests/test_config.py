@@ -529,7 +529,7 @@ def test_get_section():
     assert pid == {"pid.kp": 5000, "pid.ki": 200, "pid.kd": 0, "pid.kff": 100,
                    "pid.slew_pct_s": 20, "pid.d_filter_ms": 2000,
                    "pid.slew_down_pct_min": 54, "pid.deadband_mc": 1000,
-                   "pid.i_band_mc": 8000, "pid.die_sp_mc": 76500, "pid.env_window_s": 90,
+                   "pid.i_band_mc": 8000, "pid.die_sp_mc": 100000, "pid.env_window_s": 90,
                    "pid.ff_tau_ms": 300000}, pid
     ch2 = config.get_section(cfg, "channels.2")
     assert ch2["channels.2.crit_mc"] == 125000 and len(ch2) == 15

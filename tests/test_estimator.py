@@ -83,6 +83,31 @@ def test_power_envelope_rises_at_once_holds_then_falls_slowly():
     assert 25000 < est.power_f < 45000, est.power_f
 
 
+def test_ntc_envelope_holds_burst_peaks_and_never_reads_low():
+    # the GPU NTC through its envelope: a rise at once, held for the window, then a
+    # fall with NTC_TAU_MS; INVALID with the sensor (and without a host, the same)
+    from device.control.estimator import NTC_TAU_MS
+
+    est = DieEstimator(window_s=90)
+    est.update(50000, 0, False, 0, 100)
+    assert est.ntc_env == 50000
+    for _ in range(20):  # 6 s / 4 s bursts: the NTC swings 50..62, the envelope holds 62
+        _feed(est, 6, 62000, 70000, 650000)
+        assert est.ntc_env == 62000, est.ntc_env
+        _feed(est, 4, 50000, 60000, 80000)
+        assert est.ntc_env == 62000, est.ntc_env
+    _feed(est, 85, 50000, 60000, 80000)  # a real drop (89 s low): held for the window
+    assert est.ntc_env == 62000, est.ntc_env
+    _feed(est, 1 + 3 * NTC_TAU_MS // 1000, 50000, 60000, 80000)  # then about 3 tau
+    assert 50000 < est.ntc_env < 50000 + 12000 // 15, est.ntc_env
+    est.update(64000, 0, False, 0, 100)
+    assert est.ntc_env == 64000  # a reading above it: at once
+    est.update(INVALID, 0, False, 0, 100)
+    assert est.ntc_env == INVALID  # an open NTC: no envelope either
+    est.update(55000, 0, False, 0, 100)
+    assert est.ntc_env == 55000
+
+
 def test_configure_validates():
     est = DieEstimator()
     for bad in ((-1, 1, 1), (WINDOW_MAX_S + 1, 1, 1), (1, 600001, 1), (1, 1, 1.5)):

@@ -176,7 +176,34 @@ def test_integrator_leaks_far_below_the_band():
     pid.step(SP - 20000, SP, 100)
     pid.terms(out)
     assert out[1] == 0, out
-    assert pid.duty == 45875 - 66  # and the slew limiter takes it down
+    assert pid.duty == 0  # a tracked duty falls at the rise's rate: unlimited here
+
+
+def test_a_tracked_duty_falls_at_the_rise_rate_then_the_loop_at_its_own():
+    # After track() (a boot floor, a fail-safe or manual duty) the output comes down
+    # at the rise's rate until it reaches the law's value; from then on every fall is
+    # the slow one (the loop's own output near the setpoint: anti-hunting).
+    pid = PID(kp=5000, slew_per_s=13107, slew_down_per_s=590, out_min=13107)  # 20 %/s
+    pid.track(45875, SP - 20000)  # 70 %, the boot floor
+    prev = pid.duty
+    for _ in range(30):
+        d = pid.step(SP - 20000, SP, 100)  # P = -100 %: the law says the minimum
+        assert prev - d <= 1311, (prev, d)  # 2 % per 100 ms tick
+        prev = d
+    assert d == 13107, d  # 50 % at 20 %/s: 2.5 s
+    for _ in range(20):
+        d = pid.step(SP + 10000, SP, 100)  # hot: up to P = 50 %
+    assert abs(d - 32768) <= 1, d
+    prev = d
+    for _ in range(50):
+        d = pid.step(SP - 20000, SP, 100)  # the loop's own fall: 0.9 %/s
+        assert prev - d <= 60, (prev, d)
+        prev = d
+    assert abs(d - (32768 - 50 * 59)) <= 60, d
+    pid.track(45875, SP - 20000)  # a new transfer: the fast fall again
+    for _ in range(30):
+        d = pid.step(SP - 20000, SP, 100)
+    assert d == 13107, d
 
 
 def test_feed_forward_is_not_absorbed_at_the_minimum():

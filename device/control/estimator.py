@@ -28,6 +28,12 @@ holds for ``window_s`` while the power is lower, then falls with the time consta
 ``power_tau_ms``; load bursts shorter than the window hold the feed-forward at their
 peak instead of moving the fans with every burst.
 
+``ntc_mc`` goes into ``ntc_env`` the same way (a rise at once, held for ``window_s``,
+then a fall with ``NTC_TAU_MS``; INVALID while the NTC is): the hosted loop counts
+the GPU channel's NTC against its setpoint through it, so a fast NTC that swings with
+every burst (one on the die's side of the heatsink) holds still at its peaks too,
+and the channel never counts lower than its reading.
+
 Integer only: temperatures are clamped to +-2**20 m degC, power to 0..2**21 mW, dt to
 1..1000 ms; the offset model is kept in Q8 m degC per W (clamped); products
 are bounded by the clamps (a filter step is diff * dt // (tau + dt) with |diff| <
@@ -49,6 +55,7 @@ _T_LIM = const(1048575)
 _P_MAX = const(2097151)
 _DT_MAX = const(1000)
 _R_MAX = const(32767)  # Q8 m degC/W: up to 128 degC per W, far above any heatsink
+NTC_TAU_MS = const(30000)  # the NTC envelope's fall after its hold
 WINDOW_MAX_S = 300  # the ring's size (1.2 KB): the longest envelope window
 _W_MIN = const(20)  # W: below this the offset per watt is not learned (idle noise)
 
@@ -74,6 +81,8 @@ class DieEstimator:
         self.env = INVALID
         self.power_f = 0
         self._p_low_ms = 0  # how long the power has been below power_f
+        self.ntc_env = INVALID
+        self._n_low_ms = 0  # how long the NTC has been below ntc_env
         self.r_q8 = 0  # learned (die - NTC) per W, Q8 m degC/W; 0 = not learned
         self._pos = 0  # ring slot of the current second
         self._ms = 0  # ms into the current second
@@ -97,6 +106,8 @@ class DieEstimator:
         self.env = INVALID
         self.power_f = 0
         self._p_low_ms = 0
+        self.ntc_env = INVALID
+        self._n_low_ms = 0
         self._forget()
 
     def _forget(self):
@@ -128,6 +139,19 @@ class DieEstimator:
             pf += _clamp(p - pf, -_D_MAX, _D_MAX) * dt // (tau + dt)
         self.power_f = pf
         ntc_ok = ntc_mc != INVALID
+        ne = self.ntc_env
+        if not ntc_ok:
+            ne = INVALID
+        else:
+            n = _clamp(ntc_mc, -_T_LIM, _T_LIM)
+            if ne == INVALID or n >= ne:
+                ne = n  # a rise at once
+                self._n_low_ms = 0
+            elif self._n_low_ms < self.window_s * 1000:
+                self._n_low_ms += dt  # held for the window, then a fall
+            else:
+                ne += _clamp(n - ne, -_D_MAX, _D_MAX) * dt // (NTC_TAU_MS + dt)
+        self.ntc_env = ne
         w = p // 1000
         if fresh:
             est = _clamp(die_mc, -_T_LIM, _T_LIM) + 500  # NVML truncates to whole degC

@@ -9,7 +9,10 @@ error = measurement - setpoint (m degC); positive error -> more cooling. The out
     u = P + I + D + FF,  P = Kp*e,  I = integral(Ki*e dt),  D = Kd * d(measurement)/dt,
     FF = Kff * gpu_power
 
-then clamped to [out_min, out_max] and slew-limited (separate rates up and down).
+then clamped to [out_min, out_max] and slew-limited (separate rates up and down;
+after ``track()`` or ``reset()`` the output falls at the rise's rate until it first
+reaches the law's value: a boot, fail-safe or manual duty is not the loop's, and
+the slow fall is for the loop's own output near the setpoint).
 Features: derivative on the measurement (no kick on a setpoint change) through a
 first-order low-pass of time constant ``d_filter_ms``; a deadband (``deadband_mc``:
 errors within +-deadband count as 0, larger ones are reduced by it, so P and I see
@@ -241,6 +244,7 @@ class PID:
         self._fresh = True
         self._pending = False
         self._held = 0
+        self._drop = True
         self.duty = 0
         self.reset()
 
@@ -286,7 +290,9 @@ class PID:
 
     def set_slew(self, slew_per_s, slew_down_per_s=None):
         """Limit the output's rise to slew_per_s and its fall to slew_down_per_s duty
-        per second (0 = unlimited; None = the same as the rise)."""
+        per second (0 = unlimited; None = the same as the rise). After track() or
+        reset() the fall is limited by slew_per_s until the output first reaches the
+        law's value."""
         _check_int("slew_per_s", slew_per_s, 0, SLEW_MAX, "duty_u16 per s, 0 = off")
         if slew_down_per_s is None:
             slew_down_per_s = slew_per_s
@@ -336,6 +342,7 @@ class PID:
         self._fresh = True
         self._pending = False
         self._held = 0
+        self._drop = True
         self.duty = self.out_max
 
     def track(self, duty_u16, measurement_mc):
@@ -362,6 +369,7 @@ class PID:
         self._fresh = False
         self._pending = True
         self._held = 0
+        self._drop = True
         self.duty = duty_u16
 
     def set_auto(self, measurement_mc, current_duty_u16):
@@ -495,11 +503,22 @@ class PID:
                 if v > self._u + limit:
                     v = self._u + limit
                     hold = 1
-            elif self._sdn_m and v < self._u:
-                limit = mul(dt, self._sdn_m, self._sdn_s, self._sdn_l)
-                if v < self._u - limit:
+            elif v < self._u:
+                # a tracked duty (boot, fail-safe, manual) comes down at the rise's
+                # rate until the law's value is reached; the loop's own at the fall's
+                if self._drop:
+                    limit = self._slew_m
+                    if limit:
+                        limit = mul(dt, self._slew_m, self._slew_s, self._slew_l)
+                else:
+                    limit = self._sdn_m
+                    if limit:
+                        limit = mul(dt, self._sdn_m, self._sdn_s, self._sdn_l)
+                if limit and v < self._u - limit:
                     v = self._u - limit
                     hold = -1
+        if v <= w:
+            self._drop = False  # the law's value reached (or it asks for more)
         self._held = hold
 
         if self.antiwindup and integrating and w != u:

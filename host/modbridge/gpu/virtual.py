@@ -31,6 +31,21 @@ def _sim_errors():
     return sim_gpu.GpuLost, sim_gpu.GpuInvalidArgument, sim_gpu.VirtualGpuError
 
 
+# what a sample reads, in this order: (what an error names, the VirtualGPU method)
+_READS = (
+    ("constraints", "power_limit_constraints_w"),
+    ("temperature", "temperature_c"),
+    ("memory temperature", "memory_temperature_c"),
+    ("utilization", "utilization"),
+    ("fan speed", "fan_speed_pct"),
+    ("default limit", "default_power_limit_w"),
+    ("thresholds", "temperature_thresholds_c"),
+    ("power", "power_w"),
+    ("power limit", "power_limit_w"),
+    ("clocks-event reasons", "clocks_event_reasons"),
+)
+
+
 class VirtualBackend(GpuBackend):
     """``gpus``: VirtualGPU objects (anything with the VirtualGPU methods)."""
 
@@ -69,21 +84,12 @@ class VirtualBackend(GpuBackend):
 
     def sample(self, uuid: str) -> GpuSample:
         gpu = self._gpu(uuid)
-        try:
-            return self._sample_at_once(gpu)
-        except Exception:  # noqa: BLE001 - the careful way below says what failed
-            return self._sample(gpu)
-
-    def _sample_at_once(self, gpu) -> GpuSample:
-        """:meth:`_sample` for a VirtualGPU that has every method and raises nothing:
-        the same reads in the same order, without a wrapper per read."""
-        lo, hi = gpu.power_limit_constraints_w()
-        temp = gpu.temperature_c()
-        mem = gpu.memory_temperature_c()
-        util = gpu.utilization()
-        fan = gpu.fan_speed_pct()
-        default = gpu.default_power_limit_w()
-        thresholds = gpu.temperature_thresholds_c() or {}
+        try:  # a VirtualGPU with every method that raises nothing: no wrapper per read
+            values = [getattr(gpu, name)() for _, name in _READS]
+        except Exception:  # noqa: BLE001 - the careful way says what failed
+            values = [self._read(gpu, what, name) for what, name in _READS]
+        lo_hi, temp, mem, util, fan, default, thresholds, power, limit, reasons = values
+        thresholds = thresholds or {}
         return GpuSample(
             uuid=gpu.uuid,
             name=gpu.name,
@@ -91,53 +97,24 @@ class VirtualBackend(GpuBackend):
             timestamp=self._clock(),
             temperature_c=None if temp is None else float(temp),
             memory_temperature_c=None if mem is None else float(mem),
-            power_w=gpu.power_w(),
-            enforced_limit_w=gpu.power_limit_w(),
-            default_limit_w=default,
-            min_limit_w=lo,
-            max_limit_w=hi,
-            clocks_event_reasons=gpu.clocks_event_reasons(),
-            utilization=util,
-            fan_speed_ratio=None if fan is None else fan / 100.0,
-            slowdown_temp_c=thresholds.get("slowdown"),
-            shutdown_temp_c=thresholds.get("shutdown"),
-            max_operating_temp_c=thresholds.get("max_operating"),
-        )
-
-    def _sample(self, gpu) -> GpuSample:
-        """Every read wrapped: a missing method reads as None, an error of the
-        simulator's becomes ours, naming the read."""
-
-        def read(what, name):
-            fn = getattr(gpu, name, None)
-            return None if fn is None else self._call(gpu, what, fn)
-
-        lo_hi = read("constraints", "power_limit_constraints_w")
-        temp = read("temperature", "temperature_c")
-        mem = read("memory temperature", "memory_temperature_c")
-        util = read("utilization", "utilization")
-        fan = read("fan speed", "fan_speed_pct")
-        default = read("default limit", "default_power_limit_w")
-        thresholds = read("thresholds", "temperature_thresholds_c") or {}
-        return GpuSample(
-            uuid=gpu.uuid,
-            name=gpu.name,
-            pci_bus_id=gpu.pci_bus_id,
-            timestamp=self._clock(),
-            temperature_c=None if temp is None else float(temp),
-            memory_temperature_c=None if mem is None else float(mem),
-            power_w=read("power", "power_w"),
-            enforced_limit_w=read("power limit", "power_limit_w"),
+            power_w=power,
+            enforced_limit_w=limit,
             default_limit_w=default,
             min_limit_w=None if lo_hi is None else lo_hi[0],
             max_limit_w=None if lo_hi is None else lo_hi[1],
-            clocks_event_reasons=read("clocks-event reasons", "clocks_event_reasons"),
+            clocks_event_reasons=reasons,
             utilization=util,
             fan_speed_ratio=None if fan is None else fan / 100.0,
             slowdown_temp_c=thresholds.get("slowdown"),
             shutdown_temp_c=thresholds.get("shutdown"),
             max_operating_temp_c=thresholds.get("max_operating"),
         )
+
+    def _read(self, gpu, what: str, name: str):
+        """One read, wrapped: a missing method reads as None, an error of the
+        simulator's becomes ours, naming the read."""
+        fn = getattr(gpu, name, None)
+        return None if fn is None else self._call(gpu, what, fn)
 
     def set_power_limit_w(self, uuid: str, watts: float) -> float:
         gpu = self._gpu(uuid)
