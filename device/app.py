@@ -21,7 +21,6 @@ from device import FW_VERSION, config
 from device import floors as F
 from device import failsafe as FS
 from device import safety as S
-from device.control import autotune as AT
 from device.control.curve import FanCurve
 from device.control.estimator import INVALID as _NO_EST
 from device.control.estimator import DieEstimator
@@ -33,7 +32,6 @@ from device.drivers.ntc import NTC
 from device.failsafe import EventQueue, Supervisor
 from device.plausibility import NtcWatch
 from device.safety import Safety
-from device.selftest import SelfTest
 from device.nonce import boot_nonce
 from device.ticks import ticks_add, ticks_diff
 from protocol import catalog as C
@@ -175,7 +173,7 @@ class App:
         self.gpu_power_mw = 0
         self.gpu_temp_mc = None
         self.gpu_slowdown_mc = 0  # the GPU's slowdown temperature (heartbeat), 0 = none
-        self.tune = AT.RelayTune()  # relay autotune (device.control.autotune)
+        self._tune = None  # the relay autotune, made by the first autotune command
         self.selftest = None
         self.wdt = None
         self.fans = None
@@ -477,6 +475,16 @@ class App:
             n = enc.encode_cbor(seq)
         self.hal.port_write(enc.out, n)
 
+    @property
+    def tune(self):
+        """The relay autotune (device.control.autotune), imported and made on first use:
+        a module that is never tuned keeps its RAM (about 1.3 KB) for the rest."""
+        if self._tune is None:
+            from device.control import autotune
+
+            self._tune = autotune.RelayTune()
+        return self._tune
+
     # -- the control tick --------------------------------------------------------
     def tick(self, now):
         dt = ticks_diff(now, self.last_tick)
@@ -620,7 +628,8 @@ class App:
                 ff = self.est.power_f if host_ok else 0
                 req0 = self.pid.step(err, 0, dt, ff)
             req1 = req0
-        if self.tune.status == C.TUNE_RUNNING or self.tune.ended:  # ended: by an abort
+        tune = self._tune
+        if tune is not None and (tune.status == C.TUNE_RUNNING or tune.ended):  # or aborted
             d = self._autotune(dt, idx, state)
             if d >= 0:
                 req0 = d
@@ -636,6 +645,7 @@ class App:
         if st is not None and st.update(now, self):
             self.send("selftest_report", st.report())
             self.selftest = None
+            _unload("device.selftest")  # imported for this test only: release its RAM
         if self.events.count and self.flush_events():
             self.next_tel = now  # an alarm: send the telemetry that shows it right away
         if ticks_diff(now, self.next_tel) >= 0:
@@ -649,7 +659,7 @@ class App:
         control law's (the safety layer still floors it); it stops on any safety
         cause and on leaving HOSTED/auto. Allocates only for its event and report."""
         sf = self.safety
-        tune = self.tune
+        tune = self._tune
         err = self.worst_out[1]
         hosted = state == C.STATE_HOSTED and self.mode == MODE_AUTO and idx >= 0
         fl = sf.floor[0] if sf.floor[0] > sf.floor[1] else sf.floor[1]
@@ -905,8 +915,10 @@ class App:
         elif t == C.T_CAL_WRITE:
             self.cmd_cal_write(msg)
         elif t == C.T_SELFTEST:
-            if self.selftest is not None or self.tune.running:
+            if self.selftest is not None or (self._tune is not None and self._tune.running):
                 raise CommandError("a self-test is already running", C.ERR_BUSY)
+            from device.selftest import SelfTest  # on demand (_unload when it ends)
+
             self.selftest = SelfTest(self.hal.ticks_ms(), msg.seq)
             self.ack(msg)
         elif t == C.T_REBOOT:
@@ -1002,6 +1014,8 @@ class App:
         """Start or abort a relay autotune (docs/autotune.md). It starts only HOSTED
         in auto mode, around the duty the fans run at, above every floor."""
         f = msg.fields
+        from device.control import autotune as AT
+
         tune = self.tune
         if f["action"] == 1:
             tune.abort()
@@ -1199,6 +1213,18 @@ class CommandError(ValueError):
         super().__init__(msg)
         self.code = code
         self.field = field
+
+
+def _unload(name):
+    """Forget module ``name``, imported on demand, so that the RAM of its functions and
+    tables can be collected (its bytecode stays in flash); the next import reloads it."""
+    import sys
+
+    sys.modules.pop(name, None)
+    parent, _, leaf = name.rpartition(".")
+    pkg = sys.modules.get(parent)
+    if pkg is not None and leaf in pkg.__dict__:
+        delattr(pkg, leaf)
 
 
 def _hex(b):

@@ -33,7 +33,6 @@ Nothing here allocates after ``__init__``: ints < 2**30, preallocated arrays.
 from array import array
 
 from device import floors as F
-from device.calib import build_lut
 from device.drivers.ntc import NTC
 
 try:
@@ -73,7 +72,7 @@ class Safety:
     board's compiled facts; both are optional.
     """
 
-    def __init__(self, hal, fans, n_ch=4):
+    def __init__(self, hal, fans, n_ch=4, luts=None):
         self.fans = fans
         self.n_ch = n_ch
         model = F.fan_model(getattr(hal, "fan_model", None))
@@ -81,10 +80,14 @@ class Safety:
         self.min_spin = model[F.FM_MIN_SPIN]
         nominal = getattr(hal, "ntc_nominal", None) or F.NTC_NOMINAL
         beta, r0, t0_mc, r_fixed, low = nominal
-        lut, step = build_lut(
-            "beta", (float(beta), float(r0), t0_mc / 1000.0 + 273.15), float(r_fixed), low
-        )
-        self._nominal = NTC(_NullADC(), lut, step, oversample=1, filter=None)
+        cfg = {"model": "beta", "beta": beta, "r0": r0, "t0_mc": t0_mc}
+        cfg["r_fixed"] = r_fixed
+        cfg["ntc_low"] = low
+        # ``luts`` (NTC.from_config's): an uncalibrated channel on the nominal curve
+        # holds the same table, built and kept once (1 KB of RAM)
+        self.nominal_key = NTC.table_key(cfg)
+        self._nominal = NTC.from_config(_NullADC(), cfg, luts=luts, oversample=1, filter=None)
+        self.nominal_table = (self._nominal._lut, self._nominal._step)  # to share it
         # cause floors: compiled, raised by configure()
         self.f_boot = F.FLOOR_BOOT
         self.f_host = F.FLOOR_HOST_LOST

@@ -258,8 +258,11 @@ def image(target: Target = NETDUINO2) -> mpsource.Build:
     make_vars = dict(MAKE_VARS, MICROPY_HEAP_SIZE=str(target.heap_size))
     make_vars.update(LDSCRIPT=str(ld), USER_C_MODULES=str(CMOD_DIR))
     header = CMOD_DIR / "qemu_board" / "qemu_board.h"
+    time_h = CMOD_DIR / "qemu_board" / "qemu_time.h"
     make_vars["CFLAGS_EXTRA"] = (
         f"-DMICROPY_PY_OS_URANDOM=1 -DQEMU_RAMDISK_BYTES={target.ramdisk_bytes} -include {header}"
+        " -DMICROPY_PY_TIME_GMTIME_LOCALTIME_MKTIME=1"
+        f" -DMICROPY_PY_TIME_TIME_TIME_NS=1 -DMICROPY_PY_TIME_INCLUDEFILE='\"{time_h}\"'"
     )
     return mpsource.cached_build(
         "qemu", target.board, make_vars, write_manifest(), inputs=[ld, *cmod], src=src

@@ -66,6 +66,14 @@ _H0 = array(
 )  # fmt: skip
 
 
+# The message schedule W[0..63] (high and low halves): scratch of one compression,
+# shared by every Sha256 (the HMAC keeps three) instead of 256 bytes each. Not for
+# hashes running in several threads at once (the firmware has one; the host hashes
+# with hashlib).
+_WH = array("H", bytes(128))
+_WL = array("H", bytes(128))
+
+
 class Sha256:
     """Incremental SHA-256 over caller-owned buffers; no allocation after ``__init__``.
 
@@ -79,8 +87,6 @@ class Sha256:
 
     def __init__(self):
         self._h = array("H", _H0)  # state: 8 words as hi, lo halves
-        self._wh = array("H", bytes(128))  # schedule W[0..63], high halves
-        self._wl = array("H", bytes(128))  # ... low halves
         self._block = bytearray(BLOCK_LEN)  # a partial block waiting for more bytes
         self._n = 0  # bytes in _block
         self._count = 0  # message bytes hashed so far
@@ -188,8 +194,8 @@ class Sha256:
 
     def _compress(self, buf, off):
         """One 64-byte block ``buf[off:off+64]`` into the state."""
-        wh = self._wh
-        wl = self._wl
+        wh = _WH
+        wl = _WL
         t = 0
         while t < 16:
             wh[t] = (buf[off] << 8) | buf[off + 1]

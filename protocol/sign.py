@@ -203,10 +203,18 @@ def ts_from_unix(seconds):
 def _default_clock():
     import time
 
+    epoch = _epoch_unix_s(time)
     ns = getattr(time, "time_ns", None)
     if ns is not None:
-        return (ns() - TS_UNIX_EPOCH * 1000000000) // 10000
-    return ts_from_unix(time.time())
+        return (ns() + (epoch - TS_UNIX_EPOCH) * 1000000000) // 10000
+    return ts_from_unix(time.time() + epoch)
+
+
+def _epoch_unix_s(time):
+    """Unix time of the ``time`` module's epoch: MicroPython's MCU ports count from
+    2000-01-01 (``time.gmtime(0)`` says so), the unix port and CPython from 1970."""
+    gmtime = getattr(time, "gmtime", None)
+    return 946684800 if gmtime is not None and gmtime(0)[0] == 2000 else 0
 
 
 class _HashlibMac:

@@ -441,6 +441,36 @@ def test_selftest_passes_with_healthy_parts():
     assert r["v_in"] == 12000
 
 
+def test_the_autotune_is_made_on_first_use():
+    hal, app = boot()
+    assert app._tune is None  # no module import, no RelayTune until it is asked for
+    run(app, hal, 2000)
+    assert app._tune is None
+    tune = app.tune
+    assert tune is app.tune and not tune.running
+
+
+def test_selftest_is_loaded_for_the_test_only():
+    """device.selftest is imported by the selftest command and forgotten with its
+    report, so its RAM is free again while the module cools (its code stays in flash)."""
+    import sys
+
+    import device
+
+    hal, app = boot()
+    seq = cmd(hal, "selftest")
+    assert answer(hal, app, seq)[0].name == "ack"
+    assert "device.selftest" in sys.modules and app.selftest is not None
+    run(app, hal, 10000)
+    assert by_name(hal.take(), "selftest_report")[0].fields["passed"]
+    assert app.selftest is None
+    assert "device.selftest" not in sys.modules and "selftest" not in device.__dict__
+    seq = cmd(hal, "selftest")  # and it loads again
+    assert answer(hal, app, seq)[0].name == "ack"
+    run(app, hal, 10000)
+    assert by_name(hal.take(), "selftest_report")[0].fields["passed"]
+
+
 def test_selftest_reports_the_failed_part():
     hal, app = boot()
     hal.fan_ok[1] = False

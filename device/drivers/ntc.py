@@ -16,7 +16,6 @@ outside -55..200 degC, so no range check can mistake it for a reading), sets
 filter restarts from the first good reading after a fault.
 """
 
-
 from device.calib import KELVIN, LUT_OPEN, LUT_SHORT, adc_to_ohms, build_lut, lut_interp_mc
 from device.control.filters import EMA, Median
 
@@ -106,23 +105,12 @@ class NTC:
         and divider equal an earlier one's reuses its table (read-only, 1 KB each),
         so four identical NTCs hold one table and build it once.
         """
-        model = cfg.get("model", "beta")
-        if model == "sh":
-            params = tuple(float(x) for x in cfg["sh"])
-        else:
-            params = (
-                float(cfg["beta"]),
-                float(cfg["r0"]),
-                cfg.get("t0_mc", 25000) / 1000.0 + KELVIN,
-            )
-        r_fixed = float(cfg["r_fixed"])
-        low = bool(cfg.get("ntc_low", True))
-        correction = cfg.get("correction") or None
-        table = (model, params, r_fixed, low, tuple(correction or ()), points)  # all inputs
+        table = cls.table_key(cfg, points)
+        model, params, r_fixed, low, correction, points = table
         if luts is not None and table in luts:
             lut, step = luts[table]
         else:
-            lut, step = build_lut(model, params, r_fixed, low, correction, points)
+            lut, step = build_lut(model, params, r_fixed, low, list(correction) or None, points)
             if luts is not None:
                 luts[table] = (lut, step)
         for key in ("oversample", "filter", "ema_alpha"):
@@ -132,6 +120,29 @@ class NTC:
         ntc.r_fixed_ohm = r_fixed
         ntc.ntc_low = low
         return ntc
+
+    @staticmethod
+    def table_key(cfg, points=257):
+        """Everything the table of a channel config depends on, as a hashable tuple
+        ``(model, params, r_fixed, low, correction, points)``: the key of ``luts``."""
+        model = cfg.get("model", "beta")
+        if model == "sh":
+            params = tuple(float(x) for x in cfg["sh"])
+        else:
+            params = (
+                float(cfg["beta"]),
+                float(cfg["r0"]),
+                cfg.get("t0_mc", 25000) / 1000.0 + KELVIN,
+            )
+        correction = tuple(cfg.get("correction") or ())
+        return (
+            model,
+            params,
+            float(cfg["r_fixed"]),
+            bool(cfg.get("ntc_low", True)),
+            correction,
+            points,
+        )
 
     def _set_thresholds(self, open_code, short_code):
         lut = self._lut

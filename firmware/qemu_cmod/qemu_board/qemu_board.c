@@ -1,7 +1,8 @@
 // The qemu test target's board support (firmware/qemu.py builds it in).
 //
 // - mp_hal_time_ns(): littlefs (MICROPY_VFS_LFS2) stamps files with it and the qemu
-//   port does not define it; the port's microsecond ticks are enough for that.
+//   port does not define it; it is the host's wall clock (semihosting), so time.time()
+//   and time.time_ns() (qemu_time.h) work as on a board whose RTC was set.
 // - os.urandom: the firmware draws its per-boot signing nonce from it (the stm32 and
 //   rp2 ports have a hardware RNG). The build sets MICROPY_PY_OS_URANDOM=1, and the
 //   port's mphalport.c already has a dummy (LCG) mp_hal_get_random: NOT random, for
@@ -20,8 +21,25 @@
 
 static uint8_t qemu_ramdisk[QEMU_RAMDISK_BYTES] __attribute__((aligned(4)));
 
+// The host's clock through semihosting (SYS_TIME: seconds since 1970), read once and
+// carried on by the port's microsecond ticks; since 2000, the port's epoch.
+static uint32_t qemu_semihosting_time(void) {
+    register uint32_t r0 __asm__ ("r0") = 0x11; // SYS_TIME
+    register uint32_t r1 __asm__ ("r1") = 0;
+    __asm__ __volatile__ ("bkpt 0xAB" : "+r" (r0) : "r" (r1) : "memory");
+    return r0;
+}
+
 uint64_t mp_hal_time_ns(void) {
-    return (uint64_t)mp_hal_ticks_us() * 1000;
+    static uint64_t base_ns;
+    static mp_uint_t base_us;
+    static bool started;
+    if (!started) {
+        base_ns = ((uint64_t)qemu_semihosting_time() - 946684800u) * 1000000000u;
+        base_us = mp_hal_ticks_us();
+        started = true;
+    }
+    return base_ns + (uint64_t)(uint32_t)(mp_hal_ticks_us() - base_us) * 1000u;
 }
 
 static mp_obj_t qemu_board_ramdisk(void) {
