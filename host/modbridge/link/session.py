@@ -663,13 +663,14 @@ class ModuleLink:
             self._reopen_at = self.clock() + self._backoff.next()
 
     def _close(self) -> None:
-        self._fd = None
-        ser, self._ser = self._ser, None
-        if ser is not None:
-            try:
-                ser.close()
-            except Exception:  # noqa: BLE001 - the port is gone anyway
-                pass
+        with self._wlock:  # a writer in another thread never has the fd closed under it
+            self._fd = None
+            ser, self._ser = self._ser, None
+            if ser is not None:
+                try:
+                    ser.close()
+                except Exception:  # noqa: BLE001 - the port is gone anyway
+                    pass
         if self.state in (UP, HANDSHAKE, INCOMPATIBLE):
             self._set_state(DOWN)
 
