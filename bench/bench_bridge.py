@@ -608,6 +608,7 @@ DOC_ROWS = (
     ("bridge_cpu_pct_links", "the same, the I/O thread", ""),
     ("bridge_cpu_pct_loop", "the same, the bridge loop", ""),
     ("bridge_io_wakeups_per_s", "wake-ups of the I/O thread at 1 Hz", ""),
+    ("bridge_heartbeats_per_s", "signed heartbeats sent a second (8 modules, 1 s)", "8"),
     ("bridge_cpu_pct_8_modules_10hz", "bridge process CPU, 8 modules at 10 Hz telemetry", ""),
     ("bridge_cpu_pct_links_10hz", "the same, the I/O thread", ""),
     ("bridge_threads", "OS threads of the bridge process", ""),
