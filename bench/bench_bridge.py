@@ -39,7 +39,8 @@ as in ``modbridge run``):
 
 * ``bridge_cpu_pct_8_modules``: the bridge process's user + system CPU time over 30 s
   of wall time at the firmware's default telemetry (1 Hz), in percent of one core,
-  with two /metrics scrapes in it (Prometheus at 15 s). ``bridge_cpu_pct_links/_loop/
+  with two /metrics scrapes in it (Prometheus at 15 s; one scrape before the windows:
+  a running bridge has been scraped before). ``bridge_cpu_pct_links/_loop/
   _exporter/_scrapes``: the same by thread (``/proc/self/task/*/schedstat``).
   ``..._10hz``: the same with every module at 10 Hz telemetry. ``bridge_io_wakeups_per_s``:
   wake-ups of the one I/O thread. ``bridge_threads``: the process's OS threads.
@@ -527,6 +528,10 @@ def phase_b() -> dict:
         if ready["telemetry_ms"] != [TEL_DEFAULT_MS] * N:
             raise RuntimeError(f"phase B: telemetry {ready['telemetry_ms']}")
         url = ready["url"]
+        # a running bridge has been scraped before: the first render's one-time work
+        # (prometheus_client's text of every header and label prefix) is not steady
+        # state, so one scrape comes before the windows
+        _scrape(url)
         default = _cpu_window(bridge, fleet, url, "default")
         with fleet.cond:
             start = len(fleet.lines)
