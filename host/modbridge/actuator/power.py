@@ -463,8 +463,11 @@ class PowerLimiter(ActuatorBase):
             if err is not None:
                 return self._failed(target_w, clamped, reason, err, values)
             clamped = min(clamped, self.original_w)  # the original may have moved
-            action = "restore" if clamped >= self.original_w - SKIP_BAND_W else "lower"
-            return self._write(target_w, clamped, action, reason, values)
+            if clamped >= self.original_w - SKIP_BAND_W:
+                # within the skip band of the original: that is a restore, to the
+                # original exactly (699 W "restored" would stay 1 W below it for good)
+                return self._write(target_w, self.original_w, "restore", reason, values)
+            return self._write(target_w, clamped, "lower", reason, values)
 
     def restore(self, reason: str = "restore", force=False) -> ApplyResult | None:
         """Write the original limit back if we hold a lower one (idempotent).
