@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ("docs/safety.md", "docs/boards.md")
+DOCS = ("docs/safety.md", "docs/boards.md", "docs/metrics.md")
 ROW = re.compile(r"^\| `([a-z0-9_]+)` \| ([-0-9.]+) \|$")
 
 
