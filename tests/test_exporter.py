@@ -651,8 +651,10 @@ OM_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4
 
 
 def reference(snap, fmt=X.TEXT, clock=lambda: NOW) -> bytes:
-    """What prometheus_client makes of a registry with BridgeCollector (the renderer
-    before this one: Metric families per scrape, then generate_latest)."""
+    """What prometheus_client makes of a registry with BridgeCollector: Metric families
+    per scrape, then generate_latest. The collector and the Renderer read the same
+    blocks (one walk decides what is exported); comparing the two texts checks the
+    Renderer's own writing (kept prefixes, kept block texts, value formatting)."""
     reg = X.make_registry(lambda: snap, process_metrics=False, clock=clock)
     return (generate_latest if fmt == X.TEXT else generate_openmetrics)(reg)
 
@@ -687,6 +689,24 @@ def test_renderer_is_byte_equal_to_prometheus_client_in_both_formats():
     assert len(parsed) == len(want) >= len(X.FAMILIES) - 2  # no memory temp, no GPU fan
     om = X.Renderer(lambda: fleet(8), clock=lambda: NOW).render(X.OPENMETRICS).decode()
     assert {f.name for f in parse_openmetrics(om)} == want
+
+
+def test_the_collector_and_the_renderer_read_one_walk(monkeypatch):
+    # one source of truth for families, labels and values: neither has a walk of its
+    # own that a change could miss (the collector had one, held equal only by a test)
+    walks = []
+
+    class Counted(X._Blocks):
+        def __init__(self, snap):
+            walks.append(snap)
+            super().__init__(snap)
+
+    monkeypatch.setattr(X, "_Blocks", Counted)
+    snap = fleet(2)
+    list(collector(snap).collect())
+    X.Renderer(lambda: snap, clock=lambda: NOW).render()
+    assert walks == [snap, snap]
+    assert not [n for n in vars(X.BridgeCollector) if n.startswith("_") and n[1] != "_"]
 
 
 def test_one_render_per_snapshot_version_and_ages_per_scrape():

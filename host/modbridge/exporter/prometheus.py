@@ -28,10 +28,11 @@ Choices worth knowing (docs/metrics.md says more):
   absent, never 0. Counters with a known label set (event reasons, frame error
   kinds, policy actions) are exported at 0 from the start so ``increase()`` sees the
   first increment.
-* One walk of the snapshot (``_fill``) makes rows; :class:`BridgeCollector` turns
-  them into prometheus_client families (for a registry, and for what the endpoint
-  does not write itself), :class:`Renderer` into text once per snapshot version,
-  byte for byte what prometheus_client would write. :class:`Endpoint` answers HTTP
+* One walk of the snapshot (:class:`_Blocks`) decides every family, label and value
+  exported; :class:`BridgeCollector` turns its blocks into prometheus_client
+  families (for a registry, and for what the endpoint does not write itself),
+  :class:`Renderer` into text once per snapshot version, byte for byte what
+  prometheus_client would write of those families. :class:`Endpoint` answers HTTP
   requests as prometheus_client's WSGI app does (negotiation, ``name[]``, gzip).
 """
 
@@ -45,7 +46,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -100,20 +101,6 @@ def _gpu_states() -> tuple[str, ...]:
 
 GPU_STATES = _gpu_states()
 _NTC_FAULT = {ch: 1 << C.FAULT_BITS.index("ntc_" + ch) for ch in C.CHANNELS}  # by channel
-
-
-def _one_hot(names: Iterable[str], active: str | None) -> Iterator[tuple[str, float]]:
-    names = list(names)
-    if active is not None and active not in names:
-        names.append(active)  # a value newer than this catalog: still shown
-    for name in names:
-        yield name, 1.0 if name == active else 0.0
-
-
-def _with_zeros(known: Iterable[str], counts: dict) -> dict:
-    out = dict.fromkeys(known, 0)
-    out.update(counts)
-    return out
 
 
 # label sets
@@ -214,48 +201,8 @@ def _family(typ: str, name: str, labels: tuple, doc: str) -> Metric:
     return GaugeMetricFamily(name, doc, labels=labels, unit=unit if unit in UNITS else "")
 
 
-class _Rows(list):
-    """The samples of one family as ``(label values, value)`` rows, in exposition order.
-
-    ``signed_zero``: a value is -0.0, which equals 0.0 but is written "-0.0"; rows
-    with one are never taken as unchanged (:meth:`Renderer._segments`).
-    """
-
-    __slots__ = ("signed_zero",)
-
-    def __init__(self):
-        super().__init__()
-        self.signed_zero = False
-
-    def add_metric(self, labels, value) -> None:
-        if value == 0 and type(value) is float and math.copysign(1.0, value) < 0:
-            self.signed_zero = True
-        self.append((tuple(labels), value))
-
-    def same_as(self, other: _Rows) -> bool:
-        """Equal rows, written the same (== alone takes -0.0 for 0.0)."""
-        return not (self.signed_zero or other.signed_zero) and list.__eq__(self, other)
-
-
-class _Families:
-    """Every family of one scrape as rows, created empty, filled per source object.
-
-    Rows, not prometheus_client Metric objects: the same rows become Metric families
-    for a registry (:meth:`BridgeCollector.collect`) or text for a scrape
-    (:class:`Renderer`), so the two can never disagree on content.
-    """
-
-    def __init__(self):
-        for attr, *_ in FAMILIES:
-            setattr(self, attr, _Rows())
-
-    def rows(self) -> Iterator[tuple[str, _Rows]]:
-        for attr, *_ in FAMILIES:
-            yield attr, getattr(self, attr)
-
-
-# Families whose values depend on the scrape's clock, not only on the snapshot: filled
-# per scrape by _fill_clocked; everything else by _fill, once per snapshot version.
+# Families whose values depend on the scrape's clock, not only on the snapshot: made
+# per scrape by _clocked; everything else by _Blocks, once per snapshot version.
 CLOCKED = ("snapshot_age", "m_age")
 
 
@@ -299,140 +246,41 @@ class BridgeCollector:
 
     def collect(self) -> Iterator[Metric]:
         snap = self._source()
-        f = _Families()
-        modules = _fill(f, snap)
-        _fill_clocked(f, snap, modules, self._clock())
+        blocks = _Blocks(snap)
+        clocked = _clocked(snap, blocks.modules, self._clock())
         for attr, typ, name, labels, doc in FAMILIES:
-            rows = getattr(f, attr)
+            rows = clocked[attr] if attr in CLOCKED else _rows(blocks.families[attr])
             if not rows:  # an empty family (nothing known yet) is left out
                 continue
             family = _family(typ, name, labels, doc)
             for label_values, v in rows:
-                family.add_metric(list(label_values), v)
+                # _z's "-0.0" back to the float; an info sample's value is its labels
+                family.add_metric(list(label_values), {} if typ == "info" else _float_z(v))
             yield family
 
-    # -- per source object ----------------------------------------------------
-    @staticmethod
-    def _module(f: _Families, m: ModuleStatus, gpu_of_module, gpu_by_uuid) -> None:
-        mod = _module_label(m)
-        gpu_uuid = gpu_of_module.get(m.module_id) or ""
-        gpu = gpu_by_uuid.get(gpu_uuid)
-        info = [m.fw_version, m.proto_version, m.board, gpu_uuid, gpu.name if gpu else ""]
-        f.m_info.add_metric([mod, m.port] + [sanitize(v) if v else "" for v in info], {})
-        f.m_up.add_metric([mod, m.port], 1.0 if m.link_up else 0.0)
-        f.m_frames.add_metric([mod], m.frames_total)
-        for kind, n in _with_zeros(ERROR_KINDS, dict(m.frame_errors)).items():
-            f.m_frame_errors.add_metric([mod, kind], n)
-        f.m_reconnects.add_metric([mod], m.reconnects)
-        f.m_resets.add_metric([mod], m.module_resets)
-        for reason, n in _with_zeros(C.REASONS, dict(m.events_total)).items():
-            f.m_events.add_metric([mod, reason], n)
 
-        if not m.telemetry:
-            return  # no telemetry yet: no readings, no state, no faults
-        if not m.link_up:
-            # a link that is down has no current readings: they vanish from the scrape
-            # at once (Prometheus marks missing series stale), instead of repeating
-            # the last state for seconds; up, info, age and the counters stay
-            return
-        faults = m.faults
-        for ch in C.CHANNELS:
-            t = m.temperature_c(ch)
-            if t is not None and not faults & _NTC_FAULT[ch]:
-                f.m_temp.add_metric([mod, ch], t)
-        for fan in range(1, (m.fans or 2) + 1):
-            rpm, duty = m.fan_rpm(fan), m.fan_duty_ratio(fan)
-            if rpm is not None:
-                f.m_fan_rpm.add_metric([mod, str(fan)], rpm)
-            if duty is not None:
-                f.m_fan_duty.add_metric([mod, str(fan)], duty)
-        for fam, value in ((f.m_volts, m.v_in_v), (f.m_amps, m.i_in_a), (f.m_watts, m.p_in_w)):
-            if value is not None:
-                fam.add_metric([mod], value)
-        if m.state is not None:
-            for state, v in _one_hot(C.STATES, m.state):
-                f.m_state.add_metric([mod, state], v)
-        if "faults" in m.telemetry:
-            for i, name in enumerate(C.FAULT_BITS):
-                f.m_fault.add_metric([mod, name], 1.0 if faults & (1 << i) else 0.0)
-
-    @staticmethod
-    def _gpu(f: _Families, s: GpuSample) -> None:
-        gpu = s.uuid
-        f.g_info.add_metric([gpu, s.name, s.pci_bus_id], {})
-        f.g_up.add_metric([gpu], 1.0 if s.state == "ok" else 0.0)
-        for state, v in _one_hot(GPU_STATES, s.state):
-            f.g_state.add_metric([gpu, state], v)
-        for fam, value in (
-            (f.g_temp, s.temperature_c),
-            (f.g_mem_temp, s.memory_temperature_c),
-            (f.g_slowdown, s.slowdown_temp_c),
-            (f.g_shutdown, s.shutdown_temp_c),
-            (f.g_max_op, s.max_operating_temp_c),
-            (f.g_power, s.power_w),
-            (f.g_limit, s.enforced_limit_w),
-            (f.g_limit_default, s.default_limit_w),
-            (f.g_limit_min, s.min_limit_w),
-            (f.g_limit_max, s.max_limit_w),
-            (f.g_util, s.utilization),
-            (f.g_fan, s.fan_speed_ratio),
-        ):
-            if value is not None:
-                fam.add_metric([gpu], value)
-        if s.clocks_event_reasons is not None:
-            for reason, bit in CLOCKS_EVENT_REASONS.items():
-                f.g_clocks.add_metric([gpu, reason], 1.0 if s.clocks_event_reasons & bit else 0.0)
-
-    @staticmethod
-    def _original_limits(f: _Families, pairs: list[PairState]) -> None:
-        seen = set()
-        for p in pairs:
-            if p.gpu_uuid and p.original_limit_w is not None and p.gpu_uuid not in seen:
-                seen.add(p.gpu_uuid)
-                f.g_limit_original.add_metric([p.gpu_uuid], p.original_limit_w)
-
-    @staticmethod
-    def _pair(f: _Families, p: PairState) -> None:
-        labels = [p.module_id or "", p.gpu_uuid or ""]
-        f.p_level.add_metric(labels, p.level)
-        level = POLICY_LEVELS[p.level] if 0 <= p.level < len(POLICY_LEVELS) else str(p.level)
-        for name, v in _one_hot(POLICY_LEVELS, level):
-            f.p_state.add_metric(labels + [name], v)
-        for action, n in _with_zeros(POLICY_ACTIONS, dict(p.actions_total)).items():
-            f.p_actions.add_metric(labels + [action], n)
-        f.p_refused.add_metric(labels, p.limit_writes_refused)
-        if p.eta_s is not None:
-            f.p_eta.add_metric(labels, max(0.0, p.eta_s))
-        target = p.target_limit_w if p.target_limit_w is not None else p.original_limit_w
-        if target is not None:
-            f.p_target.add_metric(labels, target)
-
-
-def _fill(f: _Families, snap: BridgeSnapshot | None) -> list[ModuleStatus]:
-    """Every family but the CLOCKED ones; returns the modules exported (deduplicated)."""
-    f.build_info.add_metric([__version__, snap.backend if snap else ""], {})
+def _clocked(snap, modules: list[ModuleStatus], now: float) -> dict[str, list]:
+    """The CLOCKED families as ``(label values, value)`` rows: ages at the scrape's
+    ``now`` (``modules`` as :class:`_Blocks` exported them)."""
+    rows = {"snapshot_age": [], "m_age": []}
     if snap is None:
-        return []
-    modules, gpus, pairs, gpu_by_uuid, gpu_of_module = _sources(snap)
-    for m in modules:
-        BridgeCollector._module(f, m, gpu_of_module, gpu_by_uuid)
-    for s in gpus:
-        BridgeCollector._gpu(f, s)
-    BridgeCollector._original_limits(f, pairs)
-    for p in pairs:
-        BridgeCollector._pair(f, p)
-    return modules
-
-
-def _fill_clocked(f: _Families, snap, modules: list[ModuleStatus], now: float) -> None:
-    """The CLOCKED families: ages at the scrape's ``now``."""
-    if snap is None:
-        return
-    f.snapshot_age.add_metric([], max(0.0, now - snap.taken_at))
+        return rows
+    rows["snapshot_age"].append(((), max(0.0, now - snap.taken_at)))
     for m in modules:
         age = m.last_frame_age_s(now)
         if age is not None:
-            f.m_age.add_metric([_module_label(m)], max(0.0, age))
+            rows["m_age"].append(((_module_label(m),), max(0.0, age)))
+    return rows
+
+
+def _rows(blocks: list) -> list[tuple[tuple, object]]:
+    """A family's blocks as ``(label values, value)`` rows, in exposition order."""
+    return [row for key, values in blocks for row in zip(_labels_of(key), values, strict=True)]
+
+
+def _float_z(v):
+    """The value :func:`_z` was given (its "-0.0" back to the float)."""
+    return float(v) if type(v) is str else v
 
 
 # -- rendering: once per snapshot version ----------------------------------------------
@@ -517,7 +365,7 @@ def _live_version(snap: BridgeSnapshot | None) -> tuple:
 
 def _sources(snap: BridgeSnapshot):
     """(modules, gpus, pairs, gpu_by_uuid, gpu_of_module) of a snapshot, deduplicated
-    as :func:`_fill` exports them."""
+    as they are exported."""
     gpus = _dedupe(snap.gpus, key=lambda s: s.uuid)
     pairs = _dedupe(snap.pairs, key=lambda p: (p.module_id or "", p.gpu_uuid or ""))
     modules = _dedupe(
@@ -548,8 +396,9 @@ _known_sets: dict[tuple, tuple] = {}  # known names -> (their set, zeros)
 
 
 def _counts(known: tuple, counts) -> tuple[tuple, tuple]:
-    """(names, values) of :func:`_with_zeros`: every known name (0 if not counted),
-    then the counted names not known, in their order."""
+    """(names, values) of a counter with a known label set, exported at 0 from the
+    start: every known name (0 if not counted), then the counted names not known,
+    in their order."""
     got = _known_sets.get(known)
     if got is None:
         got = _known_sets[known] = (frozenset(known), (0,) * len(known))
@@ -563,7 +412,8 @@ _hots: dict = {}  # (known names, active) -> (names, values)
 
 
 def _hot(known: tuple, active) -> tuple[tuple, tuple]:
-    """(names, values) of :func:`_one_hot`."""
+    """(names, values) of a one-hot state set: 1.0 for ``active``, 0.0 for the other
+    names; an ``active`` newer than ``known`` (a newer firmware's state) is shown too."""
     got = _hots.get((known, active))
     if got is None:
         names = known if active is None or active in known else known + (active,)
@@ -591,8 +441,13 @@ class _Blocks:
     """One walk of a snapshot as blocks: per family, a list of ``(key, values)`` in
     exposition order, where ``key = (head, names)`` gives the block's label values
     (``head``, or ``head + (name,)`` for each of ``names``) and ``values`` its samples'
-    values. The same rows as :func:`_fill` (a test holds them equal, byte for byte),
-    grouped so that a block whose values did not change keeps its text."""
+    values, grouped so that a block whose values did not change keeps its text.
+
+    The one place that decides what is exported: :class:`BridgeCollector` (the
+    registry) and :class:`Renderer` (the endpoint) both read these blocks, so the two
+    can differ only in how they write them (a test holds the texts equal, byte for
+    byte). A value that is -0.0 is kept as ``_z``'s "-0.0" (blocks compare equal only
+    when their text is the same); the collector turns it back into the float."""
 
     def __init__(self, snap: BridgeSnapshot | None):
         self.families: dict[str, list] = {attr: [] for attr, *_ in FAMILIES}
@@ -633,8 +488,13 @@ class _Blocks:
         f["m_resets"].append(((head, None), (m.module_resets,)))
         names, values = _counts(C.REASONS, m.events_total)
         f["m_events"].append(((head, names), values))
-        if not m.telemetry or not m.link_up:
-            return  # no readings, no state, no faults (see BridgeCollector._module)
+        if not m.telemetry:
+            return  # no telemetry yet: no readings, no state, no faults
+        if not m.link_up:
+            # a link that is down has no current readings: they vanish from the scrape
+            # at once (Prometheus marks missing series stale), instead of repeating
+            # the last state for seconds; up, info, age and the counters stay
+            return
         faults = m.faults
         chans, temps = [], []
         for ch in C.CHANNELS:
@@ -724,8 +584,8 @@ class Renderer:
 
     ``render(fmt)`` returns exactly the bytes prometheus_client's ``generate_latest``
     (or its OpenMetrics one) makes of a registry holding ``BridgeCollector(source,
-    clock)`` and then ``extra``'s collectors: the same rows (:class:`_Blocks` walks the
-    snapshot as :func:`_fill` does), and every header and sample prefix is
+    clock)`` and then ``extra``'s collectors: the same blocks (:class:`_Blocks`), and
+    every header and sample prefix is
     prometheus_client's own text, made once and kept. A scrape of a snapshot version
     already rendered costs the CLOCKED samples (ages), ``extra`` (the process
     metrics) and a join; a new version costs one walk over the snapshot, a tuple
@@ -773,11 +633,9 @@ class Renderer:
             parts = self._parts.get(fmt)
             if parts is None:
                 parts = self._parts[fmt] = self._segments(fmt)
-            clocked = _Families()
-            _fill_clocked(clocked, snap, self._blocks.modules, now)
+            clocked = _clocked(snap, self._blocks.modules, now)
             out = [
-                p if type(p) is bytes else self._family(fmt, p, getattr(clocked, p)).encode()
-                for p in parts
+                p if type(p) is bytes else self._family(fmt, p, clocked[p]).encode() for p in parts
             ]
         if self._extra is not None:
             out.append(_text_of(fmt, self._extra).encode())
@@ -843,7 +701,7 @@ class Renderer:
         body = _text_of(fmt, _Given(family))[len(self._header(fmt, attr)) :]
         return [line[: line.rindex(" ") + 1] for line in body.split("\n")[:-1]]
 
-    def _family(self, fmt: str, attr: str, rows: _Rows) -> str:
+    def _family(self, fmt: str, attr: str, rows: list) -> str:
         """A CLOCKED family's text from its rows (every scrape)."""
         if not rows:
             return ""
