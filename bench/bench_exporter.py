@@ -4,11 +4,16 @@
     python -c "import bench.bench_exporter as b; print(b.run())"
 
 Starts the real endpoint (``exporter.serve``) on 127.0.0.1 with an ephemeral port,
-then times SCRAPES sequential GETs from a plain urllib client sending what Prometheus
-sends (``Accept`` OpenMetrics first, ``Accept-Encoding: gzip``): connect, request,
-the render, gzip, response, close, decompression. Every optional value in the
-snapshot is set, so the body is the largest a healthy bridge produces. Process
-metrics are included, as in ``modbridge run``.
+then times SCRAPES sequential GETs from a scraper in a process of its own (``python
+-m bench.bench_exporter client URL``, an ``http.client`` connection per scrape)
+sending the headers Prometheus sends (``Accept`` OpenMetrics first,
+``Accept-Encoding: gzip``, its ``User-Agent`` and scrape timeout): connect, request,
+the render, gzip, response, close, decompression, timed by the scraper. Prometheus
+is a process apart from the bridge; a client in the bridge's own process (as this
+benchmark had, urllib) put its own CPU and a second thread fighting for the GIL
+inside every timed scrape, and that is not what a scrape of a bridge costs. Every
+optional value in the snapshot is set, so the body is the largest a healthy bridge
+produces. Process metrics are included, as in ``modbridge run``.
 
 The bridge publishes a snapshot every tick (2 Hz) and Prometheus scrapes every 15 s,
 so nearly every real scrape meets a snapshot version that was never rendered:
@@ -26,11 +31,16 @@ processes load the machine, whose 1-minute load average at the start is
 from __future__ import annotations
 
 import gzip
+import http.client
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
-import urllib.request
 from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from modbridge.exporter import prometheus as exporter
 from modbridge.gpu.base import CLOCKS_EVENT_REASONS, GpuSample
@@ -48,7 +58,10 @@ PROMETHEUS_HEADERS = {
     "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,"
     "text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
     "Accept-Encoding": "gzip",
+    "User-Agent": "Prometheus/3.5.0",
+    "X-Prometheus-Scrape-Timeout-Seconds": "10",  # scrape_timeout's default
 }
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def fleet_snapshot(n: int = N, k: int = 0) -> BridgeSnapshot:
@@ -136,14 +149,69 @@ def _percentile(sorted_ms: list[float], q: float) -> float:
 
 
 def _scrape(url: str) -> tuple[float, bytes, int]:
-    """(milliseconds, body, bytes on the wire) of one scrape as Prometheus makes it."""
-    req = urllib.request.Request(url, headers=PROMETHEUS_HEADERS)
+    """(milliseconds, body, bytes on the wire) of one scrape as Prometheus makes it: a
+    connection of its own (Host from the URL), the request, the whole response read,
+    the connection closed, the body decompressed."""
+    u = urlsplit(url)
     t0 = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=5) as r:
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+    try:
+        conn.request("GET", u.path, headers=PROMETHEUS_HEADERS)
+        r = conn.getresponse()
         wire = r.read()
-        gzipped = r.headers.get("Content-Encoding") == "gzip"
+        gzipped = r.getheader("Content-Encoding") == "gzip"
+        assert r.status == 200, r.status
+    finally:
+        conn.close()
     body = gzip.decompress(wire) if gzipped else wire
     return (time.perf_counter() - t0) * 1000.0, body, len(wire)
+
+
+def client(url: str) -> None:
+    """The scraper process: a line ``scrape`` on stdin makes one scrape of ``url``,
+    answered with a JSON line (``ms``, ``wire``, ``bytes``, and for ``scrape body``
+    also ``samples`` and ``eof``, counted after the timing)."""
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] != "scrape":
+            break
+        ms, body, wire = _scrape(url)
+        out = {"ms": ms, "wire": wire, "bytes": len(body)}
+        if cmd[1:] == ["body"]:
+            lines = body.splitlines()
+            out["samples"] = sum(1 for ln in lines if ln and not ln.startswith(b"#"))
+            out["eof"] = body.endswith(b"# EOF\n")
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
+
+
+class _Scraper:
+    """The scraper process, one scrape per call."""
+
+    def __init__(self, url: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.bench_exporter", "client", url],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def __call__(self, body: bool = False) -> dict:
+        self.proc.stdin.write("scrape body\n" if body else "scrape\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the scraper process ended ({self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def run() -> dict:
@@ -161,23 +229,23 @@ def run() -> dict:
         return answer
 
     endpoint.respond = timed
+    scrape = _Scraper(server.url)
     load = os.getloadavg()[0]
     try:
-        url = server.url
         renders = server.renderer.renders
         fresh, same = [], []
         for i, snap in enumerate(snaps):
             current[0] = snap  # the bridge's next tick
-            ms, body, wire = _scrape(url)
+            last = scrape(body=i == len(snaps) - 1)
             if i >= WARMUP:
-                fresh.append(ms)
-                same.append(_scrape(url)[0])  # a second scraper, same version
+                fresh.append(last["ms"])
+                same.append(scrape()["ms"])  # a second scraper, same version
         renders = server.renderer.renders - renders
     finally:
+        scrape.close()
         server.stop()
     assert renders == len(snaps), (renders, len(snaps))  # every fresh scrape rendered
-    assert body.endswith(b"# EOF\n"), "not OpenMetrics"
-    samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+    assert last["eof"], "not OpenMetrics"
     fresh.sort()
     same.sort()
     fresh_cpu = sorted(cpu_ms[2 * WARMUP :: 2])  # each fresh scrape, then its repeat
@@ -190,11 +258,14 @@ def run() -> dict:
         "scrape_cpu_ms_p99": round(_percentile(fresh_cpu, 0.99), 3),
         "scrape_cpu_ms_p99_same_snapshot": round(_percentile(same_cpu, 0.99), 3),
         "scrape_host_load_1m": round(load, 2),
-        "scrape_bytes_8_modules": len(body),
-        "scrape_bytes_gzip_8_modules": wire,
-        "scrape_samples_8_modules": samples,
+        "scrape_bytes_8_modules": last["bytes"],
+        "scrape_bytes_gzip_8_modules": last["wire"],
+        "scrape_samples_8_modules": last["samples"],
     }
 
 
 if __name__ == "__main__":
-    print(run())
+    if sys.argv[1:2] == ["client"]:
+        client(sys.argv[2])
+    else:
+        print(run())

@@ -897,3 +897,46 @@ def test_a_failing_render_costs_one_scrape_not_the_endpoint(caplog):
         with urllib.request.urlopen(server.url, timeout=5) as r:
             assert r.status == 200 and b"modbridge_module_up" in r.read()
     assert "a scrape failed" in caplog.text
+
+
+def test_extra_families_are_prometheus_clients_text_at_every_scrape():
+    # the process metrics keep their headers and prefixes between scrapes, written
+    # with each scrape's values; a family of another shape, or with timestamps, is
+    # written afresh: every scrape as prometheus_client writes the same registry
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    now = {"v": 1.0, "labels": ["a"], "stamp": None}
+
+    class Varying:
+        def collect(self):
+            g = GaugeMetricFamily("x_size_bytes", 'help "q" \\ \n', labels=["k"], unit="bytes")
+            for lv in now["labels"]:
+                g.add_metric([lv], now["v"])
+            c = CounterMetricFamily("x_ops", "ops")
+            c.add_metric([], abs(now["v"]) * 3)
+            t = GaugeMetricFamily("x_stamped", "stamped")
+            t.add_metric([], now["v"], timestamp=now["stamp"])
+            return [g, c, t]
+
+    snap = fleet(1)
+    extra = CollectorRegistry()
+    extra.register(Varying())
+    want = CollectorRegistry()
+    want.register(collector(snap))
+    want.register(Varying())
+    r = X.Renderer(lambda: snap, clock=lambda: NOW, extra=extra)
+    steps = [
+        {"v": 2.5},
+        {"v": -0.0},
+        {"labels": ['a"\\\n', "é"]},
+        {"v": 1e21, "stamp": 12.5},
+        {"v": float("nan"), "stamp": None},
+        {"v": 7, "labels": []},
+        {"v": float("inf")},
+    ]
+    for step in steps:
+        now.update(step)
+        for fmt, generate in ((X.TEXT, generate_latest), (X.OPENMETRICS, generate_openmetrics)):
+            assert r.render(fmt) == generate(want), (fmt, step)
+    assert r.renders == 1
