@@ -142,7 +142,7 @@ class App:
             accept=C.H2D, verifier=self.verifier, heartbeat=self.hb
         )
         self._on_item = self._sink  # bound once: naming a bound method allocates it
-        self.enc = T.TelemetryEncoder()
+        self.enc = T.TelemetryEncoder(json=False)  # a line's buffer when one is sent
         self.temps = array("i", [0] * _N_CH)
         self.setpoints = array("i", [0] * _N_CH)
         self.pm = array("i", [0, 0, 0])  # mV, mA, mW

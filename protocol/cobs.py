@@ -55,15 +55,19 @@ def encode(data):
     return dst[:end]
 
 
-def decode_into(src, src_len, dst):
+def decode_into(src, src_len, dst, dst_len=-1):
     """Decode ``src[:src_len]`` (one frame, without its delimiter) into ``dst``.
 
     Returns the decoded length. Raises FrameError on a 0x00 inside the frame or a
-    code byte that runs past the end, OversizeError if ``dst`` is too small.
+    code byte that runs past the end, OversizeError if the frame decodes to more than
+    ``dst_len`` bytes (``-1``: ``len(dst)``). ``dst`` may be ``src`` itself: every
+    byte is written at or before the position it was read from, so a frame can be
+    decoded in place.
     """
     i = 0
     out = 0
-    dst_len = len(dst)
+    if dst_len < 0 or dst_len > len(dst):
+        dst_len = len(dst)
     while i < src_len:
         code = src[i]
         if code == 0:

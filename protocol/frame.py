@@ -499,8 +499,11 @@ class StreamDecoder:
         self.accept = accept
         self.verifier = verifier
         self.heartbeat = heartbeat
+        # One buffer for both modes (a frame or a text line, never both at once): a
+        # frame is COBS-decoded in place (cobs.decode_into), its bytes then the
+        # buffer's first ``max_frame``.
         self._buf = bytearray(max(self.max_encoded, max_line) + 1)
-        self._raw = bytearray(max_frame)
+        self.max_frame = max_frame
         self._sink = _Sink()
         self._n = 0
         self._state = _IDLE
@@ -675,12 +678,13 @@ class StreamDecoder:
         self._n = 0
         self._state = _IDLE
         try:
-            m = cobs.decode_into(self._buf, n, self._raw)
+            raw = self._buf
+            m = cobs.decode_into(raw, n, raw, self.max_frame)
             hb = self.heartbeat
-            if hb is not None and hb.take(self._raw, m, self.verifier, self.accept):
+            if hb is not None and hb.take(raw, m, self.verifier, self.accept):
                 self.frames += 1
                 return
-            msg = decode_raw(self._raw, m, self.accept, self.verifier)
+            msg = decode_raw(raw, m, self.accept, self.verifier)
         except ProtocolError as e:
             self._reject(out, e, FMT_CBOR)
             return

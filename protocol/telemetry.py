@@ -169,15 +169,19 @@ class TelemetryEncoder:
     ``max_json_len``); the JSON text of names comes straight from the catalog's
     strings, so no table of encoded names is kept in RAM."""
 
-    def __init__(self):
+    def __init__(self, json=True):
         # A list, not array("i"): uptime_s and faults are u32, which "i" would wrap
         # (silently on MicroPython), and reading an array("q") item allocates.
         self.values = [0] * N_FIELDS
         self.present = 0
         self.raw = bytearray(max_cbor_len())
         out = cobs.max_encoded_len(len(self.raw)) + 1
+        # ``json=False`` (the module, which sends frames unless a host speaks JSON
+        # lines): ``out`` fits a frame, and grows to a line's size on the first
+        # encode_json (one allocation when the format changes, none after)
         line = max_json_len()
-        self.out = bytearray(out if out > line else line)
+        self._line = line
+        self.out = bytearray(out if out > line or not json else line)
         keys = bytearray(N_FIELDS)
         kinds = bytearray(N_FIELDS)
         scales = []
@@ -253,6 +257,9 @@ class TelemetryEncoder:
     def encode_json(self, seq):
         """Write a complete JSON line into ``out``; return its length (with newline)."""
         buf = self.out
+        if len(buf) < self._line:
+            buf = bytearray(self._line)
+            self.out = buf
         o = _put_bytes(buf, 0, self._jhead)
         o = _put_uint(buf, o, seq & 0xFFFF, 0)
         present = self.present

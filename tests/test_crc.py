@@ -143,3 +143,16 @@ def test_does_not_allocate():
         if IS_MICROPYTHON:
             micropython.heap_unlock()
     assert c == crc16(data[10:200], crc=crc16(data))
+
+
+def test_table_constants_are_the_polynomials():
+    """protocol.crc's constant table (high and low bytes) is POLY's, entry by entry."""
+    from protocol import crc
+
+    for i in range(256):
+        c = i << 8
+        for _ in range(8):
+            c = ((c << 1) ^ POLY) if c & 0x8000 else (c << 1)
+            c &= 0xFFFF
+        assert (crc._HI[i] << 8) | crc._LO[i] == c, i
+    assert len(crc._HI) == len(crc._LO) == 256

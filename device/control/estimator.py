@@ -56,7 +56,7 @@ _P_MAX = const(2097151)
 _DT_MAX = const(1000)
 _R_MAX = const(32767)  # Q8 m degC/W: up to 128 degC per W, far above any heatsink
 NTC_TAU_MS = const(30000)  # the NTC envelope's fall after its hold
-WINDOW_MAX_S = 300  # the ring's size (1.2 KB): the longest envelope window
+WINDOW_MAX_S = 300  # the longest envelope window (the ring then takes 1.2 KB)
 _W_MIN = const(20)  # W: below this the offset per watt is not learned (idle noise)
 
 
@@ -75,7 +75,7 @@ class DieEstimator:
         self.window_s = 0
         self.power_tau_ms = 0
         self.offset_tau_ms = 0
-        self._ring = array("i", [INVALID] * WINDOW_MAX_S)
+        self._ring = None  # per-second maxima, sized to the window by configure()
         self.configure(window_s, power_tau_ms, offset_tau_ms)
         self.est = INVALID
         self.env = INVALID
@@ -98,6 +98,10 @@ class DieEstimator:
         self.window_s = window_s
         self.power_tau_ms = power_tau_ms
         self.offset_tau_ms = offset_tau_ms
+        n = window_s if window_s else 1
+        if self._ring is None or len(self._ring) != n:
+            self._ring = None  # the old one is garbage before the new one is made
+            self._ring = array("i", bytes(4 * n))  # sized to need: 4 bytes a second
         self.reset()
 
     def reset(self):
@@ -112,8 +116,9 @@ class DieEstimator:
 
     def _forget(self):
         ring = self._ring
+        n = len(ring)
         i = 0
-        while i < WINDOW_MAX_S:
+        while i < n:
             ring[i] = INVALID
             i += 1
         self._pos = 0
