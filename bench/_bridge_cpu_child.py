@@ -25,7 +25,12 @@ heartbeats every 1 s, the bridge loop in the main thread as in ``modbridge run``
 After a warm-up (``ready``) it takes commands on stdin: ``measure`` (``seconds``,
 ``tag``): its own CPU time (``getrusage``) and each thread's
 (``/proc/self/task/<tid>/schedstat``) over that much wall time, printed as a
-``result``; ``quit``.
+``result``; ``quit``. With ``"profile": PATH`` in its arguments each window is
+also profiled (cProfile, the loop's thread and the I/O thread each by a profiler of
+its own, switched on and off by the thread itself) and the stats are dumped to
+``PATH.<tag>.<thread>`` (``python -m bench.bench_bridge --cpu --profile PATH``): a
+guide to where the time goes, not a measurement (the profiler's own cost is in the
+window's numbers).
 
 Both print one JSON object per line on stdout; logging goes to stderr.
 """
@@ -245,6 +250,45 @@ def _commands(q) -> None:
     q.append({"op": "quit"})
 
 
+class _Profiles:
+    """cProfile per thread for the measurement windows (``"profile"`` argument): each
+    thread enables and disables its own profiler (cProfile hooks only the calling
+    thread), the loop's in :func:`run_bridge`'s step, the I/O thread's after each
+    wake-up (``LinkIO.after_iteration``, wrapped)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.want: str | None = None  # the window's tag while one is open
+        self._on: dict[str, tuple] = {}  # thread name -> (profiler, tag)
+
+    def sync(self, thread: str) -> None:
+        if self.path is None:
+            return
+        import cProfile
+
+        cur = self._on.get(thread)
+        if cur is not None and cur[1] != self.want:
+            cur[0].disable()
+            cur[0].dump_stats(f"{self.path}.{cur[1]}.{thread}")
+            del self._on[thread]
+            cur = None
+        if cur is None and self.want is not None:
+            prof = cProfile.Profile()
+            self._on[thread] = (prof, self.want)
+            prof.enable()
+
+    def wrap_io(self, bridge) -> None:
+        if self.path is None:
+            return
+        after = bridge.io.after_iteration
+
+        def after_iteration():
+            after()
+            self.sync("io")
+
+        bridge.io.after_iteration = after_iteration
+
+
 def run_bridge(args: dict) -> None:
     from collections import deque
 
@@ -260,6 +304,8 @@ def run_bridge(args: dict) -> None:
     tmp = tempfile.TemporaryDirectory(prefix="modbridge-bench-")
     elog = EventLog(os.path.join(tmp.name, "events.jsonl"))
     bridge = Bridge(cfg, VirtualBackend(gpus), ports, event_log=elog)
+    profiles = _Profiles(args.get("profile"))
+    profiles.wrap_io(bridge)
     bridge.start()
     server = exporter.serve(bridge.snapshot, port=0) if cfg.exporter_enabled else None
     clock = time.monotonic
@@ -310,6 +356,7 @@ def run_bridge(args: dict) -> None:
             ticks0=bridge.ticks,
             wakes0=bridge.io.iterations,
         )
+        profiles.want = window["tag"]
 
     def end_window() -> None:
         cpu1, t1 = _cpu_s(), clock()
@@ -340,10 +387,12 @@ def run_bridge(args: dict) -> None:
             maxrss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         )
         window.clear()
+        profiles.want = None
 
     def step() -> bool:
         if window and clock() >= window["end"]:
             end_window()
+        profiles.sync("loop")
         while q and not window:
             cmd = q.popleft()
             if cmd.get("op") == "quit":

@@ -2,6 +2,7 @@
 
     python -m bench.run bridge                 # merges the keys into bench/results.json
     python -m bench.bench_bridge --doc         # docs/bridge-benchmarks.md's table from it
+    python -m bench.bench_bridge --cpu [--profile PATH]   # phase B only, printed
 
 Everything runs against the real firmware in MicroPython (a SimFleet at real time,
 speed 1) in a child process of its own (``bench/_bridge_cpu_child.py fleet``), over
@@ -517,11 +518,17 @@ def _cpu_keys(result: dict, suffix: str) -> dict:
     }
 
 
-def phase_b() -> dict:
+def phase_b(profile: str | None = None) -> dict:
+    """Phase B's keys. ``profile``: the bridge child profiles its windows into
+    ``profile.<tag>.<thread>`` (cProfile; ``--cpu --profile``: for reading, its
+    numbers are not recorded)."""
     fleet, ports, keys_dir = start_fleet([TEL_DEFAULT_MS] * N)
     bridge = None
     try:
-        bridge = Child("bridge", {"ports": ports, "exporter": True, "keys_dir": keys_dir})
+        args = {"ports": ports, "exporter": True, "keys_dir": keys_dir}
+        if profile is not None:
+            args["profile"] = os.path.abspath(profile)
+        bridge = Child("bridge", args)
         ready = bridge.wait_for(lambda o: o["k"] in ("ready", "error"), 40.0)
         if ready is None or ready["k"] != "ready":
             raise RuntimeError(f"phase B: the bridge did not get ready: {ready}")
@@ -641,8 +648,21 @@ def write_doc(results_path: Path = ROOT / "bench" / "results.json", doc: Path = 
     doc.write_text(text[:i] + doc_table(results) + text[j:])
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--doc"]:
+def main(argv: list[str]) -> int:
+    """``--doc``: the doc's table; ``--cpu [--profile PATH]``: phase B alone (the CPU
+    windows and the scrapes), printed, not recorded (while iterating: CPU time
+    depends little on the machine's load); nothing: the whole run, printed."""
+    if argv == ["--doc"]:
         write_doc()
+    elif argv[:1] == ["--cpu"]:
+        profile = argv[argv.index("--profile") + 1] if "--profile" in argv else None
+        out = phase_b(profile)
+        out["bridge_bench_loadavg_phase_b"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(out, indent=1, sort_keys=True))
     else:
         print(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

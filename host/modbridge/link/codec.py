@@ -121,7 +121,8 @@ class HostDecoder(StreamDecoder):
     """
 
     def __init__(self):
-        super().__init__(accept=C.D2H)
+        super().__init__(max_frame=MAX_FRAME, accept=C.D2H)
+        self._frame_max = MAX_FRAME  # the reference's frame buffer (whatever it names it)
         self.peer_version: tuple[int, int] | None = None
         self.fast_frames = 0
 
@@ -149,7 +150,7 @@ class HostDecoder(StreamDecoder):
         """One binary frame ``enc`` (COBS, no delimiter); ``buffered``: it is also in
         the receive buffer, where the reference path reads it."""
         raw = _cobs_decode(enc)
-        if raw is not None and MIN_FRAME <= len(raw) <= len(self._raw):
+        if raw is not None and MIN_FRAME <= len(raw) <= self._frame_max:
             n = len(raw)
             if binascii.crc_hqx(raw[: n - 2], 0xFFFF) == (raw[n - 2] << 8) | raw[n - 1]:
                 if raw[0] != VERSION_MAJOR:
@@ -192,20 +193,47 @@ def _fast_spec(mdef):
     return spec
 
 
-def _fast_fields(mdef, keyed: dict) -> dict | None:
+def _head_len(a: int) -> int:
+    """Bytes of a canonical CBOR head with argument ``a`` (>= 0, < 2**64)."""
+    if a < 24:
+        return 1
+    if a < 0x100:
+        return 2
+    if a < 0x10000:
+        return 3
+    return 5 if a < 0x100000000 else 9
+
+
+def _fast_fields(mdef, keyed: dict, size: int = -1) -> dict | None:
     """The catalog check of ``fields_from_keys`` for the common cases (integer, bool
     and text fields, integer keys); None for anything else, which then goes the
-    reference way. A differential test keeps the two in agreement."""
+    reference way. A differential test keeps the two in agreement.
+
+    ``size`` (>= 0): the byte length of the payload ``keyed`` was decoded from, which
+    must be that of ``keyed``'s canonical encoding in this order (else None). For
+    these types that is the check that the payload is canonical (what the reference
+    accepts): every other encoding of the same map (longer heads, indefinite
+    lengths, tags such as bignums, a duplicate key that the dict lost, bytes after
+    the map) is longer, and nothing shorter decodes to it."""
     by_key, required = _fast_spec(mdef)
     out = {}
     prev = -1
+    n = _head_len(len(keyed))  # the map's head
     for k, v in keyed.items():
         if type(k) is not int or k <= prev:  # ascending keys: same field order as the catalog
             return None
         prev = k
+        n += 1 if k < 24 else _head_len(k)
         tv = type(v)
-        if tv is int and not _INT_MIN <= v <= _INT_MAX:
-            return None
+        if tv is int:
+            if not _INT_MIN <= v <= _INT_MAX:
+                return None
+            n += _head_len(v if v >= 0 else -1 - v)
+        elif tv is bool:
+            n += 1
+        elif tv is str:
+            b = len(v.encode("utf-8")) if not v.isascii() else len(v)
+            n += _head_len(b) + b
         f = by_key.get(k)
         if f is None:  # a newer minor's field: ignored, if it is a plain int
             if tv is int:
@@ -232,6 +260,8 @@ def _fast_fields(mdef, keyed: dict) -> dict | None:
         else:
             return None
         out[name] = v
+    if size >= 0 and n != size:
+        return None
     if not required.issubset(out):
         return None
     return out
@@ -245,13 +275,22 @@ def _fast_message(raw: bytes) -> Message | None:
     if payload:
         try:
             keyed = cbor2.loads(payload)
-            if type(keyed) is not dict or cbor2.dumps(keyed) != payload:
-                return None
         except Exception:  # noqa: BLE001 - anything odd: the reference decoder decides
             return None
+        if type(keyed) is not dict:
+            return None
+        # the common case checks that the payload is canonical by its length (no
+        # re-encoding: see _fast_fields); anything else by cbor2's re-encoding
+        fields = _fast_fields(mdef, keyed, len(payload))
+        if fields is None:
+            try:
+                if cbor2.dumps(keyed) != payload:
+                    return None
+            except Exception:  # noqa: BLE001 - the reference decoder decides
+                return None
     else:
         keyed = {}
-    fields = _fast_fields(mdef, keyed)
+        fields = _fast_fields(mdef, keyed)
     if fields is None:
         if not _plain(keyed, 0):
             return None

@@ -8,6 +8,8 @@ deadline). A port with bytes waiting is serviced at once: frames are read, decod
 and stamped when they arrive, not at a poll. A link whose deadline has come is
 serviced too; nothing else wakes the thread, so an idle fleet costs one wake-up per
 heartbeat grid point (links put their heartbeats on a common grid) and one per frame.
+Deadlines are kept between wake-ups: only the links just stepped compute theirs
+again (all of them after a change of links or ports, or a wake-up by another thread).
 
 The links do the work (:meth:`ModuleLink._step` reads, decodes, dispatches, runs
 its timers, reopens a lost port), each under its own supervisor: an exception that
@@ -151,14 +153,24 @@ class LinkIO:
         self._watched = {}
         try:
             sel.register(self._rfd, selectors.EVENT_READ, None)
+            links: list = []
+            deadlines: list = []
+            stale = True  # every deadline is to be computed again
             while not self._stop.is_set():
                 self.supervision.check_recovered()
                 if self._ops:
                     self._apply_ops()
-                self._sync(sel)
-                # every link's deadline, once: they move only when a link is stepped
-                links = list(self._links)
-                deadlines = [link._deadline() for link in links]
+                    stale = True
+                if self._sync(sel):
+                    stale = True
+                # A link's deadline moves only when it is stepped (here) or when
+                # another thread changes the link and wakes this one (stop, remove:
+                # a wake-up recomputes them all); so only a stepped link's is
+                # computed again after a wake-up for data or for a deadline.
+                if stale or links != self._links:
+                    links = list(self._links)
+                    deadlines = [link._deadline() for link in links]
+                    stale = False
                 timeout = self._timeout(links, deadlines)
                 events = sel.select(timeout)
                 self.iterations += 1
@@ -166,13 +178,17 @@ class LinkIO:
                 for key, _mask in events:
                     if key.data is None:
                         self._drain()
+                        stale = True
                     else:
                         ready.add(key.data)
-                for link, due in zip(links, deadlines, strict=True):
+                for i, link in enumerate(links):
                     if link in ready:
                         link._step(True)
-                    elif link.clock() >= due and link in self._links:
+                    elif link.clock() >= deadlines[i] and link in self._links:
                         link._step(False)  # a deadline: nothing to read
+                    else:
+                        continue
+                    deadlines[i] = link._deadline()
                 if self.after_iteration is not None:
                     self._after()
         finally:
@@ -216,8 +232,9 @@ class LinkIO:
         except Exception:  # noqa: BLE001 - the port is gone anyway
             log.debug("%s: closing", getattr(link, "port", link), exc_info=True)
 
-    def _sync(self, sel) -> None:
-        """Make the selector match every link's current port (opened, closed, reopened)."""
+    def _sync(self, sel) -> bool:
+        """Make the selector match every link's current port (opened, closed, reopened);
+        True if anything changed."""
         stale = []
         for link, (ser, fd) in self._watched.items():
             if link._ser is not ser or link not in self._links:
@@ -229,10 +246,12 @@ class LinkIO:
                         pass
         for link in stale:
             del self._watched[link]
+        changed = bool(stale)
         for link in self._links:
             ser = link._ser
             if ser is None or link in self._watched:
                 continue
+            changed = True
             try:
                 fd = ser.fileno()
             except Exception:  # noqa: BLE001 - a port object without an fd: polled
@@ -244,6 +263,7 @@ class LinkIO:
                     fd = None  # serviced by its deadline (poll) instead
             link._selectable = fd is not None
             self._watched[link] = (ser, fd)
+        return changed
 
     def _timeout(self, links: list | None = None, deadlines: list | None = None) -> float:
         """Seconds until the earliest deadline (``deadlines`` of ``links``, computed

@@ -144,7 +144,7 @@ from protocol import catalog as C
 from protocol.errors import ProtocolError
 from protocol.frame import encode_frame
 from protocol.message import Message, lookup
-from protocol.sign import Signer
+from protocol.sign import TS_UNIX_EPOCH, Signer
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,14 @@ INCOMPATIBLE = "incompatible"  # the module speaks another major version
 STOPPED = "stopped"
 
 _INF = math.inf
+
+# The signers' clock: protocol.sign's default (10 us units since 2015-01-01 UTC, from
+# time.time_ns()), with the time module's epoch looked up once, not per heartbeat.
+_TS_OFFSET_NS = ((946684800 if time.gmtime(0)[0] == 2000 else 0) - TS_UNIX_EPOCH) * 1_000_000_000
+
+
+def _signer_clock() -> int:
+    return (time.time_ns() + _TS_OFFSET_NS) // 10000
 
 
 class ModuleLink:
@@ -425,7 +433,7 @@ class ModuleLink:
         return signer
 
     def _make_signer(self, key: bytes) -> Signer:
-        signer = Signer(bytes(key), link_id=self.link_id)
+        signer = Signer(bytes(key), link_id=self.link_id, clock=_signer_clock)
         signer.nonce = self.nonce
         return signer
 

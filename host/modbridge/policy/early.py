@@ -25,12 +25,17 @@ def lsq_slope(points: Iterable[tuple[float, float]]) -> float | None:
     n = len(pts)
     if n < 2:
         return None
-    mt = sum(p[0] for p in pts) / n
-    my = sum(p[1] for p in pts) / n
-    stt = sum((p[0] - mt) ** 2 for p in pts)
+    # the same sums in the same order as the textbook form (sum of generators over
+    # the points), over lists: a tick evaluates this for every pair
+    ts = [p[0] for p in pts]
+    ys = [p[1] for p in pts]
+    mt = sum(ts) / n
+    my = sum(ys) / n
+    dts = [t - mt for t in ts]
+    stt = sum([d**2 for d in dts])
     if stt <= 0.0:
         return None
-    return sum((p[0] - mt) * (p[1] - my) for p in pts) / stt
+    return sum([d * (y - my) for d, y in zip(dts, ys, strict=True)]) / stt
 
 
 def time_to_threshold(
