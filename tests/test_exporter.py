@@ -940,3 +940,46 @@ def test_extra_families_are_prometheus_clients_text_at_every_scrape():
         for fmt, generate in ((X.TEXT, generate_latest), (X.OPENMETRICS, generate_openmetrics)):
             assert r.render(fmt) == generate(want), (fmt, step)
     assert r.renders == 1
+
+
+def test_process_metrics_are_prometheus_clients_families():
+    # the same families, help, types and values as prometheus_client's ProcessCollector
+    # (the memory and CPU read at a moment apart: equal within what can change between)
+    from prometheus_client.process_collector import ProcessCollector
+
+    ours = X._ProcessMetrics().collect()
+    theirs = ProcessCollector(registry=None).collect()
+    assert [(m.name, m.type, m.documentation, m.unit) for m in ours] == [
+        (m.name, m.type, m.documentation, m.unit) for m in theirs
+    ]
+    assert len(ours) == 6
+    for a, b in zip(ours, theirs, strict=True):
+        assert [(s.name, s.labels) for s in a.samples] == [(s.name, s.labels) for s in b.samples]
+        (va,), (vb,) = [s.value for s in a.samples], [s.value for s in b.samples]
+        if a.name in ("process_start_time_seconds", "process_max_fds"):
+            assert va == vb, a.name
+        elif a.name == "process_open_fds":
+            assert abs(va - vb) <= 1, (va, vb)  # ours has no /proc/self/stat open
+        elif a.name == "process_cpu_seconds_total":
+            assert 0 <= vb - va <= 1.0, (va, vb)
+        else:
+            assert abs(va - vb) <= 64 << 20, (a.name, va, vb)
+
+
+def test_gzip_state_kept_between_bodies_makes_one_complete_member_each():
+    import gzip
+    import zlib
+
+    z = X._Gzip(X.GZIP_LEVEL)
+    body = X.Renderer(lambda: fleet(8), clock=lambda: NOW).render(X.OPENMETRICS)
+    bodies = [body, b"", b"x", body[::-1], body, b"\0" * 100_000]
+    for b in bodies:
+        out = z.compress([b[: len(b) // 3], b[len(b) // 3 :]])
+        d = zlib.decompressobj(wbits=31)  # exactly one gzip member, nothing after it
+        assert d.decompress(out) == b and d.eof and d.unused_data == b""
+        assert gzip.decompress(out) == b
+        # the flush's empty stored block and the empty final block: a few bytes more
+        assert len(out) <= len(gzip.compress(b, X.GZIP_LEVEL)) + 8
+    with pytest.raises(TypeError):
+        z.compress([body[:1000], "not bytes"])  # half a body went in: the state is new
+    assert gzip.decompress(z.compress([body])) == body

@@ -39,16 +39,24 @@ Choices worth knowing (docs/metrics.md says more):
 from __future__ import annotations
 
 import errno
-import gzip
 import logging
 import math
+import os
+import queue
 import re
 import socket
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+try:
+    import resource
+except ImportError:  # not Unix: prometheus_client's ProcessCollector (which has no /proc)
+    resource = None
 
 from prometheus_client import CollectorRegistry, exposition
 from prometheus_client.metrics_core import (
@@ -640,6 +648,10 @@ class Renderer:
         self.renders = 0
 
     def render(self, fmt: str = TEXT) -> bytes:
+        return b"".join(self.render_parts(fmt))
+
+    def render_parts(self, fmt: str = TEXT) -> list[bytes]:
+        """:meth:`render`'s bytes in pieces, not joined (for :class:`_Gzip`)."""
         snap = self._source()
         now = self._clock()
         with self._lock:
@@ -660,7 +672,7 @@ class Renderer:
                 out.append(self._extra_text(fmt).encode())
         if fmt == OPENMETRICS:
             out.append(_EOF.encode())
-        return b"".join(out)
+        return out
 
     def _segments(self, fmt: str) -> list:
         """The blocks as text, cut where a CLOCKED family goes in. A block whose values
@@ -814,9 +826,79 @@ def make_registry(
 
 
 def _add_process_collectors(reg: CollectorRegistry) -> CollectorRegistry:
-    ProcessCollector(registry=reg)
+    reg.register(_ProcessMetrics())
     PlatformCollector(registry=reg)
     return reg
+
+
+class _ProcessMetrics:
+    """prometheus_client's ProcessCollector (the same ``process_*`` families, help
+    and values) for a cost per scrape a fraction of its own. It reads
+    /proc/self/stat and /proc/self/limits and lists /proc/self/fd at every scrape;
+    here the start time (constant) is its own, read once, and a scrape reads the
+    small /proc/self/statm (the same page counts as stat's vsize and rss), asks the
+    kernel for CPU times (``os.times``: the same clock ticks as stat's utime and
+    stime) and the open-file limit (``getrlimit``: the soft limit, which limits
+    shows), and lists /proc/self/fd as it does. Where /proc cannot be read it is
+    ProcessCollector itself."""
+
+    def __init__(self):
+        self._fallback = ProcessCollector(registry=None)
+        self._start = None
+        self._pagesize = resource.getpagesize() if resource else 4096
+        try:
+            first = {m.name: m for m in self._fallback.collect()}
+            self._start = first["process_start_time_seconds"].samples[0].value
+            self._read_statm()
+        except (OSError, KeyError, IndexError, ValueError):
+            self._start = None
+
+    @staticmethod
+    def _read_statm() -> list[bytes]:
+        fd = os.open("/proc/self/statm", os.O_RDONLY)
+        try:
+            return os.read(fd, 256).split()
+        finally:
+            os.close(fd)
+
+    def collect(self) -> list[Metric]:
+        if self._start is None or resource is None:
+            return self._fallback.collect()
+        try:
+            pages = self._read_statm()
+            open_fds = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            return self._fallback.collect()
+        t = os.times()
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return [
+            GaugeMetricFamily(
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes.",
+                value=float(int(pages[0]) * self._pagesize),
+            ),
+            GaugeMetricFamily(
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                value=float(pages[1]) * self._pagesize,
+            ),
+            GaugeMetricFamily(
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.",
+                value=self._start,
+            ),
+            CounterMetricFamily(
+                "process_cpu_seconds_total",
+                "Total user and system CPU time spent in seconds.",
+                value=t.user + t.system,
+            ),
+            GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", open_fds),
+            GaugeMetricFamily(
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                value=float("inf") if soft == resource.RLIM_INFINITY else float(soft),
+            ),
+        ]
 
 
 _LEGACY_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -851,6 +933,49 @@ def _fast_format(encoder) -> str | None:
     return None
 
 
+class _Gzip:
+    """gzip bodies from one deflate state kept from response to response.
+
+    ``gzip.compress`` sets up a deflate state per call (256 KB: window, hash chains,
+    buffers) and frees it; the next call's state is memory the allocator gave back
+    meanwhile, some 55 page faults a scrape on a worker thread (measured: half the
+    ~0.3 ms it took). Here the state stays: each body is deflated, then flushed with
+    ``Z_FULL_FLUSH`` (the output ends on a byte boundary and the state forgets all it
+    saw, so the next body refers to nothing of this one), then closed by an empty
+    final block, the bytes ``Z_FINISH`` writes at the end of a flushed stream. With
+    the gzip header and the trailer (CRC-32, length) that is a complete gzip member:
+    the deflate blocks a fresh state would write (none marked final) and up to 8
+    bytes more (the flush's empty stored block, the empty final block)."""
+
+    HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, mtime 0
+    LAST = b"\x03\x00"  # an empty final block, fixed Huffman codes
+
+    def __init__(self, level: int):
+        self._level = level
+        self._lock = threading.Lock()
+        self._deflate = self._new()
+
+    def _new(self):
+        return zlib.compressobj(self._level, zlib.DEFLATED, -zlib.MAX_WBITS)
+
+    def compress(self, parts: list[bytes]) -> bytes:
+        out, crc, size = [self.HEADER], 0, 0
+        with self._lock:
+            deflate = self._deflate
+            try:
+                for part in parts:
+                    out.append(deflate.compress(part))
+                    crc = zlib.crc32(part, crc)
+                    size += len(part)
+                out.append(deflate.flush(zlib.Z_FULL_FLUSH))
+            except BaseException:
+                self._deflate = self._new()  # half a body in the state: never reused
+                raise
+        out.append(self.LAST)
+        out.append(struct.pack("<II", crc, size & 0xFFFFFFFF))
+        return b"".join(out)
+
+
 class Endpoint:
     """What /metrics answers: prometheus_client's ``make_wsgi_app`` restated (same
     methods, paths, content negotiation, ``name[]`` filters and gzip) with the body
@@ -868,6 +993,7 @@ class Endpoint:
         extra = _add_process_collectors(CollectorRegistry()) if process_metrics else None
         self.renderer = Renderer(source, clock, extra)
         self.registry = make_registry(source, process_metrics, clock)
+        self._gzip = _Gzip(GZIP_LEVEL)
 
     def respond(
         self, method: str, path: str, query: str, accept: str | None, accept_encoding: str | None
@@ -884,16 +1010,16 @@ class Endpoint:
         names = parse_qs(query).get("name[]")
         fmt = _fast_format(encoder)
         if names:
-            body = encoder(self.registry.restricted_registry(names))
+            parts = [encoder(self.registry.restricted_registry(names))]
         elif fmt is None:
-            body = encoder(self.registry)
+            parts = [encoder(self.registry)]
         else:
-            body = self.renderer.render(fmt)
+            parts = self.renderer.render_parts(fmt)
         headers = [("Content-Type", content_type)]
         if exposition.gzip_accepted(accept_encoding or ""):
-            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
             headers.append(("Content-Encoding", "gzip"))
-        return 200, headers, body
+            return 200, headers, self._gzip.compress(parts)
+        return 200, headers, b"".join(parts)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -934,13 +1060,71 @@ class _Handler(BaseHTTPRequestHandler):
         """No line per scrape."""
 
 
+class _WorkerServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with its requests on long-lived worker threads (daemons).
+
+    A request goes to an idle worker, or to a new one when none is idle: a client
+    that connects and stalls holds its own thread, never another scrape, as with a
+    thread per request. Up to ``IDLE_WORKERS`` wait for the next request instead of
+    ending. A scrape on a thread that served the last one costs about 0.2 ms less CPU
+    than on a new thread (its caches; measured on the 8-module body), besides the
+    thread's start. ``server_close()`` ends the idle ones (a busy one ends when its
+    request does); it waits for none of them."""
+
+    daemon_threads = True
+    IDLE_WORKERS = 2
+
+    def __init__(self, *args, **kwargs):
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._workers_lock = threading.Lock()
+        self._idle = 0  # workers waiting on _requests, none of them promised a request
+        self._closed = False
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        with self._workers_lock:
+            if self._idle:
+                self._idle -= 1  # that worker takes this request
+            else:
+                threading.Thread(
+                    target=self._work, name="modbridge-metrics-worker", daemon=True
+                ).start()
+        self._requests.put((request, client_address))
+
+    def _work(self) -> None:
+        while True:
+            item = self._requests.get()
+            if item is None:
+                return
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+            with self._workers_lock:
+                if self._closed or self._idle >= self.IDLE_WORKERS:
+                    return
+                self._idle += 1
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._workers_lock:
+            self._closed = True
+            idle, self._idle = self._idle, 0
+        for _ in range(idle):
+            self._requests.put(None)
+
+
 def _server(addr: str, port: int, endpoint: Endpoint) -> ThreadingHTTPServer:
-    """A thread per request (daemon threads), IPv4 or IPv6 as the address says."""
+    """Requests on worker threads (:class:`_WorkerServer`), IPv4 or IPv6 as the
+    address says."""
     family, _, _, _, sockaddr = socket.getaddrinfo(
         addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
 
-    class Server(ThreadingHTTPServer):
+    class Server(_WorkerServer):
         address_family = family
 
     class Handler(_Handler):
