@@ -65,11 +65,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def fleet_snapshot(n: int = N, k: int = 0) -> BridgeSnapshot:
-    """A healthy fleet of ``n`` modules and GPUs; ``k`` varies the readings and
-    counters (the snapshot of tick ``k``), never the set of modules."""
+    """A healthy fleet of ``n`` modules and GPUs; ``k`` varies every live reading
+    (temperatures, fans, the 12 V input, GPU temperatures, power, utilization, fan,
+    the policy's ETA) and the frame counter, as 15 s between two scrapes do; the set
+    of modules, the states, limits and other counters stay (a healthy fleet)."""
     now = time.monotonic()
     modules, gpus, pairs = [], [], []
     for i in range(n):
+        w = (k + 3 * i) % 97  # this tick's wobble
         mid = f"e6614103e7{i:06x}"
         uuid = f"GPU-9c8a4f1e-3b2d-4e5f-8a7b-1c2d3e4f5a{i:02x}"
         modules.append(
@@ -88,17 +91,17 @@ def fleet_snapshot(n: int = N, k: int = 0) -> BridgeSnapshot:
                     "state": C.STATE_HOSTED,
                     "reason": C.REASON_HOST_OK,
                     "faults": 0,
-                    "temp_gpu": 72_312 + i + (k % 97) * 7,
-                    "temp_vram": 68_150,
-                    "temp_mos": 55_020,
-                    "temp_amb": 24_480,
-                    "fan1_rpm": 2850 + k % 13,
-                    "fan2_rpm": 2790,
-                    "fan1_duty": 32_768,
-                    "fan2_duty": 31_000,
-                    "v_in": 11_920,
-                    "i_in": 20_500,
-                    "p_in": 244_360,
+                    "temp_gpu": 72_312 + i + w * 7,
+                    "temp_vram": 68_150 + w * 5,
+                    "temp_mos": 55_020 + w * 3,
+                    "temp_amb": 24_480 + w,
+                    "fan1_rpm": 2850 + w % 13,
+                    "fan2_rpm": 2790 + w % 11,
+                    "fan1_duty": 32_768 + w * 16,
+                    "fan2_duty": 31_000 + w * 16,
+                    "v_in": 11_920 + w % 7,
+                    "i_in": 20_500 + w * 3,
+                    "p_in": 244_360 + w * 36,
                 },
                 events_total=Counter(boot=1, host_ok=3, over_temp=2, cleared=2),
                 frame_errors=Counter(crc=3, noise=12),
@@ -112,16 +115,16 @@ def fleet_snapshot(n: int = N, k: int = 0) -> BridgeSnapshot:
                 name="NVIDIA H200",
                 pci_bus_id=f"00000000:{i + 0x18:02x}:00.0",
                 timestamp=now - 0.1,
-                temperature_c=71.0,
-                memory_temperature_c=80.0,
-                power_w=612.5 + (k % 50) * 0.25,
+                temperature_c=71.0 + w % 5,
+                memory_temperature_c=80.0 + w % 3,
+                power_w=612.5 + w * 0.25,
                 enforced_limit_w=700.0,
                 default_limit_w=700.0,
                 min_limit_w=200.0,
                 max_limit_w=700.0,
                 clocks_event_reasons=CLOCKS_EVENT_REASONS["sw_power_cap"],
-                utilization=0.97,
-                fan_speed_ratio=0.45,
+                utilization=0.9 + w % 10 / 100,
+                fan_speed_ratio=0.45 + w % 5 / 100,
                 slowdown_temp_c=90.0,
                 shutdown_temp_c=95.0,
                 max_operating_temp_c=87.0,
@@ -132,7 +135,7 @@ def fleet_snapshot(n: int = N, k: int = 0) -> BridgeSnapshot:
                 module_id=mid,
                 gpu_uuid=uuid,
                 level=1,
-                eta_s=95.0,
+                eta_s=95.0 - w * 0.5,
                 target_limit_w=650.0,
                 original_limit_w=700.0,
                 actions_total=Counter(lower=3, restore=2),

@@ -593,6 +593,8 @@ def _labels_of(key: tuple) -> list[tuple]:
 
 
 def _lines(prefixes: list[str], values: tuple) -> str:
+    if len(values) == 1:  # most blocks: one sample
+        return f"{prefixes[0]}{value_text(values[0])}\n"
     return "".join([f"{p}{value_text(v)}\n" for p, v in zip(prefixes, values, strict=True)])
 
 
