@@ -639,11 +639,10 @@ class Renderer:
         self._blocks: _Blocks | None = None
         self._parts: dict[str, list] = {}  # fmt -> [bytes | CLOCKED attr, ...]
         self._headers: dict[tuple[str, str], str] = {}
-        # (fmt, attr) -> {block key: (values, text, prefixes)} of the last render of fmt
-        self._texts: dict[tuple[str, str], dict] = {}
         # (fmt, attr) -> {label values: text before the value}: the CLOCKED families'
         self._prefixes: dict[tuple[str, str], dict] = {}
-        # (fmt, attr) -> (blocks, text) of the last render of fmt
+        # (fmt, attr) -> (blocks, text, [(values, text, prefixes) per block]) of the
+        # last render of fmt
         self._family_texts: dict[tuple[str, str], tuple] = {}
         # fmt -> {extra family's shape: (header, prefixes) or None} of the last scrape
         self._extra_shapes: dict[str, dict] = {}
@@ -689,6 +688,8 @@ class Renderer:
             blocks = self._blocks.families[attr]
             if blocks:
                 text.append(self._family_text(fmt, attr, blocks))
+            else:
+                self._family_texts.pop((fmt, attr), None)
         parts.append("".join(text).encode())
         return parts
 
@@ -697,10 +698,32 @@ class Renderer:
         last = self._family_texts.get(key)
         if last is not None and last[0] == blocks:
             return last[1]  # every block as in the last render (one comparison, in C)
-        old = self._texts.get(key, {})
-        texts = self._texts[key] = {}
+        if (
+            last is not None
+            and len(last[0]) == len(blocks)
+            and all(a[0] == b[0] for a, b in zip(last[0], blocks, strict=True))
+        ):
+            kept = last[2]  # the same blocks in the same order (the same modules)
+        else:
+            kept = self._kept(fmt, attr, blocks, last)
+        out = [self._header(fmt, attr)]
+        now = []
+        for (_, values), k in zip(blocks, kept, strict=True):
+            if k[0] != values:
+                k = (values, _lines(k[2], values), k[2])
+            now.append(k)
+            out.append(k[1])
+        text = "".join(out)
+        self._family_texts[key] = (blocks, text, now)
+        return text
+
+    def _kept(self, fmt: str, attr: str, blocks: list, last: tuple | None) -> list:
+        """Per block, its ``(values, text, prefixes)`` in the last render, or for a
+        block that was not there its prefixes from prometheus_client (all new
+        blocks' at once) and its text."""
+        old = {} if last is None else dict(zip([b for b, _ in last[0]], last[2], strict=True))
         new = [(block, values) for block, values in blocks if block not in old]
-        if new:  # prometheus_client writes the prefixes of all new blocks at once
+        if new:
             labels = [_labels_of(block) for block, _ in new]
             flat = self._new_prefixes(fmt, attr, [lv for ls in labels for lv in ls])
             i = 0
@@ -708,16 +731,7 @@ class Renderer:
                 prefixes = flat[i : i + len(ls)]
                 i += len(ls)
                 old[block] = (values, _lines(prefixes, values), prefixes)
-        out = [self._header(fmt, attr)]
-        for block, values in blocks:
-            kept = old[block]
-            if kept[0] != values:
-                kept = (values, _lines(kept[2], values), kept[2])
-            texts[block] = kept
-            out.append(kept[1])
-        text = "".join(out)
-        self._family_texts[key] = (blocks, text)
-        return text
+        return [old[block] for block, _ in blocks]
 
     def _header(self, fmt: str, attr: str) -> str:
         header = self._headers.get((fmt, attr))
@@ -778,8 +792,8 @@ class Renderer:
     def cached_label_values(self) -> set:
         """Every label value a cached text or prefix holds (a test's view)."""
         out = set()
-        for texts in self._texts.values():
-            for block in texts:
+        for blocks, _, _ in self._family_texts.values():
+            for block, _ in blocks:
                 for lv in _labels_of(block):
                     out.update(lv)
         for prefixes in self._prefixes.values():
@@ -996,6 +1010,8 @@ class Endpoint:
         self.renderer = Renderer(source, clock, extra)
         self.registry = make_registry(source, process_metrics, clock)
         self._gzip = _Gzip(GZIP_LEVEL)
+        # (Accept, Accept-Encoding) -> their negotiation: a scraper sends the same ones
+        self._negotiated: dict[tuple, tuple] = {}
 
     def respond(
         self, method: str, path: str, query: str, accept: str | None, accept_encoding: str | None
@@ -1008,9 +1024,15 @@ class Endpoint:
             return 405, [("Allow", "OPTIONS,GET")], body
         if path == "/favicon.ico":
             return 200, [], b""  # for browsers; any other path is /metrics
-        encoder, content_type = exposition.choose_encoder(accept or "")
-        names = parse_qs(query).get("name[]")
-        fmt = _fast_format(encoder)
+        got = self._negotiated.get((accept, accept_encoding))
+        if got is None:
+            encoder, content_type = exposition.choose_encoder(accept or "")
+            gzipped = exposition.gzip_accepted(accept_encoding or "")
+            got = (encoder, content_type, _fast_format(encoder), gzipped)
+            if len(self._negotiated) < 64:  # headers from the network: bounded
+                self._negotiated[accept, accept_encoding] = got
+        encoder, content_type, fmt, gzipped = got
+        names = parse_qs(query).get("name[]") if query else None
         if names:
             parts = [encoder(self.registry.restricted_registry(names))]
         elif fmt is None:
@@ -1018,7 +1040,7 @@ class Endpoint:
         else:
             parts = self.renderer.render_parts(fmt)
         headers = [("Content-Type", content_type)]
-        if exposition.gzip_accepted(accept_encoding or ""):
+        if gzipped:
             headers.append(("Content-Encoding", "gzip"))
             return 200, headers, self._gzip.compress(parts)
         return 200, headers, b"".join(parts)
