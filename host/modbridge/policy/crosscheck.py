@@ -7,6 +7,7 @@ docs/policy.md, "Cross-check".
 from __future__ import annotations
 
 from collections import deque
+from operator import sub
 
 from modbridge.policy.config import PolicyConfig
 
@@ -51,6 +52,11 @@ class SensorCrossCheck:
     def __init__(self, config: PolicyConfig):
         self.config = config
         self._hist: deque[tuple[float, float, float, float]] = deque()  # t, gpu, ntc, W
+        # the same readings by kind, in deques of one length with _hist (max, min and
+        # sums over them without a list per evaluation)
+        self._gpus: deque[float] = deque()
+        self._ntcs: deque[float] = deque()
+        self._watts: deque[float] = deque()
         self._bins: dict[int, list[float]] = {}  # bin -> [offset (NTC - GPU), steady s]
         self._over_s = 0.0  # steady time with the residual above the margin
         self._gross_s = 0.0
@@ -60,6 +66,9 @@ class SensorCrossCheck:
     def reset(self) -> None:
         """Forget the window (a reading is missing): the learned offsets stay."""
         self._hist.clear()
+        self._gpus.clear()
+        self._ntcs.clear()
+        self._watts.clear()
         self._over_s = self._gross_s = 0.0
         self._frozen = None
         self._last_t = None
@@ -85,8 +94,15 @@ class SensorCrossCheck:
         dt = 0.0 if self._last_t is None else min(now - self._last_t, CROSSCHECK_MAX_DT_S)
         self._last_t = now
         h.append((now, gpu_c, ntc_c, power_w))
+        gpus, ntcs, watts = self._gpus, self._ntcs, self._watts
+        gpus.append(gpu_c)
+        ntcs.append(ntc_c)
+        watts.append(power_w)
         while h[0][0] < now - cfg.disagree_window_s:
             h.popleft()
+            gpus.popleft()
+            ntcs.popleft()
+            watts.popleft()
         diff = ntc_c - gpu_c
         values["disagree_c"] = round(diff, 3)
         # gross: no model at all
@@ -94,33 +110,36 @@ class SensorCrossCheck:
         full = now - h[0][0] >= 0.9 * cfg.disagree_window_s
         kind = None
         if full:
-            gpus = [x[1] for x in h]
-            ntcs = [x[2] for x in h]
-            watts = [x[3] for x in h]
             r_gpu, r_ntc = max(gpus) - min(gpus), max(ntcs) - min(ntcs)
-            # frozen: one still for the whole window, the other still moving in its
-            # second half (a lagging sensor settling after a step has slowed by then)
-            half = now - cfg.disagree_window_s / 2
-            late = [x for x in h if x[0] >= half]
-            m_gpu = max(x[1] for x in late) - min(x[1] for x in late)
-            m_ntc = max(x[2] for x in late) - min(x[2] for x in late)
             if self._frozen == "ntc" and r_ntc >= CROSSCHECK_MOVING_C:
                 self._frozen = None
             elif self._frozen == "gpu" and r_gpu >= CROSSCHECK_MOVING_C:
                 self._frozen = None
-            loaded = max(watts) - min(watts) >= CROSSCHECK_LOAD_CHANGE_W  # a cause to move
-            if loaded and r_ntc < CROSSCHECK_FROZEN_C and m_gpu >= cfg.disagree_stuck_c:
+            r_w = max(watts) - min(watts)
+            loaded = r_w >= CROSSCHECK_LOAD_CHANGE_W  # a cause to move
+            # frozen: one still for the whole window, the other still moving in its
+            # second half (a lagging sensor settling after a step has slowed by then);
+            # that movement is looked at only when the rest of the rule holds
+            if (
+                loaded
+                and r_ntc < CROSSCHECK_FROZEN_C
+                and _late_range(h, now, cfg, 1) >= (cfg.disagree_stuck_c)
+            ):
                 self._frozen = "ntc"
-            elif loaded and r_gpu < CROSSCHECK_FROZEN_C and m_ntc >= cfg.disagree_stuck_c:
+            elif (
+                loaded
+                and r_gpu < CROSSCHECK_FROZEN_C
+                and _late_range(h, now, cfg, 2) >= (cfg.disagree_stuck_c)
+            ):
                 self._frozen = "gpu"
             # steady: learn, and compare with what was learned
             mean_w = sum(watts) / len(watts)
-            steady = r_gpu <= CROSSCHECK_STEADY_C and max(watts) - min(watts) <= max(
+            steady = r_gpu <= CROSSCHECK_STEADY_C and r_w <= max(
                 CROSSCHECK_STEADY_W, CROSSCHECK_STEADY_FRACTION * mean_w
             )
             values["disagree_steady"] = steady
             if steady:
-                mean_d = sum(n - g for _, g, n, _ in h) / len(h)
+                mean_d = sum(map(sub, ntcs, gpus)) / len(h)
                 b = self._bins.setdefault(int(mean_w // cfg.disagree_bin_w), [mean_d, 0.0])
                 trusted = b[1] >= cfg.disagree_learn_s
                 residual = mean_d - b[0]
@@ -150,3 +169,10 @@ class SensorCrossCheck:
         if kind is not None:
             values["disagree_kind"] = kind
         return kind
+
+
+def _late_range(h, now: float, cfg: PolicyConfig, i: int) -> float:
+    """max - min of reading ``i`` (1: GPU, 2: NTC) over the second half of the window."""
+    half = now - cfg.disagree_window_s / 2
+    late = [x[i] for x in h if x[0] >= half]
+    return max(late) - min(late)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from operator import mul
 
 # An early warning clears once the ETA is back above horizon * this (or gone).
 EARLY_WARNING_CLEAR_FACTOR = 1.25
@@ -22,20 +23,24 @@ def lsq_slope(points: Iterable[tuple[float, float]]) -> float | None:
     0.1
     """
     pts = list(points)
-    n = len(pts)
+    return _slope([p[0] for p in pts], [p[1] for p in pts])
+
+
+def _slope(ts, ys) -> float | None:
+    """:func:`lsq_slope` of the points ``zip(ts, ys)`` (two sequences of one length):
+    the textbook sums (``sum`` of the terms in the points' order, as generators over
+    the points would give them; a test holds the two equal bit for bit), over lists
+    and C iterators because a tick evaluates this for every pair."""
+    n = len(ts)
     if n < 2:
         return None
-    # the same sums in the same order as the textbook form (sum of generators over
-    # the points), over lists: a tick evaluates this for every pair
-    ts = [p[0] for p in pts]
-    ys = [p[1] for p in pts]
     mt = sum(ts) / n
     my = sum(ys) / n
     dts = [t - mt for t in ts]
     stt = sum([d**2 for d in dts])
     if stt <= 0.0:
         return None
-    return sum([d * (y - my) for d, y in zip(dts, ys, strict=True)]) / stt
+    return sum(map(mul, dts, [y - my for y in ys])) / stt
 
 
 def time_to_threshold(
@@ -65,24 +70,30 @@ class EarlyWarning:
         self.window_s = window_s
         self.horizon_s = horizon_s
         self.active = False
-        self._history: deque[tuple[float, float]] = deque()
+        # the history: its times and temperatures, in two deques of one length
+        self._ts: deque[float] = deque()
+        self._ys: deque[float] = deque()
 
     def observe(self, now: float, gpu_c: float) -> None:
         """One GPU temperature reading at ``now`` (time going back starts over)."""
-        h = self._history
-        if h and now < h[-1][0]:
-            h.clear()
-        h.append((now, gpu_c))
-        while h and h[0][0] < now - self.window_s:
-            h.popleft()
+        ts, ys = self._ts, self._ys
+        if ts and now < ts[-1]:
+            ts.clear()
+            ys.clear()
+        ts.append(now)
+        ys.append(gpu_c)
+        start = now - self.window_s
+        while ts and ts[0] < start:
+            ts.popleft()
+            ys.popleft()
 
     def estimate_eta(self, current_c: float | None, threshold_c: float):
         """(eta_s, slope_c_per_s) from the history of the last window; (None, None)
         until half a window (and 3 points)."""
-        pts = self._history
-        if len(pts) < 3 or pts[-1][0] - pts[0][0] < self.window_s / 2:
+        ts = self._ts
+        if len(ts) < 3 or ts[-1] - ts[0] < self.window_s / 2:
             return None, None
-        slope = lsq_slope(pts)
+        slope = _slope(ts, self._ys)
         return time_to_threshold(current_c, threshold_c, slope), slope
 
     def warns(self, eta_s: float | None) -> bool:
