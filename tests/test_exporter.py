@@ -983,3 +983,25 @@ def test_gzip_state_kept_between_bodies_makes_one_complete_member_each():
     with pytest.raises(TypeError):
         z.compress([body[:1000], "not bytes"])  # half a body went in: the state is new
     assert gzip.decompress(z.compress([body])) == body
+
+
+def test_clients_that_connect_and_stall_do_not_hold_up_a_scrape():
+    # each connection is served by a thread of its own; the threads that served a
+    # scrape wait for the next one, and stop() ends them
+    before = {t.ident for t in threading.enumerate()}
+    server = X.serve(lambda: snapshot(), port=0, process_metrics=False)
+    stalled = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+    try:
+        for _ in range(3):
+            with urllib.request.urlopen(server.url, timeout=5) as r:
+                assert b"modbridge_module_up" in r.read()
+        stalled[0].sendall(b"GET /metrics HTTP/1.0\r\n\r\n")  # a slow one, at last
+        assert b"modbridge_module_up" in stalled[0].makefile("rb").read()
+    finally:
+        for s in stalled:
+            s.close()
+    server.stop()
+    deadline = time.monotonic() + 5
+    while {t.ident for t in threading.enumerate()} - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert {t.ident for t in threading.enumerate()} - before == set()
