@@ -11,14 +11,20 @@ the unix port (its docstring says what each mode does). Keys:
                                      gc.collect(); gc.mem_alloc() deltas; the fake
                                      board's modules and objects left out (goal <= 32768)
     heap_firmware_imports_bytes_armv7m, heap_app_objects_bytes_armv7m   its two parts
+    heap_after_commands_bytes_armv7m the same measured again after the warm-up and one
+                                     of each command device.commands answers
+                                     (mpy_firmware_bench.COMMANDS: config_get,
+                                     config_set, config_save, ...): the modules that
+                                     configure are imported for each and forgotten
+                                     after, so this shows what stays
     tick_alloc_bytes_armv7m_hosted   heap bytes per tick (gc disabled, mem_alloc delta
                                      over 1,000 ticks) with a signed heartbeat arriving
                                      every 10th tick (goal 0)
     tick_heap_locked_armv7m_hosted   1 if 1,000 such ticks also ran under heap_lock()
                                      (tick_heap_locked_failures_armv7m_hosted: how many
                                      of them failed, a MemoryError caught by the app)
-    min_heap_kb_armv7m               the smallest heap, in KB, in which boot, warm-up
-                                     and 1,000 hosted-style ticks (GC enabled) run
+    min_heap_kb_armv7m               the smallest heap, in KB, in which boot, warm-up,
+                                     those commands and 1,000 ticks (GC enabled) run
     tick_instructions_armv7m         guest instructions per control tick (below)
     tick_cpu_share_pct_96mhz_100ms   tick_instructions / (96e6 * 0.1) * 100: the share
                                      of a 100 ms period on a 96 MHz Cortex-M4, assuming
@@ -161,6 +167,7 @@ def heap_and_alloc(elf) -> dict:
     out["heap_app_objects_bytes_armv7m"] = heap["app_objects"]
     out["heap_after_boot_bytes_armv7m"] = heap["firmware_imports"] + heap["app_objects"]
     out["heap_fake_board_bytes_armv7m"] = heap["fake_board"]
+    out["heap_after_commands_bytes_armv7m"] = heap["after_commands"]
     # mode alloc_hosted's own check stops at a failed locked tick; this counts them
     with qemu.Session(elf, target=TARGET) as s:
         res = s.check((HOSTED + ALLOC).format(n=TICKS), timeout_s=900)

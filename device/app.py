@@ -14,30 +14,25 @@ of a tick that completed; an unexpected exception drives both fans to 100 % and 
 feeding it, so the MCU resets.
 """
 
-import os
 from array import array
 
-from device import FW_VERSION, config
+from device import FW_VERSION
 from device import floors as F
 from device import failsafe as FS
 from device import safety as S
-from device.control.curve import FanCurve
 from device.control.estimator import INVALID as _NO_EST
 from device.control.estimator import DieEstimator
-from device.control.pid import PID
 from device.control.select import worst_channel
 from device.drivers.fan import Fan
 from device.drivers.ina226 import INA226
 from device.drivers.ntc import NTC
-from device.failsafe import EventQueue, Supervisor
+from device.failsafe import EventQueue
 from device.plausibility import NtcWatch
 from device.safety import Safety
-from device.nonce import boot_nonce
 from device.ticks import ticks_add, ticks_diff
 from protocol import catalog as C
 from protocol import frame, jsonl, sign
 from protocol import telemetry as T
-from protocol.errors import OversizeError
 from protocol.message import FMT_CBOR, FMT_JSON
 
 try:
@@ -65,9 +60,9 @@ _LEASE_CAUSES = S.CAUSE_SENSOR | S.CAUSE_STALL | S.CAUSE_OVER | S.CAUSE_CRIT
 # NACKs: a token bucket, at most _NACK_BURST at once and one more per _NACK_MS.
 _NACK_BURST = const(8)
 _NACK_MS = const(100)
-# config_save flash writes: _SAVE_BURST at once, one more per _SAVE_MS.
-_SAVE_BURST = const(3)
-_SAVE_MS = const(20000)
+# config_save flash writes: SAVE_BURST at once, one more per SAVE_MS (device.commands).
+SAVE_BURST = const(3)
+SAVE_MS = const(20000)
 _UNAUTH_EVENT_MS = const(1000)  # at most one ``unauthorized`` event a second
 _PAIR_WINDOW_MS = const(60000)  # after power-on, a module with no secret can be paired
 SECRET_FILE = "secret.key"
@@ -84,43 +79,6 @@ _HB_SLOWDOWN = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_slowdown")
 BANNER = "MODULER READY v" + FW_VERSION
 
 
-class _ShadowPWM:
-    """Stands in for ``machine.PWM`` while a candidate config is configured."""
-
-    def freq(self, hz=None):
-        return 25000
-
-    def duty_u16(self, d=None):
-        return 0
-
-
-class _ShadowPin:
-    def irq(self, handler=None, trigger=0, hard=False):
-        return None
-
-    def value(self, v=None):
-        return 0
-
-
-class _ShadowI2C:
-    """An INA226 that is always there: configuring against it checks the driver's
-    arithmetic and arguments without touching the bus."""
-
-    def readfrom_mem_into(self, addr, reg, buf):
-        v = 0x5449 if reg == 0xFE else (0x2260 if reg == 0xFF else 0)
-        buf[0] = v >> 8
-        buf[1] = v & 0xFF
-
-    def writeto_mem(self, addr, reg, buf):
-        pass
-
-
-class _Built:
-    """Everything a config turns into, built without touching the hardware."""
-
-    pass
-
-
 class App:
     def __init__(self, hal):
         self.hal = hal
@@ -131,6 +89,8 @@ class App:
         self.rx = bytearray(_RX_SIZE)
         # signing: a fresh nonce every boot, the secret from flash (SPEC "Signed commands");
         # device/nonce.py says how it stays unique on chips without an RNG (F411)
+        from device.nonce import boot_nonce  # boot only: _release() forgets it
+
         self.nonce, self.nonce_source = boot_nonce(sign.NONCE_LEN, hal.fs_dir, hal.unique_id())
         key = self._load_secret()
         self.paired = key is not None
@@ -138,9 +98,7 @@ class App:
         self.verifier.set_nonce(self.nonce)
         self.hb = frame.HeartbeatState()
         self._hb_vals = array("i", [0] * (_N_HB + 1))
-        self.decoder = frame.StreamDecoder(
-            accept=C.H2D, verifier=self.verifier, heartbeat=self.hb
-        )
+        self.decoder = frame.StreamDecoder(accept=C.H2D, verifier=self.verifier, heartbeat=self.hb)
         self._on_item = self._sink  # bound once: naming a bound method allocates it
         self.enc = T.TelemetryEncoder(json=False)  # a line's buffer when one is sent
         self.temps = array("i", [0] * _N_CH)
@@ -184,11 +142,12 @@ class App:
         now = hal.ticks_ms()
         self._nack_tokens = _NACK_BURST
         self._nack_ms = now
-        self._save_tokens = _SAVE_BURST
+        self._save_tokens = SAVE_BURST
         self._save_ms = now
         self._unauth_ms = now - _UNAUTH_EVENT_MS
         self.config_source = "factory"
-        self._boot_config()
+        _commands().boot_config(self)
+        _release()  # configured: the config code's RAM is free again (device.commands)
         if hal.reset_cause() == "watchdog":
             self.events.push(
                 C.REASON_WATCHDOG_RESET, C.SEV_ALARM, True, -1, 0, C.STATE_BOOT, C.STATE_BOOT
@@ -200,114 +159,15 @@ class App:
         self.next_tel = now
 
     # -- construction from config ------------------------------------------------
-    def _boot_config(self):
-        """Configure from the first stored config that really configures.
-
-        The candidates are tried in order (the saved config, the last good one, the
-        factory defaults) through the same ``_build`` that ``config_set`` uses, so
-        whatever is in flash the module boots into a state that speaks the protocol.
-        """
-        cands, writes, problems = config.candidates(self.hal.fs_dir)
-        self.flash_writes = writes
-        why = ""
-        for source, cfg, detail in cands:
-            if source == "factory":
-                built = self._build(cfg)  # must configure: a failure here is a bug or OOM
-            else:
-                try:
-                    built = self._build(cfg)
-                except Exception as e:  # noqa: BLE001 - any failure: try the next one
-                    why = "%s config does not configure: %s" % (source, e)
-                    continue
-            self._commit(built, cfg)
-            self.cfg = cfg
-            self.config_source = source
-            if source == "current":
-                self.config_status = "ok"
-            elif source == "prev":
-                self.config_status = "prev"
-            else:
-                self.config_status = "corrupt" if (why or problems) else "missing"
-            self.config_detail = detail
-            break
-        if problems:
-            self.events.push(
-                C.REASON_CONFIG_CORRUPT, C.SEV_WARNING, True, -1, 0, C.STATE_BOOT, C.STATE_BOOT
-            )
-        if self.config_source != "current" and (why or problems or len(cands) > 1):
-            self.events.push(
-                C.REASON_CONFIG_FALLBACK,
-                C.SEV_ALARM,
-                True,
-                -1,
-                1 if self.config_source == "prev" else 0,
-                C.STATE_BOOT,
-                C.STATE_BOOT,
-            )
-        self.config_why = why
-
     def _build(self, cfg):
-        """Check ``cfg`` by building every object it configures on stand-in hardware.
+        """Check ``cfg`` by building every object it configures on stand-in hardware
+        (device.commands.build); raises without changing anything when it does not."""
+        return _commands().build(self, cfg)
 
-        Raises (ConfigError, ValueError, ...) without changing anything when some
-        part refuses it: validated and configurable are the same predicate."""
-        config.validate(cfg)
-        hal = self.hal
-        b = _Built()
-        ctl = cfg["control"]
-        b.period_ms = ctl["period_ms"]
-        b.telemetry_ms = ctl["telemetry_ms"]
-        b.host_timeout_ms = ctl["host_timeout_ms"]
-        b.standalone_curve = ctl.get("standalone", "curve") == "curve"
-        chans = cfg["channels"]
-        luts = {}  # channels with the same curve and divider share one table, and
-        if self.safety is not None:  # with the safety layer's nominal one (1 KB each)
-            luts[self.safety.nominal_key] = self.safety.nominal_table
-        ntcs = []
-        for i in range(_N_CH):
-            ch = chans[i]
-            if ch.get("filter") == "none":
-                ch = dict(ch)
-                ch["filter"] = None
-            ntcs.append(NTC.from_config(hal.adc[i], ch, luts=luts))
-        b.ntcs = ntcs
-        b.luts = luts
-        b.setpoints = [chans[i]["setpoint_mc"] for i in range(_N_CH)]
-        ctl_mask = 0
-        for i in range(_N_CH):
-            if chans[i]["controlled"]:
-                ctl_mask |= 1 << i
-        b.controlled = ctl_mask
-        fans = cfg["fans"]
-        b.fan_model = F.fan_model(getattr(hal, "fan_model", None))
-        for i in range(_N_FAN):  # the fan driver's own checks, on stand-ins
-            Fan.from_config(
-                _ShadowPWM(), _ShadowPin(), hal.IRQ_FALLING, fans[i], model=b.fan_model
-            )
-        _ina226(_ShadowI2C(), cfg["ina226"])
-        p = cfg["pid"]
-        b.pid = PID(
-            p["kp"],
-            p["ki"],
-            p["kd"],
-            p["kff"],
-            out_min=min(f["min_duty"] for f in fans),  # below it the fans do not move
-            out_max=65535,
-            slew_per_s=p["slew_pct_s"] * 65535 // 100,
-            d_filter_ms=p["d_filter_ms"],
-            slew_down_per_s=p["slew_down_pct_min"] * 65535 // 6000,
-            deadband_mc=p["deadband_mc"],
-            i_band_mc=p["i_band_mc"],
-        )
-        b.est = (p["env_window_s"], p["ff_tau_ms"])
-        b.die_sp = p["die_sp_mc"]
-        cv = cfg["curve"]
-        b.curve = FanCurve(cv["points"], cv["hysteresis_mc"])
-        mode = ctl["mode"]
-        b.mode = MODE_CURVE if mode == "curve" else (MODE_MANUAL if mode == "manual" else MODE_AUTO)
-        b.sup = Supervisor(cfg, self.events)
-        b.json = ctl["telemetry_format"] == "json"
-        return b
+    def apply_changes(self, changes):
+        """The ``config_set`` transaction (device.commands.apply_changes)."""
+        _commands().apply_changes(self, changes)
+        _release()
 
     def _commit(self, b, cfg):
         """Apply a built config; nothing here can refuse it any more."""
@@ -792,14 +652,14 @@ class App:
             self.handle(item)
         except CommandError as e:
             self.nack(item.seq, item.type, e.code, e.field, str(e))
-        except config.ConfigError as e:
-            self.nack(item.seq, item.type, C.ERR_OUT_OF_RANGE, e.path, str(e))
         except (ValueError, TypeError, KeyError, IndexError) as e:
-            self.nack(item.seq, item.type, C.ERR_OUT_OF_RANGE, None, str(e))
+            # a device.config.ConfigError (a ValueError) names the key at fault
+            self.nack(item.seq, item.type, C.ERR_OUT_OF_RANGE, getattr(e, "path", None), str(e))
         except OSError as e:
             self.nack(item.seq, item.type, C.ERR_STORAGE, None, str(e))
         except Exception as e:  # noqa: BLE001 - last resort: answer, count, keep cooling
             self._internal(e, item.seq, item.type)
+        _release()
 
     def _internal(self, exc, ref, ref_type):
         self.internal_errors += 1
@@ -889,31 +749,6 @@ class App:
             return  # heartbeats are not answered
         if t == C.T_HELLO_REQUEST:
             self.hello(msg.seq)
-        elif t == C.T_FAN_MODE:
-            self.cmd_fan_mode(msg)
-        elif t == C.T_SETPOINTS:
-            self.cmd_setpoints(msg)
-        elif t == C.T_PID_GAINS:
-            self.cmd_pid(msg)
-        elif t == C.T_FAN_CURVE:
-            self.cmd_curve(msg)
-        elif t == C.T_CONFIG_GET:
-            self.cmd_config_get(msg)
-        elif t == C.T_CONFIG_SET:
-            self.apply_changes(msg.fields["values"])
-            self.ack(msg)
-        elif t == C.T_CONFIG_SAVE:
-            self.cmd_config_save(msg)
-        elif t == C.T_CONFIG_RESET:
-            cfg = config.defaults()
-            self._commit(self._build(cfg), cfg)
-            config.factory_reset(self.hal.fs_dir)
-            self.cfg = cfg
-            self.ack(msg)
-        elif t == C.T_CAL_READ:
-            self.cmd_cal_read(msg)
-        elif t == C.T_CAL_WRITE:
-            self.cmd_cal_write(msg)
         elif t == C.T_SELFTEST:
             if self.selftest is not None or (self._tune is not None and self._tune.running):
                 raise CommandError("a self-test is already running", C.ERR_BUSY)
@@ -927,12 +762,8 @@ class App:
         elif t == C.T_REPL:
             self.ack(msg)
             self.to_repl()
-        elif t == C.T_PAIR:
-            self.cmd_pair(msg)
-        elif t == C.T_AUTOTUNE:
-            self.cmd_autotune(msg)
         else:
-            raise CommandError("not supported by this firmware", C.ERR_UNSUPPORTED)
+            _commands().run(self, msg)  # every other command: imported for it
 
     # -- pairing -----------------------------------------------------------------
     def _load_secret(self):
@@ -953,226 +784,6 @@ class App:
         if self.paired or self.hal.reset_cause() not in ("power", "hard"):
             return False
         return ticks_diff(self.hal.ticks_ms(), self.boot_ms) < _PAIR_WINDOW_MS
-
-    def cmd_pair(self, msg):
-        key = bytes(msg.fields["key"])
-        path = self._secret_path()
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(key)
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            os.remove(path)  # FAT: no rename over an existing file
-            os.rename(tmp, path)
-        self.verifier.set_key(key)
-        self.paired = True
-        st = self.sup.state
-        self.events.push(C.REASON_PAIRED, C.SEV_INFO, True, -1, 0, st, st)
-        self.ack(msg)
-
-    def cmd_config_save(self, msg):
-        """Write the running config, only if it differs from what flash holds, and at
-        most ``_SAVE_BURST`` writes at once then one per ``_SAVE_MS``."""
-        if config.is_saved(self.cfg, self.hal.fs_dir):
-            self.ack(msg)  # nothing changed: no flash write, no token (no RAM copy kept)
-            return
-        tokens, self._save_ms = self._tokens(
-            self._save_tokens, self._save_ms, _SAVE_BURST, _SAVE_MS
-        )
-        if tokens <= 0:
-            self._save_tokens = 0
-            raise CommandError(
-                "config_save rate-limited: one flash write per %d s" % (_SAVE_MS // 1000),
-                C.ERR_RATE_LIMITED,
-            )
-        self._save_tokens = tokens - 1
-        if config.save(self.cfg, self.hal.fs_dir):
-            self.flash_writes += 1
-            self.events.push(
-                C.REASON_CONFIG_SAVED, C.SEV_INFO, True, -1, 0, self.sup.state, self.sup.state
-            )
-        self.ack(msg)
-
-    def apply_changes(self, changes):
-        """A config change is a transaction: merge and validate a candidate, build
-        every object it configures on stand-in hardware, and only then apply it. A
-        refused change leaves no trace."""
-        try:
-            cfg = config.merge(self.cfg, changes)
-            built = self._build(cfg)
-        except config.ConfigError as e:
-            raise CommandError(str(e), C.ERR_OUT_OF_RANGE, getattr(e, "path", None)) from None
-        except (ValueError, TypeError, KeyError, IndexError) as e:
-            raise CommandError(
-                "does not configure: %s" % (e,), C.ERR_OUT_OF_RANGE, None
-            ) from None
-        self._commit(built, cfg)
-        self.cfg = cfg
-
-    def cmd_autotune(self, msg):
-        """Start or abort a relay autotune (docs/autotune.md). It starts only HOSTED
-        in auto mode, around the duty the fans run at, above every floor."""
-        f = msg.fields
-        from device.control import autotune as AT
-
-        tune = self.tune
-        if f["action"] == 1:
-            tune.abort()
-            self.ack(msg)
-            return
-        if tune.running or self.selftest is not None:
-            raise CommandError("an autotune or self-test is already running", C.ERR_BUSY)
-        if self.sup.state != C.STATE_HOSTED or self.mode != MODE_AUTO:
-            raise CommandError(
-                "autotune needs HOSTED in auto mode, not %s" % C.STATES[self.sup.state],
-                C.ERR_BAD_STATE,
-            )
-        sf = self.safety
-        floor = max(sf.floor[0], sf.floor[1], self.pid.out_min)
-        tune.start(
-            self.fans[0].duty,
-            floor,
-            amp=f.get("amplitude", AT.AMP_DEFAULT),
-            hyst=f.get("hysteresis", AT.HYST_DEFAULT),
-            max_rise=f.get("max_rise", AT.RISE_DEFAULT),
-            timeout_s=f.get("timeout_s", AT.TIMEOUT_DEFAULT_S),
-            cycles=f.get("cycles", AT.CYCLES_DEFAULT),
-            ref=msg.seq,
-            hold_ms=self.est.window_s * 1000 if self.hosted else 0,  # the envelope's hold
-        )
-        self.ack(msg)
-
-    def cmd_fan_mode(self, msg):
-        f = msg.fields
-        mode = f["mode"]
-        if mode == 1:  # manual
-            d1 = f.get("duty1", self.manual_duty[0])
-            d2 = f.get("duty2", d1)
-            for name, d in (("duty1", d1), ("duty2", d2)):
-                if d < self.min_manual:
-                    raise CommandError(
-                        "%s below the safety minimum %d" % (name, self.min_manual),
-                        C.ERR_OUT_OF_RANGE,
-                        name,
-                    )
-            self.manual_duty[0] = d1
-            self.manual_duty[1] = d2
-            self.manual_ms = self.hal.ticks_ms()  # each manual command renews the lease
-            self.mode = MODE_MANUAL
-        elif mode == 0:
-            if self.mode == MODE_MANUAL:
-                self.pid.track(self.fans[0].duty, self.worst_out[1])  # bumpless
-            self.mode = MODE_AUTO
-        elif mode == 2:
-            self.mode = MODE_CURVE
-        else:
-            raise CommandError("unknown fan mode %d" % mode, C.ERR_OUT_OF_RANGE, "mode")
-        self.ack(msg)
-
-    def cmd_setpoints(self, msg):
-        changes = {}
-        for i in range(_N_CH):
-            name = "sp_" + C.CHANNELS[i]
-            if name in msg.fields:
-                changes["channels.%d.setpoint_mc" % i] = msg.fields[name]
-        if not changes:
-            raise CommandError("no setpoint given", C.ERR_MISSING_FIELD)
-        self.apply_changes(changes)
-        self.ack(msg)
-
-    def cmd_pid(self, msg):
-        changes = {}
-        for name in ("kp", "ki", "kd", "kff"):
-            if name in msg.fields:
-                changes["pid." + name] = msg.fields[name]
-        if not changes:
-            raise CommandError("no gain given", C.ERR_MISSING_FIELD)
-        self.apply_changes(changes)
-        self.ack(msg)
-
-    def cmd_curve(self, msg):
-        changes = {"curve.points": msg.fields["points"]}
-        if "hysteresis" in msg.fields:
-            changes["curve.hysteresis_mc"] = msg.fields["hysteresis"]
-        self.apply_changes(changes)
-        self.ack(msg)
-
-    def cmd_config_get(self, msg):
-        """One ``config`` message for the section asked, or one per page for all."""
-        section = msg.fields.get("section")
-        names = [section] if section else config.pages(self.cfg)
-        replies = []
-        for name in names:
-            try:
-                values = config.get_section(self.cfg, name)
-            except config.ConfigError as e:
-                raise CommandError(str(e), C.ERR_OUT_OF_RANGE, "section") from None
-            replies.append({"ref": msg.seq, "values": values, "version": self.cfg["version"]})
-        for fields in replies:
-            self._send_config(fields)
-
-    def _send_config(self, fields):
-        """Send a config message, split in halves until each fits MAX_FRAME."""
-        try:
-            self.send("config", fields)
-        except OversizeError:
-            keys = sorted(fields["values"])
-            if len(keys) < 2:
-                raise
-            half = len(keys) // 2
-            for part in (keys[:half], keys[half:]):
-                sub = dict(fields)
-                sub["values"] = {k: fields["values"][k] for k in part}
-                self._send_config(sub)
-
-    def cmd_cal_read(self, msg):
-        ch = msg.fields["channel"]
-        if ch >= _N_CH:
-            raise CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
-        n = msg.fields.get("samples", 64)
-        mean_x16, lo, hi = self.ntcs[ch].sample_raw(n)
-        fields = {
-            "ref": msg.seq,
-            "channel": ch,
-            "samples": n,
-            "raw_mean_x16": mean_x16,
-            "raw_min": lo,
-            "raw_max": hi,
-        }
-        t = self.ntcs[ch].read_mc()
-        if self.ntcs[ch].fault == NTC.FAULT_NONE:
-            fields["temp"] = t
-        self.send("cal_raw", fields)
-
-    def cmd_cal_write(self, msg):
-        f = msg.fields
-        ch = f["channel"]
-        if ch >= _N_CH:
-            raise CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
-        model = f["model"]
-        coeffs = f["coeffs"]
-        key = "channels.%d." % ch
-        changes = {}
-        if model == 0:  # sh
-            changes[key + "model"] = "sh"
-            changes[key + "sh"] = coeffs
-        elif model == 1:  # beta: [beta, r0_ohm, t0_mc]
-            if len(coeffs) != 3:
-                raise CommandError("beta needs [beta, r0_ohm, t0_mc]", C.ERR_OUT_OF_RANGE, "coeffs")
-            changes[key + "model"] = "beta"
-            changes[key + "beta"] = coeffs[0]
-            changes[key + "r0"] = coeffs[1]
-            changes[key + "t0_mc"] = coeffs[2]
-        else:  # poly correction only
-            changes[key + "correction"] = coeffs
-        if "correction" in f:
-            changes[key + "correction"] = f["correction"]
-        self.apply_changes(changes)
-        self.events.push(
-            C.REASON_CALIBRATION, C.SEV_INFO, True, ch, 0, self.sup.state, self.sup.state
-        )
-        self.ack(msg)
 
 
 def _ina226(i2c, ina):
@@ -1213,6 +824,24 @@ class CommandError(ValueError):
         super().__init__(msg)
         self.code = code
         self.field = field
+
+
+def _commands():
+    """device.commands (configuring, the commands), imported for the call."""
+    from device import commands
+
+    return commands
+
+
+def _release():
+    """Forget what booting, configuring and commands import (device.commands,
+    device.config and its JSON parser, which protocol.jsonl also imports for a line
+    only; device.nonce) when done."""
+    _unload("device.commands")
+    _unload("device.config")
+    _unload("protocol.jsonparse")
+    _unload("device.calib")  # tables are built when configuring only
+    _unload("device.nonce")  # App() only
 
 
 def _unload(name):

@@ -23,6 +23,10 @@ flashed, so its code does not take the module's RAM (docs/calibration.md).
 import math
 from array import array
 
+# The control tick's interpolation lives with the driver that runs it (this module is
+# needed to build a table only: device.app forgets it after configuring).
+from device.drivers.ntc import lut_interp_mc  # noqa: F401 - this module's API too
+
 try:
     from micropython import const
 except ImportError:  # CPython
@@ -198,20 +202,6 @@ def build_lut(
         lut[i] = _lut_entry(r, r_mid, model, params, correction, t_min_c, t_max_c)
     _check_lut(lut, ntc_on_low_side)
     return lut, step
-
-
-def lut_interp_mc(lut, step, code):
-    """Milli-degC at ``code`` by linear interpolation; integer-only, no allocation.
-
-    The caller keeps ``code`` inside the valid range (between two non-sentinel
-    entries); ``|lut[i+1] - lut[i]| * (step - 1)`` stays below 2**30 there.
-    """
-    i = code // step
-    frac = code - i * step
-    lo = lut[i]
-    if frac == 0:
-        return lo
-    return lo + ((lut[i + 1] - lo) * frac + (step >> 1)) // step
 
 
 def _lut_entry(r, r_mid, model, params, correction, t_min_c, t_max_c):

@@ -15,7 +15,7 @@ The text is produced with integer arithmetic only (no float formatting), so both
 interpreters emit the same bytes.
 """
 
-from protocol import VERSION_MAJOR, VERSION_MINOR, jsonparse
+from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
 from protocol.crc import crc16
 from protocol.errors import (
@@ -340,6 +340,10 @@ def decode_line(line, accept=None, verifier=None):
     checked over :func:`binary_equivalent` once the fields are validated (``auth`` of
     the Message, an ``AUTH_*``); without one it is ``AUTH_UNCHECKED``.
     """
+    # imported here, not with this module: the firmware receives frames, and a line
+    # rarely (device.app forgets the parser again after each command)
+    from protocol import jsonparse
+
     try:
         obj = jsonparse.loads(line)  # strict: depth 8, no duplicate keys (SPEC 7.4)
     except jsonparse.JSONError as e:

@@ -34,9 +34,7 @@ def run_collect(h, ms):
 
 def nacks(items, code=None):
     return [
-        m
-        for m in items
-        if m.ok and m.name == "nack" and (code is None or m.fields["code"] == code)
+        m for m in items if m.ok and m.name == "nack" and (code is None or m.fields["code"] == code)
     ]
 
 
@@ -103,10 +101,14 @@ def test_command_handler_bug_is_nack_internal_not_a_reset():
     h = Harness()
     h.advance(1000)
 
-    def broken(msg):
-        raise RuntimeError("maximum recursion depth exceeded")
+    handle = h.app.handle
 
-    h.app.cmd_setpoints = broken
+    def broken(msg):
+        if msg.name == "setpoints":  # a bug in a command's handler
+            raise RuntimeError("maximum recursion depth exceeded")
+        handle(msg)
+
+    h.app.handle = broken
     h.allow_internal = True
     h.hal.take()
     seq = h.send_signed("setpoints", {"sp_gpu": 70000})

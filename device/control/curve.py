@@ -45,10 +45,8 @@ class FanCurve:
     """Fan curve with hysteresis; see the module docstring."""
 
     def __init__(self, points, hysteresis_mc=0):
-        self._t = array("i", [0] * MAX_POINTS)
-        self._d = array("i", [0] * MAX_POINTS)
-        self._k = array("i", [0] * MAX_POINTS)
-        self._s = array("i", [0] * MAX_POINTS)
+        # sized to the points by configure() (grown for a longer curve, never shrunk)
+        self._t = self._d = self._k = self._s = array("i")
         self._n = 0
         self.hysteresis_mc = 0
         self._ref = 0
@@ -97,6 +95,11 @@ class FanCurve:
                     % (i, prev_d, d)
                 )
             prev_t, prev_d = t, d
+        if len(self._t) < n:
+            self._t = array("i", bytes(4 * n))
+            self._d = array("i", bytes(4 * n))
+            self._k = array("i", bytes(4 * n))
+            self._s = array("i", bytes(4 * n))
         for i in range(n):
             self._t[i] = points[i][0]
             self._d[i] = points[i][1]

@@ -1,7 +1,9 @@
 """NTC thermistor on a ratiometric ADC divider -> milli-degC, through a lookup table.
 
 The table (``device.calib.build_lut``) is computed once at boot with floats; reading a
-temperature afterwards is integer-only and allocation-free:
+temperature afterwards is integer-only and allocation-free (``lut_interp_mc``, here;
+device.calib is imported only to build a table, so the firmware can forget it once
+configured):
 
     ntc = NTC.from_config(hal.adc[0], {"model": "beta", "beta": 3950, "r0": 10000,
                                        "t0_mc": 25000, "r_fixed": 10000, "ntc_low": True})
@@ -16,7 +18,6 @@ outside -55..200 degC, so no range check can mistake it for a reading), sets
 filter restarts from the first good reading after a fault.
 """
 
-from device.calib import KELVIN, LUT_OPEN, LUT_SHORT, adc_to_ohms, build_lut, lut_interp_mc
 from device.control.filters import EMA, Median
 
 try:
@@ -37,6 +38,20 @@ INVALID_MC = _INVALID_MC  # read_mc() result while faulted: a small int, not a t
 
 _MAX_OVERSAMPLE = const(16384)  # 16384 * 65535 < 2**30: the sum stays a small int
 _MEDIAN_N = const(5)
+
+
+def lut_interp_mc(lut, step, code):
+    """Milli-degC at ``code`` by linear interpolation; integer-only, no allocation.
+
+    The caller keeps ``code`` inside the valid range (between two non-sentinel
+    entries); ``|lut[i+1] - lut[i]| * (step - 1)`` stays below 2**30 there.
+    """
+    i = code // step
+    frac = code - i * step
+    lo = lut[i]
+    if frac == 0:
+        return lo
+    return lo + ((lut[i + 1] - lo) * frac + (step >> 1)) // step
 
 
 class NTC:
@@ -110,6 +125,8 @@ class NTC:
         if luts is not None and table in luts:
             lut, step = luts[table]
         else:
+            from device.calib import build_lut
+
             lut, step = build_lut(model, params, r_fixed, low, list(correction) or None, points)
             if luts is not None:
                 luts[table] = (lut, step)
@@ -125,6 +142,8 @@ class NTC:
     def table_key(cfg, points=257):
         """Everything the table of a channel config depends on, as a hashable tuple
         ``(model, params, r_fixed, low, correction, points)``: the key of ``luts``."""
+        from device.calib import KELVIN
+
         model = cfg.get("model", "beta")
         if model == "sh":
             params = tuple(float(x) for x in cfg["sh"])
@@ -145,6 +164,8 @@ class NTC:
         )
 
     def _set_thresholds(self, open_code, short_code):
+        from device.calib import LUT_OPEN, LUT_SHORT
+
         lut = self._lut
         n = len(lut)
         first = 0
@@ -158,8 +179,8 @@ class NTC:
         # Valid codes: [lo, hi]; what lies below lo / above hi is a fault of that kind.
         self._lo = first * self._step
         self._hi = min(last * self._step, 65535)
-        self._fault_lo = _fault_of(lut[first - 1]) if first > 0 else _FAULT_NONE
-        self._fault_hi = _fault_of(lut[last + 1]) if last + 1 < n else _FAULT_NONE
+        self._fault_lo = _fault_of(lut[first - 1], LUT_OPEN) if first > 0 else _FAULT_NONE
+        self._fault_hi = _fault_of(lut[last + 1], LUT_OPEN) if last + 1 < n else _FAULT_NONE
         if open_code is None and short_code is None:
             return
         if open_code is None or short_code is None:
@@ -238,8 +259,10 @@ class NTC:
         """NTC resistance at a (possibly fractional) code; needs ``from_config``."""
         if self.r_fixed_ohm is None:
             raise ValueError("divider unknown: build the NTC with from_config()")
+        from device.calib import adc_to_ohms
+
         return adc_to_ohms(code, self.r_fixed_ohm, self.ntc_low)
 
 
-def _fault_of(sentinel):
-    return _FAULT_OPEN if sentinel == LUT_OPEN else _FAULT_SHORT
+def _fault_of(sentinel, lut_open):
+    return _FAULT_OPEN if sentinel == lut_open else _FAULT_SHORT

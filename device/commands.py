@@ -1,0 +1,456 @@
+"""What a config turns into, and the commands: imported on demand, released after.
+
+``device.app`` imports this module (and with it ``device.config``, the schema, the
+validation, merge and storage) when it configures: at boot and for a command other
+than a heartbeat, ``hello_request``, ``selftest``, ``reboot`` or ``repl``; when that is
+done it forgets both (``device.app._release``), so their functions, classes and tables are
+RAM only while a config is built or a command runs; their bytecode stays in flash
+(frozen) and the next command imports them again. The control tick never needs them.
+
+Every function takes the App. ``build`` checks a config by building every object it
+configures on stand-in hardware, ``boot_config`` boots from the first stored config
+that configures, ``apply_changes`` is the ``config_set`` transaction; ``run``
+dispatches a command.
+"""
+
+import os
+
+from device import config
+from device import floors as F
+from device.app import (
+    MODE_AUTO,
+    MODE_CURVE,
+    MODE_MANUAL,
+    SAVE_BURST,
+    SAVE_MS,
+    CommandError,
+    _ina226,
+)
+from device.control.curve import FanCurve
+from device.control.pid import PID
+from device.drivers.fan import Fan
+from device.drivers.ntc import NTC
+from device.failsafe import Supervisor
+from protocol import catalog as C
+from protocol.errors import OversizeError
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+_N_CH = const(4)  # as device.app's (module-private constants are not importable)
+_N_FAN = const(2)
+
+
+class _ShadowPWM:
+    """Stands in for ``machine.PWM`` while a candidate config is configured."""
+
+    def freq(self, hz=None):
+        return 25000
+
+    def duty_u16(self, d=None):
+        return 0
+
+
+class _ShadowPin:
+    def irq(self, handler=None, trigger=0, hard=False):
+        return None
+
+    def value(self, v=None):
+        return 0
+
+
+class _ShadowI2C:
+    """An INA226 that is always there: configuring against it checks the driver's
+    arithmetic and arguments without touching the bus."""
+
+    def readfrom_mem_into(self, addr, reg, buf):
+        v = 0x5449 if reg == 0xFE else (0x2260 if reg == 0xFF else 0)
+        buf[0] = v >> 8
+        buf[1] = v & 0xFF
+
+    def writeto_mem(self, addr, reg, buf):
+        pass
+
+
+class _Built:
+    """Everything a config turns into, built without touching the hardware."""
+
+    pass
+
+
+def boot_config(app):
+    """Configure from the first stored config that really configures.
+
+    The candidates are tried in order (the saved config, the last good one, the
+    factory defaults) through the same ``_build`` that ``config_set`` uses, so
+    whatever is in flash the module boots into a state that speaks the protocol.
+    """
+    cands, writes, problems = config.candidates(app.hal.fs_dir)
+    app.flash_writes = writes
+    why = ""
+    for source, cfg, detail in cands:
+        if source == "factory":
+            built = app._build(cfg)  # must configure: a failure here is a bug or OOM
+        else:
+            try:
+                built = app._build(cfg)
+            except Exception as e:  # noqa: BLE001 - any failure: try the next one
+                why = "%s config does not configure: %s" % (source, e)
+                continue
+        app._commit(built, cfg)
+        app.cfg = cfg
+        app.config_source = source
+        if source == "current":
+            app.config_status = "ok"
+        elif source == "prev":
+            app.config_status = "prev"
+        else:
+            app.config_status = "corrupt" if (why or problems) else "missing"
+        app.config_detail = detail
+        break
+    if problems:
+        app.events.push(
+            C.REASON_CONFIG_CORRUPT, C.SEV_WARNING, True, -1, 0, C.STATE_BOOT, C.STATE_BOOT
+        )
+    if app.config_source != "current" and (why or problems or len(cands) > 1):
+        app.events.push(
+            C.REASON_CONFIG_FALLBACK,
+            C.SEV_ALARM,
+            True,
+            -1,
+            1 if app.config_source == "prev" else 0,
+            C.STATE_BOOT,
+            C.STATE_BOOT,
+        )
+    app.config_why = why
+
+
+def build(app, cfg):
+    """Check ``cfg`` by building every object it configures on stand-in hardware.
+
+    Raises (ConfigError, ValueError, ...) without changing anything when some
+    part refuses it: validated and configurable are the same predicate."""
+    config.validate(cfg)
+    hal = app.hal
+    b = _Built()
+    ctl = cfg["control"]
+    b.period_ms = ctl["period_ms"]
+    b.telemetry_ms = ctl["telemetry_ms"]
+    b.host_timeout_ms = ctl["host_timeout_ms"]
+    b.standalone_curve = ctl.get("standalone", "curve") == "curve"
+    chans = cfg["channels"]
+    luts = {}  # channels with the same curve and divider share one table, and
+    if app.safety is not None:  # with the safety layer's nominal one (1 KB each)
+        luts[app.safety.nominal_key] = app.safety.nominal_table
+    ntcs = []
+    for i in range(_N_CH):
+        ch = chans[i]
+        if ch.get("filter") == "none":
+            ch = dict(ch)
+            ch["filter"] = None
+        ntcs.append(NTC.from_config(hal.adc[i], ch, luts=luts))
+    b.ntcs = ntcs
+    b.luts = luts
+    b.setpoints = [chans[i]["setpoint_mc"] for i in range(_N_CH)]
+    ctl_mask = 0
+    for i in range(_N_CH):
+        if chans[i]["controlled"]:
+            ctl_mask |= 1 << i
+    b.controlled = ctl_mask
+    fans = cfg["fans"]
+    b.fan_model = F.fan_model(getattr(hal, "fan_model", None))
+    for i in range(_N_FAN):  # the fan driver's own checks, on stand-ins
+        Fan.from_config(_ShadowPWM(), _ShadowPin(), hal.IRQ_FALLING, fans[i], model=b.fan_model)
+    _ina226(_ShadowI2C(), cfg["ina226"])
+    p = cfg["pid"]
+    b.pid = PID(
+        p["kp"],
+        p["ki"],
+        p["kd"],
+        p["kff"],
+        out_min=min(f["min_duty"] for f in fans),  # below it the fans do not move
+        out_max=65535,
+        slew_per_s=p["slew_pct_s"] * 65535 // 100,
+        d_filter_ms=p["d_filter_ms"],
+        slew_down_per_s=p["slew_down_pct_min"] * 65535 // 6000,
+        deadband_mc=p["deadband_mc"],
+        i_band_mc=p["i_band_mc"],
+    )
+    b.est = (p["env_window_s"], p["ff_tau_ms"])
+    b.die_sp = p["die_sp_mc"]
+    cv = cfg["curve"]
+    b.curve = FanCurve(cv["points"], cv["hysteresis_mc"])
+    mode = ctl["mode"]
+    b.mode = MODE_CURVE if mode == "curve" else (MODE_MANUAL if mode == "manual" else MODE_AUTO)
+    b.sup = Supervisor(cfg, app.events)
+    b.json = ctl["telemetry_format"] == "json"
+    return b
+
+
+def cmd_pair(app, msg):
+    key = bytes(msg.fields["key"])
+    path = app._secret_path()
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(key)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        os.remove(path)  # FAT: no rename over an existing file
+        os.rename(tmp, path)
+    app.verifier.set_key(key)
+    app.paired = True
+    st = app.sup.state
+    app.events.push(C.REASON_PAIRED, C.SEV_INFO, True, -1, 0, st, st)
+    app.ack(msg)
+
+
+def cmd_config_save(app, msg):
+    """Write the running config, only if it differs from what flash holds, and at
+    most ``SAVE_BURST`` writes at once then one per ``SAVE_MS``."""
+    if config.is_saved(app.cfg, app.hal.fs_dir):
+        app.ack(msg)  # nothing changed: no flash write, no token (no RAM copy kept)
+        return
+    tokens, app._save_ms = app._tokens(app._save_tokens, app._save_ms, SAVE_BURST, SAVE_MS)
+    if tokens <= 0:
+        app._save_tokens = 0
+        raise CommandError(
+            "config_save rate-limited: one flash write per %d s" % (SAVE_MS // 1000),
+            C.ERR_RATE_LIMITED,
+        )
+    app._save_tokens = tokens - 1
+    if config.save(app.cfg, app.hal.fs_dir):
+        app.flash_writes += 1
+        app.events.push(
+            C.REASON_CONFIG_SAVED, C.SEV_INFO, True, -1, 0, app.sup.state, app.sup.state
+        )
+    app.ack(msg)
+
+
+def apply_changes(app, changes):
+    """A config change is a transaction: merge and validate a candidate, build
+    every object it configures on stand-in hardware, and only then apply it. A
+    refused change leaves no trace."""
+    try:
+        cfg = config.merge(app.cfg, changes)
+        built = app._build(cfg)
+    except config.ConfigError as e:
+        raise CommandError(str(e), C.ERR_OUT_OF_RANGE, getattr(e, "path", None)) from None
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise CommandError("does not configure: %s" % (e,), C.ERR_OUT_OF_RANGE, None) from None
+    app._commit(built, cfg)
+    app.cfg = cfg
+
+
+def cmd_autotune(app, msg):
+    """Start or abort a relay autotune (docs/autotune.md). It starts only HOSTED
+    in auto mode, around the duty the fans run at, above every floor."""
+    f = msg.fields
+    from device.control import autotune as AT
+
+    tune = app.tune
+    if f["action"] == 1:
+        tune.abort()
+        app.ack(msg)
+        return
+    if tune.running or app.selftest is not None:
+        raise CommandError("an autotune or app-test is already running", C.ERR_BUSY)
+    if app.sup.state != C.STATE_HOSTED or app.mode != MODE_AUTO:
+        raise CommandError(
+            "autotune needs HOSTED in auto mode, not %s" % C.STATES[app.sup.state],
+            C.ERR_BAD_STATE,
+        )
+    sf = app.safety
+    floor = max(sf.floor[0], sf.floor[1], app.pid.out_min)
+    tune.start(
+        app.fans[0].duty,
+        floor,
+        amp=f.get("amplitude", AT.AMP_DEFAULT),
+        hyst=f.get("hysteresis", AT.HYST_DEFAULT),
+        max_rise=f.get("max_rise", AT.RISE_DEFAULT),
+        timeout_s=f.get("timeout_s", AT.TIMEOUT_DEFAULT_S),
+        cycles=f.get("cycles", AT.CYCLES_DEFAULT),
+        ref=msg.seq,
+        hold_ms=app.est.window_s * 1000 if app.hosted else 0,  # the envelope's hold
+    )
+    app.ack(msg)
+
+
+def cmd_fan_mode(app, msg):
+    f = msg.fields
+    mode = f["mode"]
+    if mode == 1:  # manual
+        d1 = f.get("duty1", app.manual_duty[0])
+        d2 = f.get("duty2", d1)
+        for name, d in (("duty1", d1), ("duty2", d2)):
+            if d < app.min_manual:
+                raise CommandError(
+                    "%s below the safety minimum %d" % (name, app.min_manual),
+                    C.ERR_OUT_OF_RANGE,
+                    name,
+                )
+        app.manual_duty[0] = d1
+        app.manual_duty[1] = d2
+        app.manual_ms = app.hal.ticks_ms()  # each manual command renews the lease
+        app.mode = MODE_MANUAL
+    elif mode == 0:
+        if app.mode == MODE_MANUAL:
+            app.pid.track(app.fans[0].duty, app.worst_out[1])  # bumpless
+        app.mode = MODE_AUTO
+    elif mode == 2:
+        app.mode = MODE_CURVE
+    else:
+        raise CommandError("unknown fan mode %d" % mode, C.ERR_OUT_OF_RANGE, "mode")
+    app.ack(msg)
+
+
+def cmd_setpoints(app, msg):
+    changes = {}
+    for i in range(_N_CH):
+        name = "sp_" + C.CHANNELS[i]
+        if name in msg.fields:
+            changes["channels.%d.setpoint_mc" % i] = msg.fields[name]
+    if not changes:
+        raise CommandError("no setpoint given", C.ERR_MISSING_FIELD)
+    apply_changes(app, changes)
+    app.ack(msg)
+
+
+def cmd_pid(app, msg):
+    changes = {}
+    for name in ("kp", "ki", "kd", "kff"):
+        if name in msg.fields:
+            changes["pid." + name] = msg.fields[name]
+    if not changes:
+        raise CommandError("no gain given", C.ERR_MISSING_FIELD)
+    apply_changes(app, changes)
+    app.ack(msg)
+
+
+def cmd_curve(app, msg):
+    changes = {"curve.points": msg.fields["points"]}
+    if "hysteresis" in msg.fields:
+        changes["curve.hysteresis_mc"] = msg.fields["hysteresis"]
+    apply_changes(app, changes)
+    app.ack(msg)
+
+
+def cmd_config_get(app, msg):
+    """One ``config`` message for the section asked, or one per page for all."""
+    section = msg.fields.get("section")
+    names = [section] if section else config.pages(app.cfg)
+    replies = []
+    for name in names:
+        try:
+            values = config.get_section(app.cfg, name)
+        except config.ConfigError as e:
+            raise CommandError(str(e), C.ERR_OUT_OF_RANGE, "section") from None
+        replies.append({"ref": msg.seq, "values": values, "version": app.cfg["version"]})
+    for fields in replies:
+        _send_config(app, fields)
+
+
+def _send_config(app, fields):
+    """Send a config message, split in halves until each fits MAX_FRAME."""
+    try:
+        app.send("config", fields)
+    except OversizeError:
+        keys = sorted(fields["values"])
+        if len(keys) < 2:
+            raise
+        half = len(keys) // 2
+        for part in (keys[:half], keys[half:]):
+            sub = dict(fields)
+            sub["values"] = {k: fields["values"][k] for k in part}
+            _send_config(app, sub)
+
+
+def cmd_cal_read(app, msg):
+    ch = msg.fields["channel"]
+    if ch >= _N_CH:
+        raise CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
+    n = msg.fields.get("samples", 64)
+    mean_x16, lo, hi = app.ntcs[ch].sample_raw(n)
+    fields = {
+        "ref": msg.seq,
+        "channel": ch,
+        "samples": n,
+        "raw_mean_x16": mean_x16,
+        "raw_min": lo,
+        "raw_max": hi,
+    }
+    t = app.ntcs[ch].read_mc()
+    if app.ntcs[ch].fault == NTC.FAULT_NONE:
+        fields["temp"] = t
+    app.send("cal_raw", fields)
+
+
+def cmd_cal_write(app, msg):
+    f = msg.fields
+    ch = f["channel"]
+    if ch >= _N_CH:
+        raise CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
+    model = f["model"]
+    coeffs = f["coeffs"]
+    key = "channels.%d." % ch
+    changes = {}
+    if model == 0:  # sh
+        changes[key + "model"] = "sh"
+        changes[key + "sh"] = coeffs
+    elif model == 1:  # beta: [beta, r0_ohm, t0_mc]
+        if len(coeffs) != 3:
+            raise CommandError("beta needs [beta, r0_ohm, t0_mc]", C.ERR_OUT_OF_RANGE, "coeffs")
+        changes[key + "model"] = "beta"
+        changes[key + "beta"] = coeffs[0]
+        changes[key + "r0"] = coeffs[1]
+        changes[key + "t0_mc"] = coeffs[2]
+    else:  # poly correction only
+        changes[key + "correction"] = coeffs
+    if "correction" in f:
+        changes[key + "correction"] = f["correction"]
+    apply_changes(app, changes)
+    app.events.push(C.REASON_CALIBRATION, C.SEV_INFO, True, ch, 0, app.sup.state, app.sup.state)
+    app.ack(msg)
+
+
+def cmd_config_set(app, msg):
+    apply_changes(app, msg.fields["values"])
+    app.ack(msg)
+
+
+def cmd_config_reset(app, msg):
+    cfg = config.defaults()
+    app._commit(app._build(cfg), cfg)
+    config.factory_reset(app.hal.fs_dir)
+    app.cfg = cfg
+    app.ack(msg)
+
+
+# message type -> handler (a dict while this module is loaded, for one command)
+_HANDLERS = {
+    C.T_FAN_MODE: cmd_fan_mode,
+    C.T_SETPOINTS: cmd_setpoints,
+    C.T_PID_GAINS: cmd_pid,
+    C.T_FAN_CURVE: cmd_curve,
+    C.T_CONFIG_GET: cmd_config_get,
+    C.T_CONFIG_SET: cmd_config_set,
+    C.T_CONFIG_SAVE: cmd_config_save,
+    C.T_CONFIG_RESET: cmd_config_reset,
+    C.T_CAL_READ: cmd_cal_read,
+    C.T_CAL_WRITE: cmd_cal_write,
+    C.T_PAIR: cmd_pair,
+    C.T_AUTOTUNE: cmd_autotune,
+}
+
+
+def run(app, msg):
+    """Answer command ``msg`` (authenticated by the caller)."""
+    handler = _HANDLERS.get(msg.type)
+    if handler is None:
+        raise CommandError("not supported by this firmware", C.ERR_UNSUPPORTED)
+    handler(app, msg)
