@@ -23,12 +23,9 @@ from device import safety as S
 from device.control.estimator import INVALID as _NO_EST
 from device.control.estimator import DieEstimator
 from device.control.select import worst_channel
-from device.drivers.fan import Fan
 from device.drivers.ina226 import INA226
 from device.drivers.ntc import NTC
 from device.failsafe import EventQueue
-from device.plausibility import NtcWatch
-from device.safety import Safety
 from device.ticks import ticks_add, ticks_diff
 from protocol import catalog as C
 from protocol import frame, jsonl, sign
@@ -92,7 +89,7 @@ class App:
         from device.nonce import boot_nonce  # boot only: _release() forgets it
 
         self.nonce, self.nonce_source = boot_nonce(sign.NONCE_LEN, hal.fs_dir, hal.unique_id())
-        key = self._load_secret()
+        key = _commands().load_secret(self)
         self.paired = key is not None
         self.verifier = sign.Verifier(key)
         self.verifier.set_nonce(self.nonce)
@@ -168,62 +165,6 @@ class App:
         """The ``config_set`` transaction (device.commands.apply_changes)."""
         _commands().apply_changes(self, changes)
         _release()
-
-    def _commit(self, b, cfg):
-        """Apply a built config; nothing here can refuse it any more."""
-        hal = self.hal
-        self.period_ms = b.period_ms
-        self.telemetry_ms = b.telemetry_ms
-        self.host_timeout_ms = b.host_timeout_ms
-        self.standalone_curve = b.standalone_curve
-        self.ntcs = b.ntcs
-        for i in range(_N_CH):
-            self.setpoints[i] = b.setpoints[i]
-        if self.watch is None or self.controlled != b.controlled:
-            self.watch = NtcWatch(_N_CH, b.controlled, 3)
-        self.controlled = b.controlled
-        fans = cfg["fans"]
-        if self.fans is None:
-            self.fans = [
-                Fan.from_config(
-                    hal.pwm[i], hal.tach[i], hal.IRQ_FALLING, fans[i], model=b.fan_model
-                )
-                for i in range(_N_FAN)
-            ]
-            self.safety = Safety(hal, self.fans, _N_CH, luts=b.luts)
-        else:
-            for i in range(_N_FAN):
-                self.fans[i].configure(fans[i])
-        self.safety.configure(cfg)
-        self._crit0 = self.safety.crit_mc[0]  # the GPU channel's configured critical
-        self.ina_cfg = cfg["ina226"]
-        self.uv_mv = self.ina_cfg["uv_mv"]
-        self.ina = None
-        self.open_ina()
-        self.pid = b.pid
-        self.est.configure(b.est[0], b.est[1], self.est.offset_tau_ms)
-        self.die_sp = b.die_sp
-        self.hosted = False
-        self.curve = b.curve
-        if b.mode != self.mode:
-            self._set_mode(b.mode, self.hal.ticks_ms())
-        if self.sup is not None:
-            old = self.sup
-            new = b.sup
-            # keep the state across a reconfiguration; the next tick re-evaluates
-            new.state = old.state
-            new.reason = old.reason
-            new.faults = old.faults
-            new.causes = old.causes
-            new.host_seen = old.host_seen
-        self.sup = b.sup
-        self.min_manual = self.safety.f_manual
-        self.fmt = FMT_JSON if b.json else self.fmt
-
-    def _set_mode(self, mode, now):
-        if mode == MODE_MANUAL and self.mode != MODE_MANUAL:
-            self.manual_ms = now
-        self.mode = mode
 
     def open_ina(self):
         """(Re)connect the INA226; a missing or wrong chip is a power-monitor fault,
@@ -592,25 +533,6 @@ class App:
         except Exception:  # noqa: BLE001
             pass
 
-    def to_repl(self):
-        """Hand the port back to the REPL so ``mpremote`` can reflash.
-
-        A started watchdog cannot be stopped on STM32 or RP2040, and nothing would feed
-        it at the REPL: so with a watchdog running, leave a flag file and reset; the
-        next boot sees the flag, removes it and stays at the REPL without starting the
-        app or the watchdog (fans with a floating PWM input run at full speed). Without
-        a watchdog (sim, tests) just stop the loop.
-        """
-        self.running = False
-        if self.wdt is not None:
-            try:
-                f = open(self.hal.fs_dir.rstrip("/") + "/" + REPL_FLAG, "w")
-                f.write("1")
-                f.close()
-            except OSError:
-                return  # cannot leave the flag: keep running the app, stay safe
-            self.hal.reset()
-
     def run(self):
         """Loop until a ``repl`` command: sleep until the next tick, at most ``poll_ms``.
 
@@ -761,23 +683,11 @@ class App:
             self.hal.reset()
         elif t == C.T_REPL:
             self.ack(msg)
-            self.to_repl()
+            _commands().to_repl(self)
         else:
             _commands().run(self, msg)  # every other command: imported for it
 
     # -- pairing -----------------------------------------------------------------
-    def _load_secret(self):
-        """The signing secret from ``secret.key`` (32 bytes), or None."""
-        try:
-            with open(self._secret_path(), "rb") as fh:
-                key = fh.read(sign.KEY_LEN + 1)
-        except OSError:
-            return None
-        return key if len(key) == sign.KEY_LEN else None
-
-    def _secret_path(self):
-        return self.hal.fs_dir.rstrip("/") + "/" + SECRET_FILE
-
     def _pair_window(self):
         """Unsigned ``pair`` is accepted only by a module with no secret, in the first
         ``_PAIR_WINDOW_MS`` after a power-on or reset-button start."""

@@ -21,8 +21,10 @@ from device.app import (
     MODE_AUTO,
     MODE_CURVE,
     MODE_MANUAL,
+    REPL_FLAG,
     SAVE_BURST,
     SAVE_MS,
+    SECRET_FILE,
     CommandError,
     _ina226,
 )
@@ -31,8 +33,12 @@ from device.control.pid import PID
 from device.drivers.fan import Fan
 from device.drivers.ntc import NTC
 from device.failsafe import Supervisor
+from device.plausibility import NtcWatch
+from device.safety import Safety
 from protocol import catalog as C
+from protocol import sign
 from protocol.errors import OversizeError
+from protocol.message import FMT_JSON
 
 try:
     from micropython import const
@@ -102,7 +108,7 @@ def boot_config(app):
             except Exception as e:  # noqa: BLE001 - any failure: try the next one
                 why = "%s config does not configure: %s" % (source, e)
                 continue
-        app._commit(built, cfg)
+        commit(app, built, cfg)
         app.cfg = cfg
         app.config_source = source
         if source == "current":
@@ -192,9 +198,99 @@ def build(app, cfg):
     return b
 
 
+def commit(app, b, cfg):
+    """Apply a built config; nothing here can refuse it any more."""
+    hal = app.hal
+    app.period_ms = b.period_ms
+    app.telemetry_ms = b.telemetry_ms
+    app.host_timeout_ms = b.host_timeout_ms
+    app.standalone_curve = b.standalone_curve
+    app.ntcs = b.ntcs
+    for i in range(_N_CH):
+        app.setpoints[i] = b.setpoints[i]
+    if app.watch is None or app.controlled != b.controlled:
+        app.watch = NtcWatch(_N_CH, b.controlled, 3)
+    app.controlled = b.controlled
+    fans = cfg["fans"]
+    if app.fans is None:
+        app.fans = [
+            Fan.from_config(hal.pwm[i], hal.tach[i], hal.IRQ_FALLING, fans[i], model=b.fan_model)
+            for i in range(_N_FAN)
+        ]
+        app.safety = Safety(hal, app.fans, _N_CH, luts=b.luts)
+    else:
+        for i in range(_N_FAN):
+            app.fans[i].configure(fans[i])
+    app.safety.configure(cfg)
+    app._crit0 = app.safety.crit_mc[0]  # the GPU channel's configured critical
+    app.ina_cfg = cfg["ina226"]
+    app.uv_mv = app.ina_cfg["uv_mv"]
+    app.ina = None
+    app.open_ina()
+    app.pid = b.pid
+    app.est.configure(b.est[0], b.est[1], app.est.offset_tau_ms)
+    app.die_sp = b.die_sp
+    app.hosted = False
+    app.curve = b.curve
+    if b.mode != app.mode:
+        _set_mode(app, b.mode, app.hal.ticks_ms())
+    if app.sup is not None:
+        old = app.sup
+        new = b.sup
+        # keep the state across a reconfiguration; the next tick re-evaluates
+        new.state = old.state
+        new.reason = old.reason
+        new.faults = old.faults
+        new.causes = old.causes
+        new.host_seen = old.host_seen
+    app.sup = b.sup
+    app.min_manual = app.safety.f_manual
+    app.fmt = FMT_JSON if b.json else app.fmt
+
+
+def _set_mode(app, mode, now):
+    if mode == MODE_MANUAL and app.mode != MODE_MANUAL:
+        app.manual_ms = now
+    app.mode = mode
+
+
+def load_secret(app):
+    """The signing secret from ``secret.key`` (32 bytes), or None."""
+    try:
+        with open(secret_path(app), "rb") as fh:
+            key = fh.read(sign.KEY_LEN + 1)
+    except OSError:
+        return None
+    return key if len(key) == sign.KEY_LEN else None
+
+
+def secret_path(app):
+    return app.hal.fs_dir.rstrip("/") + "/" + SECRET_FILE
+
+
+def to_repl(app):
+    """Hand the port back to the REPL so ``mpremote`` can reflash.
+
+    A started watchdog cannot be stopped on STM32 or RP2040, and nothing would feed
+    it at the REPL: so with a watchdog running, leave a flag file and reset; the
+    next boot sees the flag, removes it and stays at the REPL without starting the
+    app or the watchdog (fans with a floating PWM input run at full speed). Without
+    a watchdog (sim, tests) just stop the loop.
+    """
+    app.running = False
+    if app.wdt is not None:
+        try:
+            f = open(app.hal.fs_dir.rstrip("/") + "/" + REPL_FLAG, "w")
+            f.write("1")
+            f.close()
+        except OSError:
+            return  # cannot leave the flag: keep running the app, stay safe
+        app.hal.reset()
+
+
 def cmd_pair(app, msg):
     key = bytes(msg.fields["key"])
-    path = app._secret_path()
+    path = secret_path(app)
     tmp = path + ".tmp"
     with open(tmp, "wb") as fh:
         fh.write(key)
@@ -243,7 +339,7 @@ def apply_changes(app, changes):
         raise CommandError(str(e), C.ERR_OUT_OF_RANGE, getattr(e, "path", None)) from None
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise CommandError("does not configure: %s" % (e,), C.ERR_OUT_OF_RANGE, None) from None
-    app._commit(built, cfg)
+    commit(app, built, cfg)
     app.cfg = cfg
 
 
@@ -425,7 +521,7 @@ def cmd_config_set(app, msg):
 
 def cmd_config_reset(app, msg):
     cfg = config.defaults()
-    app._commit(app._build(cfg), cfg)
+    commit(app, app._build(cfg), cfg)
     config.factory_reset(app.hal.fs_dir)
     app.cfg = cfg
     app.ack(msg)

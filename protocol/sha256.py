@@ -103,6 +103,14 @@ class Sha256:
         self._count = 0
         self._done = False
 
+    def keep_state_only(self):
+        """For a state that is only ever copied from (an HMAC key's, hashed to a
+        block boundary): frees the 64-byte block buffer, which ``copy_from`` then has
+        nothing to read from. Hashing more into this object fails afterwards."""
+        if self._n:
+            raise ValueError("a partial block is waiting: not at a block boundary")
+        self._block = b""
+
     def copy_from(self, other):
         """Make this hash a copy of ``other``'s state (no allocation)."""
         h = self._h

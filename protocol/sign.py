@@ -83,6 +83,8 @@ class Mac:
             pad[i] = (key[i] if i < KEY_LEN else 0) ^ _OPAD
             i += 1
         self._outer.update_from(pad, 0, BLOCK_LEN)
+        self._inner.keep_state_only()  # copied from only: no block buffer (64 B each)
+        self._outer.keep_state_only()
         self._h = Sha256()
         self._d = bytearray(DIGEST_LEN)
 

@@ -175,20 +175,27 @@ class TelemetryEncoder:
         self.values = [0] * N_FIELDS
         self.present = 0
         self.raw = bytearray(max_cbor_len())
-        out = cobs.max_encoded_len(len(self.raw)) + 1
         # ``json=False`` (the module, which sends frames unless a host speaks JSON
-        # lines): ``out`` fits a frame, and grows to a line's size on the first
-        # encode_json (one allocation when the format changes, none after)
-        line = max_json_len()
-        self._line = line
-        self.out = bytearray(out if out > line or not json else line)
+        # lines): ``out`` fits a frame, and the JSON tables (and a line's ``out``) are
+        # made by the first encode_json: allocations when the format changes, none after
+        self.out = bytearray(cobs.max_encoded_len(len(self.raw)) + 1)
         keys = bytearray(N_FIELDS)
+        i = 0
+        while i < N_FIELDS:
+            keys[i] = FIELDS[i][C.F_KEY]
+            i += 1
+        self._keys = keys
+        self._jhead = None
+        if json:
+            self._json_tables()
+
+    def _json_tables(self):
+        """What encode_json needs: kinds, scales, the line's head, room for a line."""
         kinds = bytearray(N_FIELDS)
         scales = []
         i = 0
         while i < N_FIELDS:
             f = FIELDS[i]
-            keys[i] = f[C.F_KEY]
             if f[C.F_KIND] == C.K_ENUM:
                 kinds[i] = _KIND_ENUM
             elif f[C.F_SCALE] is not None:
@@ -197,9 +204,11 @@ class TelemetryEncoder:
                 kinds[i] = _KIND_PLAIN
             scales.append(f[C.F_SCALE])
             i += 1
-        self._keys = keys
         self._kinds = kinds
         self._scales = tuple(scales)
+        line = max_json_len()
+        if len(self.out) < line:
+            self.out = bytearray(line)
         self._jhead = _json_head().encode()
 
     def set(self, i, value):
@@ -256,10 +265,9 @@ class TelemetryEncoder:
 
     def encode_json(self, seq):
         """Write a complete JSON line into ``out``; return its length (with newline)."""
+        if self._jhead is None:
+            self._json_tables()
         buf = self.out
-        if len(buf) < self._line:
-            buf = bytearray(self._line)
-            self.out = buf
         o = _put_bytes(buf, 0, self._jhead)
         o = _put_uint(buf, o, seq & 0xFFFF, 0)
         present = self.present
