@@ -358,12 +358,15 @@ def _cobs_encode(raw: bytes) -> bytes:
     return bytes(out)
 
 
-def encode_fast(type_or_name, fields: dict | None, seq: int, signer=None) -> bytes:
+def encode_fast(type_or_name, fields: dict | None, seq: int, signer=None,
+                keyed: dict | None = None) -> bytes:  # fmt: skip
     """:func:`protocol.frame.encode_frame` (this protocol version; signed with
     ``signer``), the same bytes, quicker for a message of integer fields that fits
-    one COBS block; anything else (and every error) is the reference's."""
+    one COBS block; anything else (and every error) is the reference's. ``keyed``:
+    :func:`fast_keyed` of ``fields``, when the caller has it already."""
     mdef = lookup(type_or_name)
-    keyed = fast_keyed(mdef, fields or {})
+    if keyed is None:
+        keyed = fast_keyed(mdef, fields or {})
     if keyed is None or type(seq) is not int or not 0 <= seq <= 0xFFFF:
         return encode_frame(type_or_name, fields, seq, signer=signer)
     payload = cbor2.dumps(keyed) if keyed else b""

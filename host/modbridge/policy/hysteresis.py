@@ -49,10 +49,18 @@ class Latches:
         self._on.clear()
 
 
+_LATCH_KEYS: dict[str, tuple[str, str]] = {}  # key -> its two latches' names
+
+
 def temperature_reason(latches: Latches, key: str, t, warn_c, critical_c, hysteresis_c):
     """``critical_temp``, ``over_temp`` or None for reading ``t`` (latched per ``key``)."""
-    crit = latches.above(f"crit:{key}", t, critical_c, hysteresis_c)
-    over = latches.above(f"warn:{key}", t, warn_c, hysteresis_c)
+    names = _LATCH_KEYS.get(key)
+    if names is None:
+        names = (f"crit:{key}", f"warn:{key}")
+        if len(_LATCH_KEYS) < 256:  # a few fixed sensor keys; bounded whatever callers do
+            _LATCH_KEYS[key] = names
+    crit = latches.above(names[0], t, critical_c, hysteresis_c)
+    over = latches.above(names[1], t, warn_c, hysteresis_c)
     if crit:
         return R_CRITICAL_TEMP
     return R_OVER_TEMP if over else None

@@ -19,6 +19,11 @@ from modbridge.policy.levels import (
 from modbridge.policy.thresholds import Thresholds
 from protocol import catalog as C
 
+# the channels the module's temperatures are judged on, with their names in values,
+# latches and sources
+_CHANNELS = tuple((ch, f"ntc_{ch}_c", f"ntc_{ch}:module", f"ntc_{ch}") for ch in
+                  ("gpu", "vram", "mos"))  # fmt: skip
+
 
 class ModuleRules:
     """The module's conditions for one pair, with their hysteresis."""
@@ -52,17 +57,18 @@ class ModuleRules:
         elif faults & C.FAULT_OVER_TEMP:
             hit(R_OVER_TEMP, "module_fault")
         ntc_c = module.temperature_c("gpu")
-        for ch, warn, crit in (
-            ("gpu", th.warn_c, th.critical_c),
-            ("vram", cfg.vram_warn_temp_c, cfg.vram_critical_temp_c),
-            ("mos", cfg.mos_warn_temp_c, cfg.mos_critical_temp_c),
+        for (ch, value_key, latch_key, source), warn, crit in zip(
+            _CHANNELS,
+            (th.warn_c, cfg.vram_warn_temp_c, cfg.mos_warn_temp_c),
+            (th.critical_c, cfg.vram_critical_temp_c, cfg.mos_critical_temp_c),
+            strict=True,
         ):
             t = module.temperature_c(ch)
-            values[f"ntc_{ch}_c"] = t
-            reason = temperature_reason(self.latches, f"ntc_{ch}:module", t, warn, crit,
+            values[value_key] = t
+            reason = temperature_reason(self.latches, latch_key, t, warn, crit,
                                         cfg.hysteresis_c)  # fmt: skip
             if reason is not None:
-                hit(reason, f"ntc_{ch}")
+                hit(reason, source)
         # 12 V input
         v = module.v_in_v
         values["v_in_v"] = v
