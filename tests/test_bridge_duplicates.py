@@ -13,7 +13,8 @@ import json
 import shutil
 import threading
 
-from test_bridge_e2e import FAST_POLICY, ORIGINAL_W, SPEED, _scrape, wait_for
+from e2e_helpers import FAST_POLICY, ORIGINAL_W, SPEED, wait_for
+from test_bridge_e2e import _scrape
 
 from modbridge.bridge import Bridge
 from modbridge.config import BridgeConfig, ModuleMapping

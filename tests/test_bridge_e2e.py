@@ -1,5 +1,6 @@
 """End to end: the bridge against virtual modules (the real firmware in MicroPython on
-ptys, SimFleet) and their virtual GPUs, 20x faster than real time, with a 0.1 s tick.
+ptys, SimFleet) and their virtual GPUs, 20x faster than real time, with a 0.1 s tick
+(the harness, ``bridged``, is tests/e2e_helpers.py's, shared with the test_e2e_* files).
 
 Each test starts its own fleet and bridge and stops both; an autouse fixture checks
 that no link thread and no MicroPython process is left behind. Conditions are waited
@@ -16,36 +17,17 @@ import sys
 import threading
 import time
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from e2e_helpers import FAST_POLICY, MIN_W, ORIGINAL_W, SPEED, WARN_W, bridged, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from modbridge.bridge import Bridge, open_sim
-from modbridge.config import BridgeConfig
 from modbridge.exporter import prometheus as exporter
-from modbridge.exporter.eventlog import EventLog
 from modbridge.gpu.base import PowerLimitRefused
-from modbridge.gpu.virtual import VirtualBackend
-from modbridge.policy.engine import CRITICAL, NORMAL, WARN, PolicyConfig
-from modbridge.sim.profiles import Profile
+from modbridge.policy.engine import CRITICAL, NORMAL, WARN
 
 REPO = Path(__file__).resolve().parents[1]
-SPEED = 20.0
-ORIGINAL_W, MIN_W = 700.0, 200.0  # the default world's H200
-WARN_W = 490.0  # warn_limit_fraction 0.7 x 700 W
-FAST_POLICY = dict(module_silent_s=1.0, module_grace_s=5.0, min_hold_s=0.5)
-
-
-def wait_for(pred, timeout: float, what: str, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture(autouse=True)
@@ -57,70 +39,6 @@ def no_leaks():
         "link threads to end",
     )
     assert not [t for t in threading.enumerate() if t.name == "virtual-module"]
-
-
-class Run:
-    """A started fleet + bridge (looping in a thread) + its event log lines."""
-
-    def __init__(self, fleet, bridge, lines):
-        self.fleet, self.bridge, self.lines = fleet, bridge, lines
-
-    @property
-    def vm(self):
-        return self.fleet.modules[0]
-
-    @property
-    def gpu(self):
-        return self.fleet.gpus[0]
-
-    def pair(self):
-        return self.bridge.snapshot().pairs[0]
-
-    def events(self, kind=None, **match):
-        out = []
-        for line in list(self.lines):
-            ev = json.loads(line)
-            if (kind is None or ev["kind"] == kind) and all(
-                ev.get(k) == v for k, v in match.items()
-            ):
-                out.append(ev)
-        return out
-
-
-@contextmanager
-def bridged(profile="idle", backend_wrap=None, dry_run=False, tick_s_override=None, **policy):
-    if " " in profile:
-        profile = Profile.parse(profile + "\n")
-    fleet, mappings = open_sim(1, "default", profile, SPEED)
-    lines: list[str] = []
-    bridge = thread = None
-    try:
-        cfg = BridgeConfig(
-            heartbeat_period_s=0.1,
-            tick_s=tick_s_override or 0.1,
-            dry_run=dry_run,
-            modules=mappings,
-            policy=PolicyConfig(**{**FAST_POLICY, **policy}),
-        )
-        backend = VirtualBackend(fleet.gpus)
-        if backend_wrap is not None:
-            backend = backend_wrap(backend)
-        bridge = Bridge(cfg, backend, fleet.ports, event_log=EventLog(lines)).start()
-        thread = threading.Thread(target=bridge.run, name="bridge-loop", daemon=True)
-        thread.start()
-        run = Run(fleet, bridge, lines)
-        wait_for(lambda: bridge.snapshot().modules[0].telemetry, 10, "first telemetry")
-        yield run
-    finally:
-        if bridge is not None:
-            bridge.stop("test over")
-        if thread is not None:
-            thread.join(5)
-            assert not thread.is_alive()
-        procs = [vm._proc for vm in fleet.modules if vm._proc is not None]
-        fleet.stop()
-        assert all(p.poll() is not None for p in procs)  # no MicroPython left running
-        assert not any(Path(port).exists() for port in fleet.ports)
 
 
 def test_fan_stall_lowers_the_limit_and_recovery_restores_it():
@@ -168,7 +86,7 @@ def test_an_alarm_is_decided_in_the_io_thread_right_after_its_frames_are_read():
     """No hand-off to the loop's next tick: the stall's event and telemetry frames are
     read, and the same I/O thread evaluates the policy and writes the limit (through
     the actuator, journal and lock as ever)."""
-    with bridged(backend_wrap=ThreadRecordingBackend, tick_s_override=5.0) as r:
+    with bridged(backend_wrap=ThreadRecordingBackend, tick_s=5.0) as r:
         r.vm.world_fault("fan_stall", 0)
         wait_for(lambda: r.gpu.power_limit_w() == WARN_W, 15, "limit at 70 %")
         backend = r.bridge.backend

@@ -8,7 +8,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from test_bridge_e2e import FAST_POLICY, ORIGINAL_W, SPEED, Run, wait_for
+from e2e_helpers import FAST_POLICY, ORIGINAL_W, SPEED, Run, wait_for
 
 from modbridge.bridge import Bridge, open_sim
 from modbridge.config import BridgeConfig

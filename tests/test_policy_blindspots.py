@@ -280,7 +280,7 @@ def test_a_silent_module_forgets_its_sensor_fault():
 # --- end to end: the real firmware in a virtual module, the bridge, the virtual GPU --------
 def test_an_open_gpu_ntc_raises_warn_and_lowers_the_limit_end_to_end():
     """The issue's reproduction: an open NTC left the policy NORMAL at 700 W."""
-    from test_bridge_e2e import ORIGINAL_W, WARN_W, bridged, wait_for
+    from e2e_helpers import ORIGINAL_W, WARN_W, bridged, wait_for
 
     with bridged() as r:
         assert r.gpu.power_limit_w() == ORIGINAL_W
