@@ -16,14 +16,19 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import exposition, generate_latest
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
 from modbridge import __version__
+from modbridge.exporter import collector as collector_module
 from modbridge.exporter import prometheus as X
+from modbridge.exporter import render as render_module
+from modbridge.exporter.endpoint import _fast_format, _Gzip
+from modbridge.exporter.process import _ProcessMetrics
+from modbridge.exporter.walk import _Blocks
 from modbridge.gpu.base import CLOCKS_EVENT_REASONS, GpuSample
 from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
 from protocol import catalog as C
@@ -696,12 +701,13 @@ def test_the_collector_and_the_renderer_read_one_walk(monkeypatch):
     # own that a change could miss (the collector had one, held equal only by a test)
     walks = []
 
-    class Counted(X._Blocks):
+    class Counted(_Blocks):
         def __init__(self, snap):
             walks.append(snap)
             super().__init__(snap)
 
-    monkeypatch.setattr(X, "_Blocks", Counted)
+    monkeypatch.setattr(collector_module, "_Blocks", Counted)  # where each of them looks it up
+    monkeypatch.setattr(render_module, "_Blocks", Counted)
     snap = fleet(2)
     list(collector(snap).collect())
     X.Renderer(lambda: snap, clock=lambda: NOW).render()
@@ -850,9 +856,9 @@ def test_endpoint_negotiates_like_prometheus_client_and_gzips():
         "application/openmetrics-text;version=0.0.1;q=0.5,"
         "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3"
     )
-    assert X._fast_format(X.exposition.choose_encoder(prometheus_3)[0]) == X.OPENMETRICS
-    dots = X.exposition.choose_encoder("text/plain;version=1.0.0;escaping=dots")[0]
-    assert X._fast_format(dots) is None
+    assert _fast_format(exposition.choose_encoder(prometheus_3)[0]) == X.OPENMETRICS
+    dots = exposition.choose_encoder("text/plain;version=1.0.0;escaping=dots")[0]
+    assert _fast_format(dots) is None
     assert ep.respond("POST", "/metrics", "", None, None)[0] == 405
     assert ep.respond("OPTIONS", "/metrics", "", None, None)[:2] == (
         200,
@@ -947,7 +953,7 @@ def test_process_metrics_are_prometheus_clients_families():
     # (the memory and CPU read at a moment apart: equal within what can change between)
     from prometheus_client.process_collector import ProcessCollector
 
-    ours = X._ProcessMetrics().collect()
+    ours = _ProcessMetrics().collect()
     theirs = ProcessCollector(registry=None).collect()
     assert [(m.name, m.type, m.documentation, m.unit) for m in ours] == [
         (m.name, m.type, m.documentation, m.unit) for m in theirs
@@ -970,7 +976,7 @@ def test_gzip_state_kept_between_bodies_makes_one_complete_member_each():
     import gzip
     import zlib
 
-    z = X._Gzip(X.GZIP_LEVEL)
+    z = _Gzip(X.GZIP_LEVEL)
     body = X.Renderer(lambda: fleet(8), clock=lambda: NOW).render(X.OPENMETRICS)
     bodies = [body, b"", b"x", body[::-1], body, b"\0" * 100_000]
     for b in bodies:
