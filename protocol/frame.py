@@ -501,8 +501,9 @@ class StreamDecoder:
         self.heartbeat = heartbeat
         # One buffer for both modes (a frame or a text line, never both at once): a
         # frame is COBS-decoded in place (cobs.decode_into), its bytes then the
-        # buffer's first ``max_frame``.
-        self._buf = bytearray(max(self.max_encoded, max_line) + 1)
+        # buffer's first ``max_frame``. Sized to a frame; the first text line grows it
+        # to a line's size (once: a peer that speaks JSON lines keeps speaking them).
+        self._buf = bytearray(self.max_encoded + 1)
         self.max_frame = max_frame
         self._sink = _Sink()
         self._n = 0
@@ -618,6 +619,8 @@ class StreamDecoder:
                 if b == _NL:
                     self._end_text(out)
                     continue
+                if len(buf) <= self.max_line:
+                    buf = self._line_buffer()
                 buf[1] = b
                 self._n = 2
                 self._state = _TEXT
@@ -641,6 +644,13 @@ class StreamDecoder:
             return out
         out.fn = None
         return None
+
+    def _line_buffer(self):
+        """The buffer grown to hold a text line (the first byte kept); returns it."""
+        big = bytearray(self.max_line + 1)
+        big[0] = self._buf[0]
+        self._buf = big
+        return big
 
     def _overflow(self, out, text):
         self.errors["oversize"] += 1
