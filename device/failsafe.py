@@ -35,7 +35,7 @@ except ImportError:  # CPython
         return x
 
 
-_EV_FIELDS = const(8)  # code, severity, active, index, value, state, prev_state, spare
+_EV_FIELDS = const(6)  # code, severity, active, index, state, prev_state (+ value apart)
 # The GPU channel's limits under the GPU's own slowdown temperature (heartbeat
 # ``gpu_slowdown``): warning 8 degC and critical 3 degC below it. The NTC on the
 # heatsink reads below the die (0.3 of the die-to-heatsink gap in the default world,
@@ -50,13 +50,16 @@ SLOWDOWN_CRIT_MARGIN_MC = const(3000)
 DIE_OFFSET_MC = const(6000)
 
 
-
 class EventQueue:
     """Fixed-size ring of pending events (ints only); the oldest is dropped when full."""
 
     def __init__(self, capacity=16):
         self.cap = capacity
-        self.buf = array("i", [0] * (capacity * _EV_FIELDS))
+        # the small fields (code, severity, active, index, state, prev_state) as
+        # 16-bit items, ``value`` (an i32: a temperature, a count) apart: 18 bytes an
+        # event instead of 32 in one "i" array
+        self.buf = array("h", bytes(2 * capacity * _EV_FIELDS))
+        self.values = array("i", bytes(4 * capacity))
         self.head = 0
         self.count = 0
         self.dropped = 0
@@ -66,22 +69,24 @@ class EventQueue:
             self.head = (self.head + 1) % self.cap
             self.count -= 1
             self.dropped += 1
-        o = ((self.head + self.count) % self.cap) * _EV_FIELDS
+        slot = (self.head + self.count) % self.cap
+        o = slot * _EV_FIELDS
         b = self.buf
         b[o] = code
         b[o + 1] = severity
         b[o + 2] = 1 if active else 0
         b[o + 3] = index
-        b[o + 4] = value
-        b[o + 5] = state
-        b[o + 6] = prev_state
+        b[o + 4] = state
+        b[o + 5] = prev_state
+        self.values[slot] = value
         self.count += 1
 
     def pop(self):
         """The oldest event as a field dict for protocol ``event`` (allocates), or None."""
         if not self.count:
             return None
-        o = self.head * _EV_FIELDS
+        slot = self.head
+        o = slot * _EV_FIELDS
         b = self.buf
         self.head = (self.head + 1) % self.cap
         self.count -= 1
@@ -90,9 +95,9 @@ class EventQueue:
             "severity": b[o + 1],
             "active": bool(b[o + 2]),
             "index": b[o + 3],
-            "value": b[o + 4],
-            "state": b[o + 5],
-            "prev_state": b[o + 6],
+            "value": self.values[slot],
+            "state": b[o + 4],
+            "prev_state": b[o + 5],
         }
 
 
