@@ -306,6 +306,7 @@ def run_bridge(args: dict) -> None:
     bridge = Bridge(cfg, VirtualBackend(gpus), ports, event_log=elog)
     profiles = _Profiles(args.get("profile"))
     profiles.wrap_io(bridge)
+    started = time.monotonic()
     bridge.start()
     server = exporter.serve(bridge.snapshot, port=0) if cfg.exporter_enabled else None
     clock = time.monotonic
@@ -336,6 +337,7 @@ def run_bridge(args: dict) -> None:
         k="ready",
         url=server.url if server else None,
         t=clock(),
+        started=started,
         threads=len(os.listdir("/proc/self/task")),
         thread_names=sorted(names.values()),
         telemetry_ms=[lk.telemetry_ms for lk in links],

@@ -7,7 +7,7 @@
 Everything runs against the real firmware in MicroPython (a SimFleet at real time,
 speed 1) in a child process of its own (``bench/_bridge_cpu_child.py fleet``), over
 ptys, so the bridge's numbers do not include the simulator. docs/bridge-benchmarks.md
-says what each number measures and what bounds it. About 3.5 minutes:
+says what each number measures and what bounds it. About 4.5 minutes:
 
 Phase A (~100 s), the bridge in this process (policy ``min_hold_s`` = 0.2 s, so a
 trial is back to NORMAL quickly), modules 0-2 at the firmware's default telemetry
@@ -34,9 +34,11 @@ trial is back to NORMAL quickly), modules 0-2 at the firmware's default telemetr
   replugged, measured from the unplug. ``module_silent_age_at_decision_s``: the
   policy's own ``last_frame_age_s`` in the hang decisions.
 
-Phase B (~75 s), 8 modules, the bridge in a child process of its own
+Phase B (~140 s), 8 modules, the bridge in a child process of its own
 (``_bridge_cpu_child.py bridge``: heartbeats 1 s, exporter on, loop in the main thread
-as in ``modbridge run``):
+as in ``modbridge run``), measured in steady state: from ``STEADY_S`` (65 s) after the
+bridge started, when the policy's windowed rules (the early warning's slope, the
+cross-check, 60 s windows) work over a full history:
 
 * ``bridge_cpu_pct_8_modules``: the bridge process's user + system CPU time over 30 s
   of wall time at the firmware's default telemetry (1 Hz), in percent of one core,
@@ -68,6 +70,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench._bridge_cpu_child import bench_config, virtual_gpus
+from modbridge.policy.config import PolicyConfig
 from protocol import catalog as C
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +93,12 @@ BAUD_BITS_PER_S = 115200
 BITS_PER_BYTE = 10  # 8N1: start + 8 data + stop
 
 CPU_WINDOW_S = 30.0
+#: the CPU windows start once the bridge has run this long: the policy's windowed
+#: rules (early warning slope, cross-check) have a full history, as in a bridge that
+#: has run for a while (their windows are 60 s by default)
+STEADY_S = (
+    max(PolicyConfig().early_warning_window_s, PolicyConfig().disagree_window_s) + 5.0
+)
 PROM_INTERVAL_S = 15.0
 SCRAPES = 200
 SCRAPE_WARMUP = 20
@@ -539,6 +548,10 @@ def phase_b(profile: str | None = None) -> dict:
         # (prometheus_client's text of every header and label prefix) is not steady
         # state, so one scrape comes before the windows
         _scrape(url)
+        # steady state: the policy's windowed rules (the early warning's slope, the
+        # cross-check) work over their whole history only once the bridge has run
+        # that long; a window measured before would leave that work out
+        time.sleep(max(0.0, ready["started"] + STEADY_S - time.monotonic()))
         default = _cpu_window(bridge, fleet, url, "default")
         with fleet.cond:
             start = len(fleet.lines)
