@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from operator import mul
+from itertools import repeat
+from operator import mul, sub
 
 # An early warning clears once the ETA is back above horizon * this (or gone).
 EARLY_WARNING_CLEAR_FACTOR = 1.25
@@ -30,17 +31,17 @@ def _slope(ts, ys) -> float | None:
     """:func:`lsq_slope` of the points ``zip(ts, ys)`` (two sequences of one length):
     the textbook sums (``sum`` of the terms in the points' order, as generators over
     the points would give them; a test holds the two equal bit for bit), over lists
-    and C iterators because a tick evaluates this for every pair."""
+    and C iterators (no Python-level loop) because a tick evaluates this for every pair."""
     n = len(ts)
     if n < 2:
         return None
     mt = sum(ts) / n
     my = sum(ys) / n
-    dts = [t - mt for t in ts]
-    stt = sum([d**2 for d in dts])
+    dts = list(map(sub, ts, repeat(mt)))  # t - mt
+    stt = sum(map(pow, dts, repeat(2)))  # (t - mt) ** 2
     if stt <= 0.0:
         return None
-    return sum(map(mul, dts, [y - my for y in ys])) / stt
+    return sum(map(mul, dts, map(sub, ys, repeat(my)))) / stt  # (t - mt) * (y - my)
 
 
 def time_to_threshold(
