@@ -40,10 +40,14 @@ K_ENUM = const("e")  # int on the wire, a name in JSON lines
 # with integer arithmetic, trailing zeros trimmed. ``mul`` is 1 or a multiple of
 # 1000 so the product can be split and stay a small int on the MCU.
 MILLI = const((1, 1, 3))  # milli-unit -> unit (m degC -> degC, mV -> V, mA -> A, mW -> W)
-# 0..65535 -> 0.000..100.000 % (lossless round trip). Built from a list: a constant
-# tuple's ints above 0x1FFF freeze as big ints, whose arithmetic allocates on the MCU
-# (tests/test_frozen_ints.py).
-DUTY_PCT = tuple([100000, 65535, 3])
+# 0..65535 -> 0.000..100.000 % (lossless round trip). A constant: its ints above
+# 0x1FFF freeze as big ints (tests/test_frozen_ints.py), exact but allocating in
+# arithmetic, so the allocation-free user (protocol.telemetry's JSON line) takes them
+# through scale_ints() first; JSON lines (protocol.jsonl) allocate anyway. Built at run
+# time instead it kept MESSAGES and every message that names it out of flash (~0.9 KB
+# of RAM on the MCU).
+# frozen-ints: made small before arithmetic (scale_ints)
+DUTY_PCT = const((100000, 65535, 3))
 GAIN = const((1, 1, 3))  # milli-gain -> gain
 RAW = const(None)
 
@@ -543,6 +547,12 @@ M_TYPE = const(0)
 M_NAME = const(1)
 M_DIR = const(2)
 M_FIELDS = const(3)
+
+
+def scale_ints(scale):
+    """A JSON display scale ``(mul, div, decimals)`` with small ints on the MCU
+    (frozen, its ints above 0x1FFF are big ints: see DUTY_PCT). Allocates."""
+    return tuple([int(str(v)) for v in scale])
 
 
 def by_type(type_id):

@@ -33,37 +33,33 @@ from array import array
 DIGEST_LEN = 32
 BLOCK_LEN = 64
 
-# Round constants K[0..63] as (hi, lo) halves, interleaved: K[t] = _K[2t] << 16 | _K[2t+1].
-_K = array(
-    "H",
-    [
-        0x428A, 0x2F98, 0x7137, 0x4491, 0xB5C0, 0xFBCF, 0xE9B5, 0xDBA5,
-        0x3956, 0xC25B, 0x59F1, 0x11F1, 0x923F, 0x82A4, 0xAB1C, 0x5ED5,
-        0xD807, 0xAA98, 0x1283, 0x5B01, 0x2431, 0x85BE, 0x550C, 0x7DC3,
-        0x72BE, 0x5D74, 0x80DE, 0xB1FE, 0x9BDC, 0x06A7, 0xC19B, 0xF174,
-        0xE49B, 0x69C1, 0xEFBE, 0x4786, 0x0FC1, 0x9DC6, 0x240C, 0xA1CC,
-        0x2DE9, 0x2C6F, 0x4A74, 0x84AA, 0x5CB0, 0xA9DC, 0x76F9, 0x88DA,
-        0x983E, 0x5152, 0xA831, 0xC66D, 0xB003, 0x27C8, 0xBF59, 0x7FC7,
-        0xC6E0, 0x0BF3, 0xD5A7, 0x9147, 0x06CA, 0x6351, 0x1429, 0x2967,
-        0x27B7, 0x0A85, 0x2E1B, 0x2138, 0x4D2C, 0x6DFC, 0x5338, 0x0D13,
-        0x650A, 0x7354, 0x766A, 0x0ABB, 0x81C2, 0xC92E, 0x9272, 0x2C85,
-        0xA2BF, 0xE8A1, 0xA81A, 0x664B, 0xC24B, 0x8B70, 0xC76C, 0x51A3,
-        0xD192, 0xE819, 0xD699, 0x0624, 0xF40E, 0x3585, 0x106A, 0xA070,
-        0x19A4, 0xC116, 0x1E37, 0x6C08, 0x2748, 0x774C, 0x34B0, 0xBCB5,
-        0x391C, 0x0CB3, 0x4ED8, 0xAA4A, 0x5B9C, 0xCA4F, 0x682E, 0x6FF3,
-        0x748F, 0x82EE, 0x78A5, 0x636F, 0x84C8, 0x7814, 0x8CC7, 0x0208,
-        0x90BE, 0xFFFA, 0xA450, 0x6CEB, 0xBEF9, 0xA3F7, 0xC671, 0x78F2,
-    ],
-)  # fmt: skip
+# Round constants K[0..63] as big-endian (hi, lo) 16-bit halves, 4 bytes a round:
+# K[t] = bytes 4t..4t+3. Constant bytes stay in flash when frozen (an array: 272
+# bytes of RAM).
+_K = (
+    b"\x42\x8a\x2f\x98\x71\x37\x44\x91\xb5\xc0\xfb\xcf\xe9\xb5\xdb\xa5"
+    b"\x39\x56\xc2\x5b\x59\xf1\x11\xf1\x92\x3f\x82\xa4\xab\x1c\x5e\xd5"
+    b"\xd8\x07\xaa\x98\x12\x83\x5b\x01\x24\x31\x85\xbe\x55\x0c\x7d\xc3"
+    b"\x72\xbe\x5d\x74\x80\xde\xb1\xfe\x9b\xdc\x06\xa7\xc1\x9b\xf1\x74"
+    b"\xe4\x9b\x69\xc1\xef\xbe\x47\x86\x0f\xc1\x9d\xc6\x24\x0c\xa1\xcc"
+    b"\x2d\xe9\x2c\x6f\x4a\x74\x84\xaa\x5c\xb0\xa9\xdc\x76\xf9\x88\xda"
+    b"\x98\x3e\x51\x52\xa8\x31\xc6\x6d\xb0\x03\x27\xc8\xbf\x59\x7f\xc7"
+    b"\xc6\xe0\x0b\xf3\xd5\xa7\x91\x47\x06\xca\x63\x51\x14\x29\x29\x67"
+    b"\x27\xb7\x0a\x85\x2e\x1b\x21\x38\x4d\x2c\x6d\xfc\x53\x38\x0d\x13"
+    b"\x65\x0a\x73\x54\x76\x6a\x0a\xbb\x81\xc2\xc9\x2e\x92\x72\x2c\x85"
+    b"\xa2\xbf\xe8\xa1\xa8\x1a\x66\x4b\xc2\x4b\x8b\x70\xc7\x6c\x51\xa3"
+    b"\xd1\x92\xe8\x19\xd6\x99\x06\x24\xf4\x0e\x35\x85\x10\x6a\xa0\x70"
+    b"\x19\xa4\xc1\x16\x1e\x37\x6c\x08\x27\x48\x77\x4c\x34\xb0\xbc\xb5"
+    b"\x39\x1c\x0c\xb3\x4e\xd8\xaa\x4a\x5b\x9c\xca\x4f\x68\x2e\x6f\xf3"
+    b"\x74\x8f\x82\xee\x78\xa5\x63\x6f\x84\xc8\x78\x14\x8c\xc7\x02\x08"
+    b"\x90\xbe\xff\xfa\xa4\x50\x6c\xeb\xbe\xf9\xa3\xf7\xc6\x71\x78\xf2"
+)
 
-# Initial hash value H(0), as (hi, lo) halves.
-_H0 = array(
-    "H",
-    [
-        0x6A09, 0xE667, 0xBB67, 0xAE85, 0x3C6E, 0xF372, 0xA54F, 0xF53A,
-        0x510E, 0x527F, 0x9B05, 0x688C, 0x1F83, 0xD9AB, 0x5BE0, 0xCD19,
-    ],
-)  # fmt: skip
+# Initial hash value H(0), as big-endian (hi, lo) 16-bit halves (in flash too).
+_H0 = (
+    b"\x6a\x09\xe6\x67\xbb\x67\xae\x85\x3c\x6e\xf3\x72\xa5\x4f\xf5\x3a"
+    b"\x51\x0e\x52\x7f\x9b\x05\x68\x8c\x1f\x83\xd9\xab\x5b\xe0\xcd\x19"
+)
 
 
 # The message schedule W[0..63] (high and low halves): scratch of one compression,
@@ -86,18 +82,20 @@ class Sha256:
     """
 
     def __init__(self):
-        self._h = array("H", _H0)  # state: 8 words as hi, lo halves
+        self._h = array("H", bytes(32))  # state: 8 words as hi, lo halves (H0: reset)
         self._block = bytearray(BLOCK_LEN)  # a partial block waiting for more bytes
         self._n = 0  # bytes in _block
         self._count = 0  # message bytes hashed so far
         self._done = False
+        self.reset()
 
     def reset(self):
         """Start a new message."""
         h = self._h
+        h0 = _H0
         i = 0
         while i < 16:
-            h[i] = _H0[i]
+            h[i] = (h0[2 * i] << 8) | h0[2 * i + 1]
             i += 1
         self._n = 0
         self._count = 0
@@ -252,6 +250,7 @@ class Sha256:
         hh = hs[14]
         hl = hs[15]
         k = _K
+        q = 0  # 4 * t: K[t]'s bytes
         t = 0
         while t < 64:
             # S1 = rotr6(e) ^ rotr11(e) ^ rotr25(e)
@@ -266,8 +265,9 @@ class Sha256:
                 ^ ((eh >> 9) | ((el & 0x1FF) << 7))
             )
             # T1 = h + S1 + Ch(e, f, g) + K[t] + W[t], halves not yet carried/masked
-            t1l = hl + s1l + (gl ^ (el & (fl ^ gl))) + k[2 * t + 1] + wl[t]
-            t1h = hh + s1h + (gh ^ (eh & (fh ^ gh))) + k[2 * t] + wh[t]
+            t1l = hl + s1l + (gl ^ (el & (fl ^ gl))) + ((k[q + 2] << 8) | k[q + 3]) + wl[t]
+            t1h = hh + s1h + (gh ^ (eh & (fh ^ gh))) + ((k[q] << 8) | k[q + 1]) + wh[t]
+            q += 4
             # S0 = rotr2(a) ^ rotr13(a) ^ rotr22(a)
             s0h = (
                 ((ah >> 2) | ((al & 0x3) << 14))

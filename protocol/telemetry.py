@@ -19,7 +19,7 @@ from protocol import VERSION_MAJOR, VERSION_MINOR, catalog as C, cobs
 from protocol.cbor import MAJOR_MAP, put_head, put_int
 from protocol.crc import crc16
 from protocol.frame import HEADER_LEN
-from protocol.jsonl import mul_div_round
+from protocol.jsonl import _POW10, mul_div_round  # one table of powers for both
 
 try:
     from micropython import const
@@ -63,8 +63,6 @@ FLASH_WRITES = index("flash_writes")
 AUTH_FAILURES = index("auth_failures")
 INTERNAL_ERRORS = index("internal_errors")
 
-# from a list: a constant tuple's ints above 0x1FFF freeze as big ints (tests/test_frozen_ints.py)
-_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
 _KIND_PLAIN = 0
 _KIND_ENUM = 1
 _KIND_SCALED = 2
@@ -198,11 +196,13 @@ class TelemetryEncoder:
             f = FIELDS[i]
             if f[C.F_KIND] == C.K_ENUM:
                 kinds[i] = _KIND_ENUM
+                scales.append(f[C.F_SCALE])
             elif f[C.F_SCALE] is not None:
                 kinds[i] = _KIND_SCALED
+                scales.append(C.scale_ints(f[C.F_SCALE]))  # small ints: no allocation
             else:
                 kinds[i] = _KIND_PLAIN
-            scales.append(f[C.F_SCALE])
+                scales.append(None)
             i += 1
         self._kinds = kinds
         self._scales = tuple(scales)

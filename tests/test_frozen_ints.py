@@ -20,7 +20,10 @@ anyway, used at configuration time only). Firmware that needs a table of larger 
 builds it at import (``tuple([...])``, or a call such as ``floors._t(...)``: not
 folded). A table that is only ever compared with (the config schema's bounds: no
 arithmetic, never copied into a value) may stay a constant, in flash, when the line
-that assigns it, or the comment line right above, says ``frozen-ints: compared only``.
+that assigns it, or the comment line right above, says ``frozen-ints: compared only``;
+so may a table whose every allocation-free user first makes its ints small (a scale
+taken through ``protocol.catalog.scale_ints``), marked ``frozen-ints: made small
+before arithmetic``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL_FROZEN = range(-0x2000, 0x2000)  # mpy-tool.py's mp_small_int_fits()
 BIG = 2**30  # at or beyond: a big int on a 32-bit port in any form
 MARK = "frozen-ints: compared only"
+# A table whose ints are made small (``int(str(v))``, protocol.catalog.scale_ints) by
+# every user whose arithmetic must not allocate: protocol.catalog.DUTY_PCT.
+MARK_SMALL = "frozen-ints: made small before arithmetic"
 
 _BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -116,7 +122,7 @@ def offending_tuples(source: str) -> list[tuple[int, list[int]]]:
     for stmt in tree.body:
         first = stmt.lineno - 1
         marked = lines[first : first + 1] + ([lines[first - 1]] if first else [])
-        if any(MARK in line for line in marked):
+        if any(MARK in line or MARK_SMALL in line for line in marked):
             for sub in ast.walk(stmt):
                 inner.add(id(sub))
     for node in ast.walk(tree):
