@@ -25,6 +25,9 @@ the unix port (its docstring says what each mode does). Keys:
                                      of them failed, a MemoryError caught by the app)
     min_heap_kb_armv7m               the smallest heap, in KB, in which boot, warm-up,
                                      those commands and 1,000 ticks (GC enabled) run
+    min_heap_kb_armv7m_ticks         the same without the commands: boot, warm-up and
+                                     1,000 ticks (config_save and config_get, which
+                                     build their JSON and replies in RAM, need more)
     tick_instructions_armv7m         guest instructions per control tick (below)
     tick_cpu_share_pct_96mhz_100ms   tick_instructions / (96e6 * 0.1) * 100: the share
                                      of a 100 ms period on a 96 MHz Cortex-M4, assuming
@@ -180,13 +183,14 @@ def heap_and_alloc(elf) -> dict:
     return out
 
 
-def fits(elf, heap: int) -> tuple[bool, int]:
-    """(whether ``mode fit`` ran with about ``heap`` bytes of heap, the heap it had)."""
+def fits(elf, heap: int, mode: str = "fit") -> tuple[bool, int]:
+    """(whether ``mode`` (fit, fit_ticks) ran with about ``heap`` bytes of heap, the
+    heap it had)."""
     code = (
         "import gc\ngc.collect()\nf0 = gc.mem_free()\ntotal = gc.mem_alloc() + f0\n"
         f"_blocker = bytearray(f0 - {heap} - 64)\n"
         "gc.collect()\nprint('@@HEAP', total, f0 - gc.mem_free())\n"
-        "import mpy_firmware_bench\nmpy_firmware_bench.main(['', 'fit'])"
+        f"import mpy_firmware_bench\nmpy_firmware_bench.main(['', {mode!r}])"
     )
     with qemu.Session(elf, target=TARGET) as s:
         res = s.run(code, timeout_s=600)
@@ -197,14 +201,14 @@ def fits(elf, heap: int) -> tuple[bool, int]:
     return ok, total - taken
 
 
-def min_heap_kb(elf) -> float:
+def min_heap_kb(elf, mode: str = "fit") -> float:
     lo, hi = FIT_RANGE[0] // FIT_STEP, FIT_RANGE[1] // FIT_STEP  # hi fits, lo does not
-    ok, best = fits(elf, hi * FIT_STEP)
+    ok, best = fits(elf, hi * FIT_STEP, mode)
     if not ok:
         raise RuntimeError(f"the firmware does not run in {FIT_RANGE[1]} bytes of heap")
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        ok, heap = fits(elf, mid * FIT_STEP)
+        ok, heap = fits(elf, mid * FIT_STEP, mode)
         if ok:
             hi, best = mid, heap
         else:
@@ -235,6 +239,7 @@ def run() -> dict:
     out = heap_and_alloc(elf)
     out.update(tick_instructions(elf))
     out["min_heap_kb_armv7m"] = min_heap_kb(elf)
+    out["min_heap_kb_armv7m_ticks"] = min_heap_kb(elf, "fit_ticks")
     return out
 
 

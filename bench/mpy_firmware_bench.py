@@ -16,7 +16,7 @@ as its last line. Modes:
                     firmware module (gc.collect(); gc.mem_alloc() after each import);
                     "after_commands": firmware + App once warmed up and COMMANDS ran
     fit             boot, warm up, COMMANDS, 1,000 ticks; {"ok": 1} (a MemoryError
-                    exits non-zero):
+                    exits non-zero; ``fit_ticks``: the same without COMMANDS):
                     bench_firmware.py binary-searches -X heapsize with it
     alloc           bytes allocated per steady-state tick (gc disabled, mem_alloc
                     delta) and whether 1,000 ticks run under micropython.heap_lock(),
@@ -214,9 +214,12 @@ def commands(fakehal, hal, app, host):
         hal.decoder.reset()  # a frame cut at the end of the small tx buffer: forget it
         hal.send(frame.encode_frame(name, fields, host.seq, signer=host.signer))
         fakehal.run(app, hal, 300)
-        got = [m.name for m in hal.take() if m.ok and m.fields.get("ref") == host.seq]
-        if want not in got:
-            raise RuntimeError(f"{name}: answered {got}, not {want}")
+        got = [m for m in hal.take() if m.ok and m.fields.get("ref") == host.seq]
+        if want not in [m.name for m in got]:
+            text = " ".join([str(m.fields.get("text")) for m in got if m.name == "nack"])
+            if "MemoryError" in text:
+                raise MemoryError(f"{name}: {text}")  # out of heap, as a failed tick is
+            raise RuntimeError(f"{name}: answered {[m.fields for m in got]}, not {want}")
     if app.failures or app.internal_errors:
         raise RuntimeError(f"commands: failures={app.failures} internal={app.internal_errors}")
 
@@ -298,8 +301,8 @@ def mode_heap():
     return out
 
 
-def mode_fit():
-    hal, app = ready(with_commands=True)
+def mode_fit(with_commands=True):
+    hal, app = ready(with_commands)
     n0 = app.ticks
     ticks(app, hal, STEADY_TICKS)
     check(app, n0, STEADY_TICKS)
@@ -385,6 +388,8 @@ def main(argv):
         out = mode_heap()
     elif mode == "fit":
         out = mode_fit()
+    elif mode == "fit_ticks":
+        out = mode_fit(False)
     elif mode == "alloc":
         out = mode_alloc(False)
     elif mode == "alloc_hosted":
@@ -392,7 +397,9 @@ def main(argv):
     elif mode == "speed":
         out = mode_speed(int(argv[2]))
     else:
-        raise SystemExit("usage: mpy_firmware_bench.py heap|fit|alloc|alloc_hosted|speed MS")
+        raise SystemExit(
+            "usage: mpy_firmware_bench.py heap|fit|fit_ticks|alloc|alloc_hosted|speed MS"
+        )
     print(json.dumps(out))
 
 
