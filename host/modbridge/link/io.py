@@ -64,6 +64,8 @@ class LinkIO:
         os.set_blocking(self._wfd, False)
         self._woken = False
         self._watched: dict = {}  # link -> (port object, fd)
+        self._loop_links: list | None = None  # the loop's links, while it runs
+        self._shared_clock = None  # their one clock, if they have one
         self._rng = random.Random()
         self.iterations = 0  # wake-ups of the thread
         # called in the thread after each wake-up's links were stepped (the bridge
@@ -155,21 +157,26 @@ class LinkIO:
             sel.register(self._rfd, selectors.EVENT_READ, None)
             links: list = []
             deadlines: list = []
+            stepped: list = []  # the links stepped in the last iteration
             stale = True  # every deadline is to be computed again
             while not self._stop.is_set():
                 self.supervision.check_recovered()
                 if self._ops:
                     self._apply_ops()
                     stale = True
-                if self._sync(sel):
+                # A link's port and deadline change only when it is stepped (here)
+                # or when another thread changes the link and wakes this one (stop,
+                # remove: a wake-up recomputes them all); so after a wake-up for data
+                # or for a deadline only the stepped links are looked at again.
+                if self._sync(sel, None if stale else stepped):
                     stale = True
-                # A link's deadline moves only when it is stepped (here) or when
-                # another thread changes the link and wakes this one (stop, remove:
-                # a wake-up recomputes them all); so only a stepped link's is
-                # computed again after a wake-up for data or for a deadline.
                 if stale or links != self._links:
                     links = list(self._links)
                     deadlines = [link._deadline() for link in links]
+                    clock = links[0].clock if links else None
+                    # one clock read per wake-up when every link has the same clock
+                    self._shared_clock = clock if all(lk.clock is clock for lk in links) else None
+                    self._loop_links = links
                     stale = False
                 timeout = self._timeout(links, deadlines)
                 events = sel.select(timeout)
@@ -181,14 +188,20 @@ class LinkIO:
                         stale = True
                     else:
                         ready.add(key.data)
+                shared = self._shared_clock
+                now = shared() if shared is not None else None
+                stepped = []
                 for i, link in enumerate(links):
                     if link in ready:
                         link._step(True)
-                    elif link.clock() >= deadlines[i] and link in self._links:
+                    elif (now if shared is not None else link.clock()) >= deadlines[i] and (
+                        link in self._links
+                    ):
                         link._step(False)  # a deadline: nothing to read
                     else:
                         continue
                     deadlines[i] = link._deadline()
+                    stepped.append(link)
                 if self.after_iteration is not None:
                     self._after()
         finally:
@@ -232,9 +245,15 @@ class LinkIO:
         except Exception:  # noqa: BLE001 - the port is gone anyway
             log.debug("%s: closing", getattr(link, "port", link), exc_info=True)
 
-    def _sync(self, sel) -> bool:
-        """Make the selector match every link's current port (opened, closed, reopened);
-        True if anything changed."""
+    def _sync(self, sel, only: list | None = None) -> bool:
+        """Make the selector match every link's current port (opened, closed, reopened),
+        or only the ports of the links ``only``; True if anything changed."""
+        if only is not None:
+            for link in only:
+                got = self._watched.get(link)
+                if got is None or got[0] is not link._ser:
+                    return self._sync(sel)  # a port changed: every link looked at
+            return False
         stale = []
         for link, (ser, fd) in self._watched.items():
             if link._ser is not ser or link not in self._links:
@@ -272,6 +291,11 @@ class LinkIO:
             links = self._links
             deadlines = [link._deadline() for link in links]
         wait = MAX_WAIT_S
+        shared = self._shared_clock if links is self._loop_links else None
+        if shared is not None:
+            if deadlines:
+                wait = min(wait, min(deadlines) - shared())
+            return max(wait, 0.0)
         for link, due in zip(links, deadlines, strict=True):
             left = due - link.clock()
             if left < wait:
