@@ -18,6 +18,7 @@ _HOST_ONLY = (
     "protocol/catalog_doc.py",  # field descriptions, for SPEC.md
     "protocol/specgen.py",  # writes SPEC.md
     "protocol/fuzz.py",  # host fuzzing harness
+    "protocol/sign_host.py",  # signing, keys (host side): the module only verifies
     "protocol/vectors",  # golden vectors for the test suite
 )
 

@@ -63,6 +63,7 @@ EXCLUDE = (
     "protocol/catalog_doc.py",  # message/field descriptions, for SPEC.md and humans
     "protocol/specgen.py",  # writes SPEC.md on the host
     "protocol/fuzz.py",  # host fuzzing harness
+    "protocol/sign_host.py",  # signing, keys (host side): the module only verifies
     "protocol/vectors",  # golden vectors (JSON) for the test suite
 )
 #: Always deployed from boards/, besides the board's own module.
