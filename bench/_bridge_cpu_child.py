@@ -231,6 +231,8 @@ def thread_cpu_ns() -> dict[int, int]:
 def _component(name: str) -> str:
     if name.startswith("modbridge-link"):
         return "links"  # the one I/O thread (selector) serving every port
+    if name == "modbridge-metrics-worker":
+        return "scrapes"  # the HTTP server's request workers (long-lived)
     if name == "modbridge-metrics":
         return "exporter"
     if name == "MainThread":

@@ -96,9 +96,7 @@ CPU_WINDOW_S = 30.0
 #: the CPU windows start once the bridge has run this long: the policy's windowed
 #: rules (early warning slope, cross-check) have a full history, as in a bridge that
 #: has run for a while (their windows are 60 s by default)
-STEADY_S = (
-    max(PolicyConfig().early_warning_window_s, PolicyConfig().disagree_window_s) + 5.0
-)
+STEADY_S = max(PolicyConfig().early_warning_window_s, PolicyConfig().disagree_window_s) + 5.0
 PROM_INTERVAL_S = 15.0
 SCRAPES = 200
 SCRAPE_WARMUP = 20
@@ -519,7 +517,9 @@ def _cpu_keys(result: dict, suffix: str) -> dict:
         f"bridge_cpu_pct_links{suffix}": round(comp.get("links", 0.0), 3),
         f"bridge_cpu_pct_loop{suffix}": round(comp.get("loop", 0.0), 3),
         f"bridge_cpu_pct_exporter{suffix}": round(comp.get("exporter", 0.0), 3),
-        f"bridge_cpu_pct_scrapes{suffix}": round(comp.get("exited_threads", 0.0), 3),
+        f"bridge_cpu_pct_scrapes{suffix}": round(
+            comp.get("scrapes", 0.0) + comp.get("exited_threads", 0.0), 3
+        ),
         f"bridge_frames_per_s{suffix}": round(result["frames"] / wall, 1),
         f"bridge_io_wakeups_per_s{suffix}": round(result["io_wakeups"] / wall, 1),
         f"bridge_ticks_per_s{suffix}": round(result["ticks"] / wall, 2),
