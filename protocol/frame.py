@@ -667,7 +667,12 @@ class StreamDecoder:
         self.errors[kind] += 1
         code = getattr(err, "code", None)
         if code is None:
-            code = _CODE_BY_KIND.get(kind, C.ERR_MALFORMED)
+            if kind == "version":
+                code = C.ERR_VERSION
+            elif kind == "unknown_type":
+                code = C.ERR_UNKNOWN_TYPE
+            else:
+                code = C.ERR_MALFORMED
         bad = BadFrame(
             kind,
             str(err),
@@ -732,9 +737,3 @@ class StreamDecoder:
         self.frames += 1
         self.json_lines += 1
         out.append(msg)
-
-
-_CODE_BY_KIND = {
-    "version": C.ERR_VERSION,
-    "unknown_type": C.ERR_UNKNOWN_TYPE,
-}
