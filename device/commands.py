@@ -36,8 +36,8 @@ from device.failsafe import Supervisor
 from device.plausibility import NtcWatch
 from device.safety import Safety
 from protocol import catalog as C
-from protocol import sign
-from protocol.errors import OversizeError
+from protocol import cbor, sign
+from protocol.frame import CRC_LEN, HEADER_LEN, MAX_FRAME
 from protocol.message import FMT_JSON
 
 try:
@@ -437,33 +437,85 @@ def cmd_curve(app, msg):
 
 
 def cmd_config_get(app, msg):
-    """One ``config`` message for the section asked, or one per page for all."""
+    """One ``config`` message for the section asked, or one per page for all; a page
+    is built, sent and dropped before the next (at most one page in RAM)."""
     section = msg.fields.get("section")
-    names = [section] if section else config.pages(app.cfg)
-    replies = []
-    for name in names:
+    cfg = app.cfg
+    if section:
         try:
-            values = config.get_section(app.cfg, name)
+            values = config.get_section(cfg, section)
         except config.ConfigError as e:
             raise CommandError(str(e), C.ERR_OUT_OF_RANGE, "section") from None
-        replies.append({"ref": msg.seq, "values": values, "version": app.cfg["version"]})
-    for fields in replies:
-        _send_config(app, fields)
+        _send_config(app, msg.seq, values)
+        return
+    for name in config.pages(cfg):
+        values = config.get_section(cfg, name)
+        _send_config(app, msg.seq, values)
+        values = None  # the next page's map is built without this one
 
 
-def _send_config(app, fields):
-    """Send a config message, split in halves until each fits MAX_FRAME."""
-    try:
-        app.send("config", fields)
-    except OversizeError:
-        keys = sorted(fields["values"])
-        if len(keys) < 2:
-            raise
-        half = len(keys) // 2
-        for part in (keys[:half], keys[half:]):
-            sub = dict(fields)
-            sub["values"] = {k: fields["values"][k] for k in part}
-            _send_config(app, sub)
+def _send_config(app, ref, values):
+    """Send a page as ``config`` messages: one frame when it fits ``MAX_FRAME``, else
+    its keys (sorted) split in halves until each half fits, as the frame encoder's
+    ``OversizeError`` would split them; the lengths are counted, not encoded (a JSON
+    line has no limit: one line)."""
+    version = app.cfg["version"]
+    if app.fmt == FMT_JSON:
+        app.send("config", {"ref": ref, "values": values, "version": version})
+        return
+    keys = sorted(values)
+    lens = [_cbor_len(k) + _cbor_len(values[k]) for k in keys]
+    # frame = header + CBOR map {0: ref, 1: values, 2: version} + CRC
+    fixed = HEADER_LEN + CRC_LEN + 4 + cbor.int_len(ref) + cbor.int_len(version)
+    _send_range(app, ref, version, values, keys, lens, fixed, 0, len(keys))
+
+
+def _send_range(app, ref, version, values, keys, lens, fixed, lo, hi):
+    n = hi - lo
+    size = fixed + cbor.head_len(n)
+    i = lo
+    while i < hi:
+        size += lens[i]
+        i += 1
+    if size > MAX_FRAME and n >= 2:
+        half = lo + n // 2
+        _send_range(app, ref, version, values, keys, lens, fixed, lo, half)
+        _send_range(app, ref, version, values, keys, lens, fixed, half, hi)
+        return
+    part = {}  # one entry too big for a frame: the encoder's OversizeError says so
+    i = lo
+    while i < hi:
+        part[keys[i]] = values[keys[i]]
+        i += 1
+    app.send("config", {"ref": ref, "values": part, "version": version})
+
+
+def _cbor_len(v):
+    """Bytes ``protocol.cbor.dumps(v)`` takes, without encoding it (a config value:
+    None, bool, int, float, text, lists and maps of those)."""
+    if v is None or v is True or v is False:
+        return 1
+    if isinstance(v, int):
+        return cbor.int_len(v)
+    if isinstance(v, float):
+        return 3 if v != v or v in (_INF, -_INF) else 9
+    if isinstance(v, str):
+        n = len(v.encode())
+        return cbor.head_len(n) + n
+    if isinstance(v, (list, tuple)):
+        n = cbor.head_len(len(v))
+        for x in v:
+            n += _cbor_len(x)
+        return n
+    if isinstance(v, dict):
+        n = cbor.head_len(len(v))
+        for k in v:
+            n += _cbor_len(k) + _cbor_len(v[k])
+        return n
+    return len(cbor.dumps(v))  # anything else: the encoder decides (or refuses)
+
+
+_INF = float("inf")
 
 
 def cmd_cal_read(app, msg):

@@ -170,7 +170,7 @@ from device import floors
 from device.calib import poly_eval
 from protocol import catalog as C
 from protocol import jsonparse
-from protocol.crc import crc16
+from protocol.crc import INIT, crc16
 from protocol.jsonl import dump_value
 
 try:
@@ -1103,6 +1103,28 @@ def canonical(value):
     return dump_value(value)
 
 
+def _pieces(v):
+    """``canonical(v)`` in pieces (a scalar, a key, a bracket): ``"".join`` of them is
+    the same text, but saving and comparing never hold it whole (one ~1.8 KB string
+    is a block a fragmented 90 KB heap may not have)."""
+    if isinstance(v, dict):
+        sep = "{"
+        for k in sorted(v):
+            yield sep + dump_value(str(k)) + ":"
+            yield from _pieces(v[k])
+            sep = ","
+        yield "}" if sep == "," else "{}"
+    elif isinstance(v, (list, tuple)):
+        sep = "["
+        for x in v:
+            yield sep
+            yield from _pieces(x)
+            sep = ","
+        yield "]" if sep == "," else "[]"
+    else:
+        yield dump_value(v)
+
+
 def _path(dirpath, name):
     return dirpath.rstrip("/") + "/" + name
 
@@ -1144,25 +1166,119 @@ def _sync(fs):
         fs.sync()
 
 
-def _envelope(body, writes):
-    crc = crc16(body.encode())
-    return (
-        '{"config":'
-        + body
-        + ',"crc":'
-        + str(crc)
-        + ',"version":'
-        + str(SCHEMA_VERSION)
-        + ',"writes":'
-        + str(writes)
-        + "}\n"
-    )
+_HEAD = b'{"config":'
+_CRC_KEY = b',"crc":'
+_CHUNK = const(256)  # bytes per write of a file being saved (and per read to compare)
+
+
+def _trailer(crc, writes):
+    return ',"crc":%d,"version":%d,"writes":%d}\n' % (crc, SCHEMA_VERSION, writes)
 
 
 def encode_file(cfg, writes=0):
     """The exact text ``save`` writes for ``cfg`` as save number ``writes``
     (canonical envelope plus newline)."""
-    return _envelope(canonical(cfg), writes)
+    body = canonical(cfg)
+    return _HEAD.decode() + body + _trailer(crc16(body.encode()), writes)
+
+
+def _write_file(f, cfg, writes):
+    """Write ``encode_file(cfg, writes)`` to ``f`` from ``_pieces`` through one
+    ``_CHUNK``-byte buffer, the CRC computed on the way."""
+    buf = bytearray(_CHUNK)
+    n = _put(f, buf, 0, _HEAD)
+    crc = INIT
+    for piece in _pieces(cfg):
+        b = piece.encode()
+        crc = crc16(b, 0, -1, crc)
+        n = _put(f, buf, n, b)
+    n = _put(f, buf, n, _trailer(crc, writes).encode())
+    if n:
+        f.write(memoryview(buf)[:n])
+
+
+def _put(f, buf, n, b):
+    """Append ``b`` to the write buffer (``n`` bytes in it), writing it when full."""
+    k = len(b)
+    if n + k > _CHUNK:
+        if n:
+            f.write(memoryview(buf)[:n])
+            n = 0
+        if k > _CHUNK:
+            f.write(b)
+            return 0
+    buf[n : n + k] = b
+    return n + k
+
+
+def _holds(fs, path, cfg):
+    """True if ``path`` stores exactly ``cfg``: its text is ``{"config":`` and the
+    canonical text of ``cfg`` followed by the rest of the envelope, with the schema
+    version and the CRC of that text, and the whole file is a JSON object (what
+    ``_parse`` accepts). Compared piece by piece as read, ``_CHUNK`` bytes at a time:
+    neither the file nor the canonical text is held whole (the first difference ends
+    it). False if the file is missing or unreadable."""
+    try:
+        size = fs.stat(path)[6]
+    except OSError:
+        return False
+    if size > MAX_FILE_BYTES:
+        return False  # ``_read`` refuses it: not a stored config
+    try:
+        with _open(path, "rb") as f:
+            r = _Reader(f)
+            if not r.match(_HEAD):
+                return False
+            crc = INIT
+            for piece in _pieces(cfg):
+                b = piece.encode()
+                if not r.match(b):
+                    return False
+                crc = crc16(b, 0, -1, crc)
+            rest = r.rest()
+    except OSError:
+        return False
+    if rest.rfind(_CRC_KEY) != 0:
+        return False  # ``,"crc":`` must end the config's text, as ``_body_span`` finds it
+    try:
+        # the body is one valid JSON value, so the file parses as an object exactly
+        # when it does with a 0 in the body's place
+        doc = _parse(b'{"config":0' + rest)[1]
+    except ConfigError:
+        return False
+    return doc.get("version") == SCHEMA_VERSION and doc.get("crc") == crc
+
+
+class _Reader:
+    """Reads a file ``_CHUNK`` bytes at a time into one buffer, for ``match``."""
+
+    def __init__(self, f):
+        self.f = f
+        self.buf = bytearray(_CHUNK)
+        self.n = 0  # bytes in buf
+        self.i = 0  # next unread byte in buf
+
+    def match(self, b):
+        """True if the next ``len(b)`` bytes are ``b`` (consumed)."""
+        buf = self.buf
+        j = 0
+        k = len(b)
+        while j < k:
+            if self.i == self.n:
+                self.n = self.f.readinto(buf) or 0
+                self.i = 0
+                if not self.n:
+                    return False
+            if buf[self.i] != b[j]:
+                return False
+            self.i += 1
+            j += 1
+        return True
+
+    def rest(self):
+        """The bytes after what ``match`` consumed."""
+        head = bytes(self.buf[self.i : self.n])
+        return head + (self.f.read() or b"")
 
 
 def save(cfg, dirpath, fs=os):
@@ -1178,18 +1294,20 @@ def save(cfg, dirpath, fs=os):
     The steps and what a power cut between them leaves: the module docstring.
     """
     validate(cfg)
-    body = canonical(cfg)
     final = _path(dirpath, FILE_NAME)
     prev = _path(dirpath, PREV_NAME)
     tmp = final + TMP_SUFFIX
-    cur = _peek(fs, final)
-    if cur is not None and _holds(cur, body):
+    if _holds(fs, final, cfg):
         return False
-    writes = max(_writes_in(cur), _writes_in(_peek(fs, prev))) + 1
-    data = _envelope(body, writes).encode()
+    # one stored file parsed at a time, each dropped before the next and the write
+    cur = _peek(fs, final)
+    writes = _writes_in(cur)
+    rotate = cur is not None and _decodes(cur)  # a corrupt current is not kept
+    cur = None
+    writes = max(writes, _writes_in(_peek(fs, prev))) + 1
     try:
         with _open(tmp, "wb") as f:
-            f.write(data)
+            _write_file(f, cfg, writes)
             f.flush()
             if hasattr(fs, "fsync") and hasattr(f, "fileno"):
                 fs.fsync(f.fileno())
@@ -1197,7 +1315,6 @@ def save(cfg, dirpath, fs=os):
         _remove_quiet(fs, tmp)
         raise
     _sync(fs)  # the .tmp is complete on flash before any rename
-    rotate = cur is not None and _decodes(cur)  # a corrupt current is not kept
     if rotate:
         try:
             _rename_over(fs, final, prev)
@@ -1221,8 +1338,7 @@ def save(cfg, dirpath, fs=os):
 def is_saved(cfg, dirpath, fs=os):
     """True if ``config.json`` stores exactly ``cfg``: what ``save`` would skip (the
     app asks before it spends a flash-write token; it keeps no copy to compare)."""
-    cur = _peek(fs, _path(dirpath, FILE_NAME))
-    return cur is not None and _holds(cur, canonical(cfg))
+    return _holds(fs, _path(dirpath, FILE_NAME), cfg)
 
 
 def flash_writes(dirpath, fs=os):
@@ -1246,8 +1362,8 @@ def _read(fs, path):
 
 
 def _peek(fs, path):
-    """``(text, doc)`` of a stored file for ``save``: None if missing, ``doc`` None
-    if it does not parse (``text`` None if it cannot even be read)."""
+    """``(data, doc)`` of a stored file for ``save``: None if missing, ``doc`` None
+    if it does not parse (``data`` None if it cannot even be read)."""
     try:
         data = _read(fs, path)
     except OSError:
@@ -1260,20 +1376,12 @@ def _peek(fs, path):
         return None, None
 
 
-def _holds(peeked, body):
-    """True if the peeked file stores exactly ``body`` (canonical config text)."""
-    text, doc = peeked
-    if doc is None or doc.get("version") != SCHEMA_VERSION:
-        return False
-    return _raw_body(text) == body and doc.get("crc") == crc16(body.encode())
-
-
 def _decodes(peeked):
-    text, doc = peeked
+    data, doc = peeked
     if doc is None:
         return False
     try:
-        _check_doc(doc, text)
+        _check_doc(doc, data)
     except ConfigError:
         return False
     return True
@@ -1293,16 +1401,17 @@ def decode_file(data):
     ``detail`` is "" or says the config was migrated. Raises ``ConfigError`` saying
     what is wrong (the caller treats it as corrupt).
     """
-    text, doc = _parse(data)
-    return _check_doc(doc, text)
+    data, doc = _parse(data)
+    return _check_doc(doc, data)
 
 
 def _parse(data):
-    """Bytes -> ``(text, doc)``: UTF-8, JSON, an object, not too deep."""
+    """Bytes -> ``(data, doc)``: UTF-8, JSON, an object, not too deep."""
     if not data:
         raise ConfigError("", "file is empty")
     try:
-        text = data.decode()
+        if max(data) > 0x7F:  # ASCII (every file save writes) is UTF-8: no copy made
+            data.decode()
     except UnicodeError:
         raise ConfigError("", "file is not UTF-8 text") from None
     try:
@@ -1318,11 +1427,12 @@ def _parse(data):
         raise ConfigError("", "file is nested deeper than %d levels" % MAX_DEPTH)
     if type(doc) is not dict:
         raise ConfigError("", "file holds %s, not an object" % type(doc).__name__)
-    return text, doc
+    return data, doc
 
 
-def _check_doc(doc, text):
-    """The envelope and the config of a parsed file -> ``(cfg, detail)``."""
+def _check_doc(doc, data):
+    """The envelope and the config of a parsed file (its bytes ``data``) ->
+    ``(cfg, detail)``."""
     for key in doc:
         if key not in ("config", "crc", "version", "writes"):
             raise ConfigError("", "file has an unknown key %s" % _show(key))
@@ -1340,9 +1450,9 @@ def _check_doc(doc, text):
             "schema version %d is newer than this firmware supports (%d)"
             % (version, SCHEMA_VERSION),
         )
-    body = _raw_body(text)
-    if body is None or crc != crc16(body.encode()):
-        computed = crc16(canonical(cfg).encode())
+    span = _body_span(data)
+    if span is None or crc != crc16(data, span[0], span[1]):
+        computed = _canonical_crc(cfg)
         if crc != computed:
             raise ConfigError("", "CRC mismatch (stored %d, computed %d)" % (crc, computed))
     detail = ""
@@ -1361,13 +1471,21 @@ def _check_doc(doc, text):
     return cfg, detail
 
 
-def _raw_body(text):
-    """The config value's text as ``save`` lays it out, or None (another layout)."""
-    head = '{"config":'
-    end = text.rfind(',"crc":')
-    if not text.startswith(head) or end < len(head):
+def _body_span(data):
+    """``(start, end)`` of the config value's text in a file's bytes as ``save`` lays
+    it out, or None (another layout)."""
+    end = data.rfind(_CRC_KEY)
+    if not data.startswith(_HEAD) or end < len(_HEAD):
         return None
-    return text[len(head) : end]
+    return len(_HEAD), end
+
+
+def _canonical_crc(cfg):
+    """``crc16(canonical(cfg).encode())``, from ``_pieces``."""
+    crc = INIT
+    for piece in _pieces(cfg):
+        crc = crc16(piece.encode(), 0, -1, crc)
+    return crc
 
 
 _MIGRATIONS = {}  # version n -> fn(cfg) returning the version n+1 config; none yet
@@ -1456,9 +1574,9 @@ def _candidate(fs, path, name, problems):
         return None
     writes = 0
     try:
-        text, doc = _parse(data)
-        writes = _writes_in((text, doc))
-        cfg, detail = _check_doc(doc, text)
+        data, doc = _parse(data)
+        writes = _writes_in((data, doc))
+        cfg, detail = _check_doc(doc, data)
     except ConfigError as e:
         problems.append(_set_aside(fs, path, name, e.problem))
         return None, "", writes
