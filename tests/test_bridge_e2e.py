@@ -263,3 +263,23 @@ def _value(body: str, name: str, **labels) -> float:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 return s.value
     raise AssertionError(f"{name}{labels or ''} not in the scrape")
+
+
+def test_heartbeats_at_the_telemetry_period_keep_the_module_hosted():
+    """Heartbeats at the module's own telemetry period (1 s of module time each, the
+    bridge's default against the firmware's default): over a minute of module time
+    the real firmware never misses its host (no host_timeout event, HOSTED in every
+    frame) and a heartbeat goes out for about every frame."""
+    with bridged(heartbeat_period_s=1.0 / SPEED) as r:
+        link = next(iter(r.bridge.links.values()))
+        states = set()
+        frames0 = link.status.frames_total
+
+        def minute_seen():
+            states.add(r.module().state)
+            return link.status.frames_total - frames0 >= 60
+
+        wait_for(minute_seen, 30, "a minute of module time")
+        assert states == {"HOSTED"}, states
+        assert link.status.events_total["host_timeout"] == 0
+        assert link.heartbeats_sent >= 55
