@@ -170,7 +170,7 @@ from device import floors
 from device.calib import poly_eval
 from protocol import catalog as C
 from protocol import jsonparse
-from protocol.crc import INIT, crc16
+from protocol.crc import crc16
 from protocol.jsonl import dump_value
 
 try:
@@ -194,8 +194,8 @@ MAX_ENTRIES = 64  # text keys in one config / config_set message (catalog)
 MAX_DEPTH = 6
 
 DUTY_FULL = const(65535)
-_ENOENT = 2
-_EEXIST = 17
+_ENOENT = const(2)
+_EEXIST = const(17)
 
 
 class ConfigError(ValueError):
@@ -534,26 +534,26 @@ _ROOT_EXTRA = const(("_comment", ("str", 0, 256)))  # a note for humans, top lev
 # for crit_mc (above every part's own limit: GPU shutdown, GDDR6X/HBM maximum,
 # MOSFET Tj 150, hot inlet air).
 # frozen-ints: compared only
-_SETPOINT_RANGE_MC = ((20000, 110000), (20000, 110000), (20000, 125000), (10000, 60000))
+_SETPOINT_RANGE_MC = const(((20000, 110000), (20000, 110000), (20000, 125000), (10000, 60000)))
 # frozen-ints: compared only
-_CRIT_CEILING_MC = (100000, 110000, 150000, 70000)
+_CRIT_CEILING_MC = const((100000, 110000, 150000, 70000))
 
 # The range of model temperatures (degC) over which a correction must stay within
 # floors.CAL_BAND_MC of zero: every GPU-module NTC reading that matters is in it.
-_CAL_LO_C = -20
-_CAL_HI_C = 150
-_CAL_SHOW_MAX_C = 1000000  # offsets beyond this are shown as "more than" it
+_CAL_LO_C = const(-20)
+_CAL_HI_C = const(150)
+_CAL_SHOW_MAX_C = const(1000000)  # offsets beyond this are shown as "more than" it
 
 # Fault floors that must stay at least half duty whatever min_duty is (the compiled
 # floors, device/floors.py, are higher; this holds if those ever change).
-_FAULT_FLOORS = ("boot", "sensor_fault", "fan_stall", "over_temp")
+_FAULT_FLOORS = const(("boot", "sensor_fault", "fan_stall", "over_temp"))
 FAULT_FLOOR_MIN = 32768
 
 # INA226: shunt full scale 81.92 mV; CAL = 0.00512 / (current_LSB * R_shunt) with
 # current_LSB = max_current / 2**15 must fit 15 bits.
-_INA_SHUNT_FS_UV = 81920
+_INA_SHUNT_FS_UV = const(81920)
 _INA_CAL_NUM = 167772160000  # 0.00512 * 2**15 in mA * uohm units
-_INA_CAL_MAX = 0x7FFF
+_INA_CAL_MAX = const(0x7FFF)
 
 
 # --- paths and messages -------------------------------------------------------------
@@ -1166,8 +1166,9 @@ def _sync(fs):
         fs.sync()
 
 
-_HEAD = b'{"config":'
-_CRC_KEY = b',"crc":'
+_HEAD = const(b'{"config":')
+_CRC_KEY = const(b',"crc":')
+_CRC_INIT = const(0xFFFF)  # protocol.crc.INIT
 _CHUNK = const(256)  # bytes per write of a file being saved (and per read to compare)
 
 
@@ -1187,7 +1188,7 @@ def _write_file(f, cfg, writes):
     ``_CHUNK``-byte buffer, the CRC computed on the way."""
     buf = bytearray(_CHUNK)
     n = _put(f, buf, 0, _HEAD)
-    crc = INIT
+    crc = _CRC_INIT
     for piece in _pieces(cfg):
         b = piece.encode()
         crc = crc16(b, 0, -1, crc)
@@ -1229,7 +1230,7 @@ def _holds(fs, path, cfg):
             r = _Reader(f)
             if not r.match(_HEAD):
                 return False
-            crc = INIT
+            crc = _CRC_INIT
             for piece in _pieces(cfg):
                 b = piece.encode()
                 if not r.match(b):
@@ -1482,7 +1483,7 @@ def _body_span(data):
 
 def _canonical_crc(cfg):
     """``crc16(canonical(cfg).encode())``, from ``_pieces``."""
-    crc = INIT
+    crc = _CRC_INIT
     for piece in _pieces(cfg):
         crc = crc16(piece.encode(), 0, -1, crc)
     return crc
