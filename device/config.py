@@ -1312,7 +1312,7 @@ def save(cfg, dirpath, fs=os):
             f.flush()
             if hasattr(fs, "fsync") and hasattr(f, "fileno"):
                 fs.fsync(f.fileno())
-    except OSError:
+    except Exception:  # OSError, or a MemoryError on the way: no partial .tmp left
         _remove_quiet(fs, tmp)
         raise
     _sync(fs)  # the .tmp is complete on flash before any rename
