@@ -26,8 +26,7 @@ the unix port (its docstring says what each mode does). Keys:
     min_heap_kb_armv7m               the smallest heap, in KB, in which boot, warm-up,
                                      those commands and 1,000 ticks (GC enabled) run
     min_heap_kb_armv7m_ticks         the same without the commands: boot, warm-up and
-                                     1,000 ticks (config_save and config_get, which
-                                     build their JSON and replies in RAM, need more)
+                                     1,000 ticks
     tick_instructions_armv7m         guest instructions per control tick (below)
     tick_cpu_share_pct_96mhz_100ms   tick_instructions / (96e6 * 0.1) * 100: the share
                                      of a 100 ms period on a 96 MHz Cortex-M4, assuming

@@ -440,16 +440,12 @@ def cmd_config_get(app, msg):
     """One ``config`` message for the section asked, or one per page for all; a page
     is built, sent and dropped before the next (at most one page in RAM)."""
     section = msg.fields.get("section")
-    cfg = app.cfg
-    if section:
+    names = [section] if section else config.pages(app.cfg)
+    for name in names:
         try:
-            values = config.get_section(cfg, section)
+            values = config.get_section(app.cfg, name)
         except config.ConfigError as e:
             raise CommandError(str(e), C.ERR_OUT_OF_RANGE, "section") from None
-        _send_config(app, msg.seq, values)
-        return
-    for name in config.pages(cfg):
-        values = config.get_section(cfg, name)
         _send_config(app, msg.seq, values)
         values = None  # the next page's map is built without this one
 
@@ -457,65 +453,29 @@ def cmd_config_get(app, msg):
 def _send_config(app, ref, values):
     """Send a page as ``config`` messages: one frame when it fits ``MAX_FRAME``, else
     its keys (sorted) split in halves until each half fits, as the frame encoder's
-    ``OversizeError`` would split them; the lengths are counted, not encoded (a JSON
-    line has no limit: one line)."""
+    ``OversizeError`` would split them; the length is the sum of the entries' (each
+    encoded alone), not a page encoded whole (a JSON line has no limit: one line)."""
     version = app.cfg["version"]
     if app.fmt == FMT_JSON:
         app.send("config", {"ref": ref, "values": values, "version": version})
         return
     keys = sorted(values)
-    lens = [_cbor_len(k) + _cbor_len(values[k]) for k in keys]
-    # frame = header + CBOR map {0: ref, 1: values, 2: version} + CRC
+    lens = [len(cbor.dumps(k)) + len(cbor.dumps(values[k])) for k in keys]
+    # a frame: header, the CBOR map {0: ref, 1: values, 2: version}, CRC
     fixed = HEADER_LEN + CRC_LEN + 4 + cbor.int_len(ref) + cbor.int_len(version)
     _send_range(app, ref, version, values, keys, lens, fixed, 0, len(keys))
 
 
 def _send_range(app, ref, version, values, keys, lens, fixed, lo, hi):
     n = hi - lo
-    size = fixed + cbor.head_len(n)
-    i = lo
-    while i < hi:
-        size += lens[i]
-        i += 1
-    if size > MAX_FRAME and n >= 2:
+    if n >= 2 and fixed + cbor.head_len(n) + sum(lens[lo:hi]) > MAX_FRAME:
         half = lo + n // 2
         _send_range(app, ref, version, values, keys, lens, fixed, lo, half)
         _send_range(app, ref, version, values, keys, lens, fixed, half, hi)
         return
-    part = {}  # one entry too big for a frame: the encoder's OversizeError says so
-    i = lo
-    while i < hi:
-        part[keys[i]] = values[keys[i]]
-        i += 1
+    # one entry too big for a frame: the encoder's OversizeError says so
+    part = {k: values[k] for k in keys[lo:hi]}
     app.send("config", {"ref": ref, "values": part, "version": version})
-
-
-def _cbor_len(v):
-    """Bytes ``protocol.cbor.dumps(v)`` takes, without encoding it (a config value:
-    None, bool, int, float, text, lists and maps of those)."""
-    if v is None or v is True or v is False:
-        return 1
-    if isinstance(v, int):
-        return cbor.int_len(v)
-    if isinstance(v, float):
-        return 3 if v != v or v in (_INF, -_INF) else 9
-    if isinstance(v, str):
-        n = len(v.encode())
-        return cbor.head_len(n) + n
-    if isinstance(v, (list, tuple)):
-        n = cbor.head_len(len(v))
-        for x in v:
-            n += _cbor_len(x)
-        return n
-    if isinstance(v, dict):
-        n = cbor.head_len(len(v))
-        for k in v:
-            n += _cbor_len(k) + _cbor_len(v[k])
-        return n
-    return len(cbor.dumps(v))  # anything else: the encoder decides (or refuses)
-
-
-_INF = float("inf")
 
 
 def cmd_cal_read(app, msg):

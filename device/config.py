@@ -1169,7 +1169,7 @@ def _sync(fs):
 _HEAD = const(b'{"config":')
 _CRC_KEY = const(b',"crc":')
 _CRC_INIT = const(0xFFFF)  # protocol.crc.INIT
-_CHUNK = const(256)  # bytes per write of a file being saved (and per read to compare)
+_CHUNK = const(256)  # about the bytes per write of a file being saved
 
 
 def _trailer(crc, writes):
@@ -1184,41 +1184,31 @@ def encode_file(cfg, writes=0):
 
 
 def _write_file(f, cfg, writes):
-    """Write ``encode_file(cfg, writes)`` to ``f`` from ``_pieces`` through one
-    ``_CHUNK``-byte buffer, the CRC computed on the way."""
-    buf = bytearray(_CHUNK)
-    n = _put(f, buf, 0, _HEAD)
+    """Write ``encode_file(cfg, writes)`` to ``f`` from ``_pieces``, about ``_CHUNK``
+    bytes a write, the CRC computed on the way."""
+    parts = [_HEAD]
+    size = len(_HEAD)
     crc = _CRC_INIT
     for piece in _pieces(cfg):
         b = piece.encode()
         crc = crc16(b, 0, -1, crc)
-        n = _put(f, buf, n, b)
-    n = _put(f, buf, n, _trailer(crc, writes).encode())
-    if n:
-        f.write(memoryview(buf)[:n])
-
-
-def _put(f, buf, n, b):
-    """Append ``b`` to the write buffer (``n`` bytes in it), writing it when full."""
-    k = len(b)
-    if n + k > _CHUNK:
-        if n:
-            f.write(memoryview(buf)[:n])
-            n = 0
-        if k > _CHUNK:
-            f.write(b)
-            return 0
-    buf[n : n + k] = b
-    return n + k
+        parts.append(b)
+        size += len(b)
+        if size >= _CHUNK:
+            f.write(b"".join(parts))
+            parts = []
+            size = 0
+    parts.append(_trailer(crc, writes).encode())
+    f.write(b"".join(parts))
 
 
 def _holds(fs, path, cfg):
     """True if ``path`` stores exactly ``cfg``: its text is ``{"config":`` and the
     canonical text of ``cfg`` followed by the rest of the envelope, with the schema
     version and the CRC of that text, and the whole file is a JSON object (what
-    ``_parse`` accepts). Compared piece by piece as read, ``_CHUNK`` bytes at a time:
-    neither the file nor the canonical text is held whole (the first difference ends
-    it). False if the file is missing or unreadable."""
+    ``_parse`` accepts). Compared piece by piece as read: neither the file nor the
+    canonical text is held whole (the first difference ends it). False if the file is
+    missing or unreadable."""
     try:
         size = fs.stat(path)[6]
     except OSError:
@@ -1227,16 +1217,15 @@ def _holds(fs, path, cfg):
         return False  # ``_read`` refuses it: not a stored config
     try:
         with _open(path, "rb") as f:
-            r = _Reader(f)
-            if not r.match(_HEAD):
+            if f.read(len(_HEAD)) != _HEAD:
                 return False
             crc = _CRC_INIT
             for piece in _pieces(cfg):
                 b = piece.encode()
-                if not r.match(b):
+                if f.read(len(b)) != b:
                     return False
                 crc = crc16(b, 0, -1, crc)
-            rest = r.rest()
+            rest = f.read()
     except OSError:
         return False
     if rest.rfind(_CRC_KEY) != 0:
@@ -1248,38 +1237,6 @@ def _holds(fs, path, cfg):
     except ConfigError:
         return False
     return doc.get("version") == SCHEMA_VERSION and doc.get("crc") == crc
-
-
-class _Reader:
-    """Reads a file ``_CHUNK`` bytes at a time into one buffer, for ``match``."""
-
-    def __init__(self, f):
-        self.f = f
-        self.buf = bytearray(_CHUNK)
-        self.n = 0  # bytes in buf
-        self.i = 0  # next unread byte in buf
-
-    def match(self, b):
-        """True if the next ``len(b)`` bytes are ``b`` (consumed)."""
-        buf = self.buf
-        j = 0
-        k = len(b)
-        while j < k:
-            if self.i == self.n:
-                self.n = self.f.readinto(buf) or 0
-                self.i = 0
-                if not self.n:
-                    return False
-            if buf[self.i] != b[j]:
-                return False
-            self.i += 1
-            j += 1
-        return True
-
-    def rest(self):
-        """The bytes after what ``match`` consumed."""
-        head = bytes(self.buf[self.i : self.n])
-        return head + (self.f.read() or b"")
 
 
 def save(cfg, dirpath, fs=os):
@@ -1359,7 +1316,7 @@ def _read(fs, path):
     if size > MAX_FILE_BYTES:
         raise OSError("file is %d bytes, more than %d" % (size, MAX_FILE_BYTES))
     with _open(path, "rb") as f:
-        return f.read()
+        return f.read(size)  # one block of the size: read() grows its buffer by steps
 
 
 def _peek(fs, path):
@@ -1453,7 +1410,7 @@ def _check_doc(doc, data):
         )
     span = _body_span(data)
     if span is None or crc != crc16(data, span[0], span[1]):
-        computed = _canonical_crc(cfg)
+        computed = crc16(canonical(cfg).encode())  # another layout: rare
         if crc != computed:
             raise ConfigError("", "CRC mismatch (stored %d, computed %d)" % (crc, computed))
     detail = ""
@@ -1479,14 +1436,6 @@ def _body_span(data):
     if not data.startswith(_HEAD) or end < len(_HEAD):
         return None
     return len(_HEAD), end
-
-
-def _canonical_crc(cfg):
-    """``crc16(canonical(cfg).encode())``, from ``_pieces``."""
-    crc = _CRC_INIT
-    for piece in _pieces(cfg):
-        crc = crc16(piece.encode(), 0, -1, crc)
-    return crc
 
 
 _MIGRATIONS = {}  # version n -> fn(cfg) returning the version n+1 config; none yet
