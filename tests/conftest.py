@@ -371,3 +371,33 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         f"micropython: {tally.passed} passed, {tally.failed} failed "
         f"(items named *{SUFFIX}, run by the MicroPython unix port)"
     )
+
+
+# The firmware forgets the modules it imports only to configure (device.app._release:
+# their RAM is collected on the MCU and the next command imports them again). Under
+# CPython every test shares one interpreter, so after a test that ran an App, a test
+# module that imported device.calib or device.config at its top would meet a second
+# copy of that module, whose exception classes are not the ones it holds. Each test
+# gets back the module objects that were loaded before it ran.
+_ON_DEMAND = (  # device.app._release and the self-test command
+    "device.commands",
+    "device.config",
+    "protocol.jsonparse",
+    "device.calib",
+    "device.nonce",
+    "device.selftest",
+)
+
+
+@pytest.fixture(autouse=True)
+def _keep_on_demand_modules():
+    before = {name: sys.modules.get(name) for name in _ON_DEMAND}
+    yield
+    for name, mod in before.items():
+        if mod is None:
+            continue
+        sys.modules[name] = mod
+        parent, _, leaf = name.rpartition(".")
+        pkg = sys.modules.get(parent)
+        if pkg is not None:
+            setattr(pkg, leaf, mod)
