@@ -1,18 +1,23 @@
 """The policy's windowed computations are the textbook ones, bit for bit.
 
 The cross-check (:class:`SensorCrossCheck`) and the early warning's slope
-(:class:`EarlyWarning`, :func:`lsq_slope`) keep their histories in deques by kind and
-compute only what a rule looks at (a tick evaluates them for every pair). These
-tests hold them equal, value for value and float for float, to the straightforward
-form they replaced (kept here as the reference: lists built from the history of
-tuples every evaluation, every range computed), over random reading sequences:
-what the policy decides and reports cannot have changed.
+(:class:`EarlyWarning`) keep running state instead of walking their histories every
+tick (a tick evaluates them for every pair): monotonic deques for a window's
+extremes, exact integer sums of the readings rounded to micro-units (and times to
+ns) for its means and its least-squares slope. These tests hold them equal, value
+for value and float for float, to the straightforward form (kept here as the
+reference: lists built from the history every evaluation, every range computed,
+the means and the centred least-squares sums in exact :class:`~fractions.Fraction`
+arithmetic over the same rounded readings, then rounded once), over random reading
+sequences. :func:`lsq_slope` (float points of any size) is held to the textbook
+float sums.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
+from fractions import Fraction
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,7 +34,7 @@ from modbridge.policy.crosscheck import (
     CROSSCHECK_STEADY_W,
     SensorCrossCheck,
 )
-from modbridge.policy.early import EarlyWarning, lsq_slope, time_to_threshold
+from modbridge.policy.early import MICRO, NS_PER_S, EarlyWarning, lsq_slope, time_to_threshold
 
 
 def reference_slope(points):
@@ -43,6 +48,31 @@ def reference_slope(points):
     if stt <= 0.0:
         return None
     return sum((p[0] - mt) * (p[1] - my) for p in pts) / stt
+
+
+def exact_slope(points):
+    """The least-squares slope (degC/s) of ``(t s, y degC)`` points rounded to ns and
+    micro-degC, in exact arithmetic (centred sums), rounded once; None as lsq_slope."""
+    pts = [(round(t * NS_PER_S), round(y * MICRO)) for t, y in points]
+    n = len(pts)
+    if n < 2:
+        return None
+    mt = Fraction(sum(t for t, _ in pts), n)
+    my = Fraction(sum(y for _, y in pts), n)
+    stt = sum((t - mt) ** 2 for t, _ in pts)
+    if stt <= 0:
+        return None
+    return float(sum((t - mt) * (y - my) for t, y in pts) / stt * (NS_PER_S // MICRO))
+
+
+def exact_mean(xs) -> float:
+    """The mean of ``xs`` rounded to micro-units, exact, then rounded once."""
+    xs = list(xs)
+    return float(Fraction(sum(xs), len(xs) * MICRO))
+
+
+def micro(x: float) -> int:
+    return round(x * MICRO)
 
 
 class ReferenceEarly:
@@ -62,14 +92,15 @@ class ReferenceEarly:
         pts = self.h
         if len(pts) < 3 or pts[-1][0] - pts[0][0] < self.window_s / 2:
             return None, None
-        slope = reference_slope(pts)
+        slope = exact_slope(pts)
         return time_to_threshold(current_c, threshold_c, slope), slope
 
 
 class ReferenceCrossCheck(SensorCrossCheck):
-    """The cross-check's update as it was written first (lists every evaluation)."""
+    """The cross-check's update as it was written first (lists every evaluation),
+    its means in exact arithmetic over the readings rounded to micro-units."""
 
-    def update(  # noqa: C901 - the reference, verbatim
+    def update(  # noqa: C901 - the reference, kept whole
         self, now: float, ntc_c: float | None, gpu_c: float | None, power_w: float | None, values
     ) -> str | None:
         cfg = self.config
@@ -113,13 +144,13 @@ class ReferenceCrossCheck(SensorCrossCheck):
             elif loaded and r_gpu < CROSSCHECK_FROZEN_C and m_ntc >= cfg.disagree_stuck_c:
                 self._frozen = "gpu"
             # steady: learn, and compare with what was learned
-            mean_w = sum(watts) / len(watts)
+            mean_w = exact_mean(micro(w) for w in watts)
             steady = r_gpu <= CROSSCHECK_STEADY_C and max(watts) - min(watts) <= max(
                 CROSSCHECK_STEADY_W, CROSSCHECK_STEADY_FRACTION * mean_w
             )
             values["disagree_steady"] = steady
             if steady:
-                mean_d = sum(n - g for _, g, n, _ in h) / len(h)
+                mean_d = exact_mean(micro(n) - micro(g) for _, g, n, _ in h)
                 b = self._bins.setdefault(int(mean_w // cfg.disagree_bin_w), [mean_d, 0.0])
                 trusted = b[1] >= cfg.disagree_learn_s
                 residual = mean_d - b[0]

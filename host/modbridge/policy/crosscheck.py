@@ -7,7 +7,6 @@ docs/policy.md, "Cross-check".
 from __future__ import annotations
 
 from collections import deque
-from operator import sub
 
 from modbridge.policy.config import PolicyConfig
 
@@ -20,6 +19,7 @@ CROSSCHECK_FROZEN_C = 0.05  # "frozen": a reading that moved less than this over
 CROSSCHECK_MOVING_C = 0.5  # a frozen reading counts again once it moves this much
 CROSSCHECK_LOAD_CHANGE_W = 50.0  # "frozen" needs the power to have changed this much
 CROSSCHECK_MAX_DT_S = 5.0  # one evaluation counts for at most this long
+MICRO = 1_000_000  # the window's sums are exact, of readings rounded to micro-units
 
 
 class SensorCrossCheck:
@@ -51,12 +51,13 @@ class SensorCrossCheck:
 
     def __init__(self, config: PolicyConfig):
         self.config = config
-        self._hist: deque[tuple[float, float, float, float]] = deque()  # t, gpu, ntc, W
-        # the same readings by kind, in deques of one length with _hist (max, min and
-        # sums over them without a list per evaluation)
-        self._gpus: deque[float] = deque()
-        self._ntcs: deque[float] = deque()
-        self._watts: deque[float] = deque()
+        # the window: (t, gpu, ntc, W, W in micro-W, NTC - GPU in micro-degC)
+        self._hist: deque[tuple[float, float, float, float, int, int]] = deque()
+        # its extremes, each a monotonic deque of (t, value): the front is the max
+        # (or min) of the window, appends drop what can no longer be one
+        self._ext = tuple(deque() for _ in range(6))  # gpu, ntc, W: max, min
+        self._sum_w = 0  # exact sums of the window's rounded watts and NTC - GPU
+        self._sum_d = 0
         self._bins: dict[int, list[float]] = {}  # bin -> [offset (NTC - GPU), steady s]
         self._over_s = 0.0  # steady time with the residual above the margin
         self._gross_s = 0.0
@@ -66,12 +67,51 @@ class SensorCrossCheck:
     def reset(self) -> None:
         """Forget the window (a reading is missing): the learned offsets stay."""
         self._hist.clear()
-        self._gpus.clear()
-        self._ntcs.clear()
-        self._watts.clear()
+        for d in self._ext:
+            d.clear()
+        self._sum_w = self._sum_d = 0
         self._over_s = self._gross_s = 0.0
         self._frozen = None
         self._last_t = None
+
+    def _push(self, now: float, gpu_c: float, ntc_c: float, power_w: float) -> None:
+        """A reading into the window, the readings older than the window out."""
+        wq = round(power_w * MICRO)
+        dq = round(ntc_c * MICRO) - round(gpu_c * MICRO)
+        self._hist.append((now, gpu_c, ntc_c, power_w, wq, dq))
+        self._sum_w += wq
+        self._sum_d += dq
+        g_max, g_min, n_max, n_min, w_max, w_min = self._ext
+        while g_max and g_max[-1][1] <= gpu_c:
+            g_max.pop()
+        while g_min and g_min[-1][1] >= gpu_c:
+            g_min.pop()
+        while n_max and n_max[-1][1] <= ntc_c:
+            n_max.pop()
+        while n_min and n_min[-1][1] >= ntc_c:
+            n_min.pop()
+        while w_max and w_max[-1][1] <= power_w:
+            w_max.pop()
+        while w_min and w_min[-1][1] >= power_w:
+            w_min.pop()
+        g = (now, gpu_c)
+        g_max.append(g)
+        g_min.append(g)
+        g = (now, ntc_c)
+        n_max.append(g)
+        n_min.append(g)
+        g = (now, power_w)
+        w_max.append(g)
+        w_min.append(g)
+        start = now - self.config.disagree_window_s
+        h = self._hist
+        while h[0][0] < start:
+            x = h.popleft()
+            self._sum_w -= x[4]
+            self._sum_d -= x[5]
+        for d in self._ext:
+            while d[0][0] < start:
+                d.popleft()
 
     def learned(self) -> dict[float, float]:
         """Trusted offsets (NTC - GPU, degC) by the lower edge of their power bin (W)."""
@@ -93,16 +133,7 @@ class SensorCrossCheck:
             self.reset()
         dt = 0.0 if self._last_t is None else min(now - self._last_t, CROSSCHECK_MAX_DT_S)
         self._last_t = now
-        h.append((now, gpu_c, ntc_c, power_w))
-        gpus, ntcs, watts = self._gpus, self._ntcs, self._watts
-        gpus.append(gpu_c)
-        ntcs.append(ntc_c)
-        watts.append(power_w)
-        while h[0][0] < now - cfg.disagree_window_s:
-            h.popleft()
-            gpus.popleft()
-            ntcs.popleft()
-            watts.popleft()
+        self._push(now, gpu_c, ntc_c, power_w)
         diff = ntc_c - gpu_c
         values["disagree_c"] = round(diff, 3)
         # gross: no model at all
@@ -110,12 +141,14 @@ class SensorCrossCheck:
         full = now - h[0][0] >= 0.9 * cfg.disagree_window_s
         kind = None
         if full:
-            r_gpu, r_ntc = max(gpus) - min(gpus), max(ntcs) - min(ntcs)
+            ext = self._ext
+            r_gpu = ext[0][0][1] - ext[1][0][1]
+            r_ntc = ext[2][0][1] - ext[3][0][1]
             if self._frozen == "ntc" and r_ntc >= CROSSCHECK_MOVING_C:
                 self._frozen = None
             elif self._frozen == "gpu" and r_gpu >= CROSSCHECK_MOVING_C:
                 self._frozen = None
-            r_w = max(watts) - min(watts)
+            r_w = ext[4][0][1] - ext[5][0][1]
             loaded = r_w >= CROSSCHECK_LOAD_CHANGE_W  # a cause to move
             # frozen: one still for the whole window, the other still moving in its
             # second half (a lagging sensor settling after a step has slowed by then);
@@ -133,13 +166,14 @@ class SensorCrossCheck:
             ):
                 self._frozen = "gpu"
             # steady: learn, and compare with what was learned
-            mean_w = sum(watts) / len(watts)
+            n = len(h) * MICRO
+            mean_w = self._sum_w / n
             steady = r_gpu <= CROSSCHECK_STEADY_C and r_w <= max(
                 CROSSCHECK_STEADY_W, CROSSCHECK_STEADY_FRACTION * mean_w
             )
             values["disagree_steady"] = steady
             if steady:
-                mean_d = sum(map(sub, ntcs, gpus)) / len(h)
+                mean_d = self._sum_d / n
                 b = self._bins.setdefault(int(mean_w // cfg.disagree_bin_w), [mean_d, 0.0])
                 trusted = b[1] >= cfg.disagree_learn_s
                 residual = mean_d - b[0]

@@ -31,7 +31,8 @@ def _slope(ts, ys) -> float | None:
     """:func:`lsq_slope` of the points ``zip(ts, ys)`` (two sequences of one length):
     the textbook sums (``sum`` of the terms in the points' order, as generators over
     the points would give them; a test holds the two equal bit for bit), over lists
-    and C iterators (no Python-level loop) because a tick evaluates this for every pair."""
+    and C iterators (no Python-level loop). The pairs' early warning keeps exact
+    running sums instead (:class:`EarlyWarning`)."""
     n = len(ts)
     if n < 2:
         return None
@@ -64,37 +65,75 @@ def time_to_threshold(
     return (threshold_c - current_c) / slope_c_per_s
 
 
+#: the history's exact units: times in ns, temperatures in micro-degC (integers)
+NS_PER_S = 1_000_000_000
+MICRO = 1_000_000
+
+
 class EarlyWarning:
-    """The temperature history of one pair and whether its early warning is on."""
+    """The temperature history of one pair and whether its early warning is on.
+
+    The least-squares slope is kept exact and cheap: each reading is stored as
+    integers (its time in ns, its temperature in micro-degC, both rounded), and the
+    sums the slope needs (n, sum t, sum t^2, sum y, sum t*y) are kept as Python ints,
+    added to as a reading enters the window and subtracted from as it leaves. The
+    slope ``(n*Sty - St*Sy) / (n*Stt - St^2)`` is then one correctly rounded
+    division: the exact least-squares slope of the rounded readings (the centred
+    textbook form gives the same number in exact arithmetic; tests/test_policy_exact.py
+    holds it to a Fraction reference). A tick costs the same whatever the window's
+    length, and touches a few objects instead of the whole history.
+    """
 
     def __init__(self, window_s: float, horizon_s: float):
         self.window_s = window_s
         self.horizon_s = horizon_s
         self.active = False
-        # the history: its times and temperatures, in two deques of one length
-        self._ts: deque[float] = deque()
-        self._ys: deque[float] = deque()
+        self._pts: deque[tuple[float, int, int]] = deque()  # (t s, t ns, y micro-degC)
+        self._clear()
+
+    def _clear(self) -> None:
+        self._pts.clear()
+        self._st = self._stt = self._sy = self._sty = 0
 
     def observe(self, now: float, gpu_c: float) -> None:
         """One GPU temperature reading at ``now`` (time going back starts over)."""
-        ts, ys = self._ts, self._ys
-        if ts and now < ts[-1]:
-            ts.clear()
-            ys.clear()
-        ts.append(now)
-        ys.append(gpu_c)
+        pts = self._pts
+        if pts and now < pts[-1][0]:
+            self._clear()
+        t = round(now * NS_PER_S)
+        y = round(gpu_c * MICRO)
+        pts.append((now, t, y))
+        self._st += t
+        self._stt += t * t
+        self._sy += y
+        self._sty += t * y
         start = now - self.window_s
-        while ts and ts[0] < start:
-            ts.popleft()
-            ys.popleft()
+        while pts[0][0] < start:
+            _, t, y = pts.popleft()
+            self._st -= t
+            self._stt -= t * t
+            self._sy -= y
+            self._sty -= t * y
+
+    def slope(self) -> float | None:
+        """The exact least-squares slope (degC/s) of the window, correctly rounded;
+        None for < 2 readings or one instant."""
+        n = len(self._pts)
+        if n < 2:
+            return None
+        st = self._st
+        den = n * self._stt - st * st  # n^2 * variance of t: >= 0, 0 for one instant
+        if den <= 0:
+            return None
+        return (n * self._sty - st * self._sy) * (NS_PER_S // MICRO) / den
 
     def estimate_eta(self, current_c: float | None, threshold_c: float):
         """(eta_s, slope_c_per_s) from the history of the last window; (None, None)
         until half a window (and 3 points)."""
-        ts = self._ts
-        if len(ts) < 3 or ts[-1] - ts[0] < self.window_s / 2:
+        pts = self._pts
+        if len(pts) < 3 or pts[-1][0] - pts[0][0] < self.window_s / 2:
             return None, None
-        slope = _slope(ts, self._ys)
+        slope = self.slope()
         return time_to_threshold(current_c, threshold_c, slope), slope
 
     def warns(self, eta_s: float | None) -> bool:
