@@ -587,6 +587,24 @@ def test_the_io_thread_wakes_for_data_and_deadlines_only(links, telemetry_period
         assert frames == 0 and wakes <= beats + 3  # a silent module: heartbeats only
 
 
+@pytest.mark.parametrize("poller", ["epoll", "selectors"])
+def test_the_io_thread_serves_ports_through_either_poller(links, monkeypatch, poller):
+    """The thread sleeps in epoll where there is one and in :mod:`selectors` (its
+    fallback) elsewhere: both wake for frames and deadlines, and see an unplug."""
+    from modbridge.link import io as link_io
+
+    if poller == "selectors":
+        monkeypatch.setattr(link_io, "_poller", link_io._Selectors)
+    with PtyPeer(telemetry_period_s=0.05) as peer:
+        link = links(peer.path, heartbeat_period_s=0.2).start()
+        assert link.wait_up(WAIT)
+        fr0 = link.status.frames_total
+        assert peer.wait_for(lambda: len(peer.heartbeats) >= 3)
+        assert wait_for(lambda: link.status.frames_total >= fr0 + 5)
+        assert type(link._io._fd_link) is dict and link in link._io._fd_link.values()
+    assert wait_for(lambda: not link.status.link_up)  # the pty closed: the link knows
+
+
 def test_heartbeats_are_on_a_common_grid():
     """Every link of one period sends on the same grid points (one wake-up for all)."""
     links_ = [ModuleLink(f"p{i}", heartbeat_period_s=0.5) for i in range(3)]

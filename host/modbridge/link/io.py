@@ -1,7 +1,8 @@
 """One I/O thread for many module links: a selector over their ports, deadlines for
 everything else.
 
-:class:`LinkIO` owns one daemon thread. It sleeps in ``selector.select()`` on every
+:class:`LinkIO` owns one daemon thread. It sleeps in ``epoll.poll()`` (a
+``selectors`` fallback where there is no epoll) on every
 open port's file descriptor (and a wake-up pipe) with a timeout that ends at the
 earliest deadline any link has (its next heartbeat, hello retry, reopen, silence
 deadline). A port with bytes waiting is serviced at once: frames are read, decoded
@@ -9,7 +10,8 @@ and stamped when they arrive, not at a poll. A link whose deadline has come is
 serviced too; nothing else wakes the thread, so an idle fleet costs one wake-up per
 heartbeat grid point (links put their heartbeats on a common grid) and one per frame.
 Deadlines are kept between wake-ups: only the links just stepped compute theirs
-again (all of them after a change of links or ports, or a wake-up by another thread).
+again (all of them after a change of links or ports, or a wake-up by another thread),
+and a wake-up for data before the earliest deadline steps only the links with data.
 
 The links do the work (:meth:`ModuleLink._step` reads, decodes, dispatches, runs
 its timers, reopens a lost port), each under its own supervisor: an exception that
@@ -34,7 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-import selectors
+import select
 import threading
 from collections import deque
 
@@ -47,6 +49,35 @@ THREAD_BACKOFF_MIN_S = 0.1
 THREAD_BACKOFF_MAX_S = 5.0
 THREAD_HEALTHY_S = 30.0
 JOIN_TIMEOUT_S = 2.0
+_INF = float("inf")
+_EPOLLIN = getattr(select, "EPOLLIN", 1)
+
+
+class _Selectors:
+    """``select.epoll``'s few calls used here over :mod:`selectors`, for platforms
+    without epoll: ``poll`` answers ``(fd, mask)`` pairs as epoll does."""
+
+    def __init__(self):
+        import selectors
+
+        self._sel = selectors.DefaultSelector()
+        self._read = selectors.EVENT_READ
+
+    def register(self, fd: int, _mask) -> None:
+        self._sel.register(fd, self._read)
+
+    def unregister(self, fd: int) -> None:
+        self._sel.unregister(fd)
+
+    def poll(self, timeout: float):
+        return [(key.fd, mask) for key, mask in self._sel.select(timeout)]
+
+    def close(self) -> None:
+        self._sel.close()
+
+
+def _poller():
+    return select.epoll() if hasattr(select, "epoll") else _Selectors()
 
 
 class LinkIO:
@@ -64,6 +95,7 @@ class LinkIO:
         os.set_blocking(self._wfd, False)
         self._woken = False
         self._watched: dict = {}  # link -> (port object, fd)
+        self._fd_link: dict = {}  # fd -> link, for the fds registered with the epoll
         self._loop_links: list | None = None  # the loop's links, while it runs
         self._shared_clock = None  # their one clock, if they have one
         self._rng = random.Random()
@@ -151,10 +183,12 @@ class LinkIO:
             self._apply_ops()
 
     def _loop(self) -> None:
-        sel = selectors.DefaultSelector()
+        ep = _poller()
         self._watched = {}
+        self._fd_link = {}
+        rfd = self._rfd
         try:
-            sel.register(self._rfd, selectors.EVENT_READ, None)
+            ep.register(rfd, _EPOLLIN)
             links: list = []
             deadlines: list = []
             stepped: list = []  # the links stepped in the last iteration
@@ -168,7 +202,7 @@ class LinkIO:
                 # or when another thread changes the link and wakes this one (stop,
                 # remove: a wake-up recomputes them all); so after a wake-up for data
                 # or for a deadline only the stepped links are looked at again.
-                if self._sync(sel, None if stale else stepped):
+                if self._sync(ep, None if stale else stepped):
                     stale = True
                 if stale or links != self._links:
                     links = list(self._links)
@@ -178,35 +212,42 @@ class LinkIO:
                     self._shared_clock = clock if all(lk.clock is clock for lk in links) else None
                     self._loop_links = links
                     stale = False
-                timeout = self._timeout(links, deadlines)
-                events = sel.select(timeout)
+                due_at = min(deadlines) if deadlines else _INF
+                events = ep.poll(self._timeout(links, deadlines))
                 self.iterations += 1
-                ready = set()
-                for key, _mask in events:
-                    if key.data is None:
+                stepped = []
+                fd_link = self._fd_link
+                for fd, _mask in events:  # readable, or hung up / in error: a read says
+                    if fd == rfd:
                         self._drain()
                         stale = True
-                    else:
-                        ready.add(key.data)
-                shared = self._shared_clock
-                now = shared() if shared is not None else None
-                stepped = []
-                for i, link in enumerate(links):
-                    if link in ready:
-                        link._step(True)
-                    elif (now if shared is not None else link.clock()) >= deadlines[i] and (
-                        link in self._links
-                    ):
-                        link._step(False)  # a deadline: nothing to read
-                    else:
                         continue
-                    deadlines[i] = link._deadline()
-                    stepped.append(link)
+                    link = fd_link.get(fd)
+                    if link is not None and link not in stepped:
+                        link._step(True)
+                        stepped.append(link)
+                # deadlines: with one clock, only when the earliest has come
+                shared = self._shared_clock
+                if shared is None or shared() >= due_at:
+                    now = shared() if shared is not None else None
+                    for i, link in enumerate(links):
+                        if link in stepped:
+                            continue
+                        if (now if shared is not None else link.clock()) >= deadlines[i] and (
+                            link in self._links
+                        ):
+                            link._step(False)  # a deadline: nothing to read
+                            stepped.append(link)
+                if stepped:
+                    for i, link in enumerate(links):
+                        if link in stepped:
+                            deadlines[i] = link._deadline()
                 if self.after_iteration is not None:
                     self._after()
         finally:
             self._watched = {}
-            sel.close()
+            self._fd_link = {}
+            ep.close()
 
     def _after(self) -> None:
         try:
@@ -239,7 +280,9 @@ class LinkIO:
     def _drop(self, link) -> None:
         if link in self._links:
             self._links.remove(link)
-        self._watched.pop(link, None)
+        got = self._watched.pop(link, None)
+        if got is not None and got[1] is not None and self._fd_link.get(got[1]) is link:
+            del self._fd_link[got[1]]
         try:
             link._close()
         except Exception:  # noqa: BLE001 - the port is gone anyway
@@ -259,10 +302,12 @@ class LinkIO:
             if link._ser is not ser or link not in self._links:
                 stale.append(link)
                 if fd is not None:
+                    if self._fd_link.get(fd) is link:
+                        del self._fd_link[fd]
                     try:
                         sel.unregister(fd)
                     except (KeyError, ValueError, OSError):
-                        pass
+                        pass  # closed: the kernel has dropped it already
         for link in stale:
             del self._watched[link]
         changed = bool(stale)
@@ -277,7 +322,8 @@ class LinkIO:
                 fd = None
             if fd is not None:
                 try:
-                    sel.register(fd, selectors.EVENT_READ, link)
+                    sel.register(fd, _EPOLLIN)
+                    self._fd_link[fd] = link
                 except (KeyError, ValueError, OSError):
                     fd = None  # serviced by its deadline (poll) instead
             link._selectable = fd is not None
