@@ -482,6 +482,35 @@ def _port_is_free(port: int) -> bool:
         s.close()
 
 
+def _switches(tid: int) -> int:
+    """Times the kernel has run thread ``tid`` (``schedstat``'s third field)."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[2])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_an_idle_endpoint_does_not_wake_and_stops_at_once():
+    """The accepting thread sleeps until a connection or stop(): no 0.5 s poll (a
+    count of its runs, not a timing); a scrape wakes it; stop() right after serve()
+    (the thread maybe not yet in its loop) returns and frees the port."""
+    with X.serve(lambda: snapshot(), port=0, process_metrics=False) as server:
+        with urllib.request.urlopen(server.url, timeout=5) as r:
+            r.read()
+        tid = server._thread.native_id
+        runs = _switches(tid)
+        time.sleep(1.6)  # socketserver's loop would have run 3 times
+        assert _switches(tid) - runs == 0
+        with urllib.request.urlopen(server.url, timeout=5) as r:
+            assert r.status == 200
+        assert _switches(tid) > runs
+    for _ in range(20):
+        quick = X.serve(lambda: None, port=0, process_metrics=False)
+        quick.stop()
+        assert _port_is_free(quick.port)
+        quick._thread.join(5)
+        assert not quick._thread.is_alive()
+
+
 def test_http_scrape_parses_and_stop_releases_port_and_thread():
     before = {t.ident for t in threading.enumerate()}
     server = X.serve(lambda: snapshot(), port=0)
