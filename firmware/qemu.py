@@ -150,10 +150,33 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+_plans: dict = {}  # what frozen_files() and repo_files_read() found, once a process
+
+
+def plan() -> None:
+    """Work out what the image freezes (the two functions below), here and once.
+
+    They parse the repository's Python with :mod:`ast`; CPython 3.11 keeps ast's
+    recursion depth in state shared by threads, so a parse in a background thread
+    beside one in another thread (pytest's assertion rewriting, hypothesis reading a
+    lambda) can fail with ``SystemError: AST constructor recursion depth mismatch``.
+    The qemu-arm column calls this in pytest's main thread before it builds the
+    image in its own thread."""
+    frozen_files()
+    repo_files_read()
+
+
 def frozen_files() -> tuple[list[Path], list[Path]]:
     """(package files, top-level files) to freeze: the deployed firmware of every
     board, and everything the DUAL modules and the extra top-level modules import,
     transitively (package ``__init__``s included)."""
+    got = _plans.get("frozen")
+    if got is None:
+        got = _plans["frozen"] = _frozen_files()
+    return list(got[0]), list(got[1])
+
+
+def _frozen_files() -> tuple[list[Path], list[Path]]:
     from modbridge.tools import flash
 
     todo = [
@@ -182,6 +205,13 @@ def frozen_files() -> tuple[list[Path], list[Path]]:
 
 def repo_files_read() -> list[str]:
     """Repository paths the DUAL modules pass to ``read_repo_file("...")``."""
+    got = _plans.get("read")
+    if got is None:
+        got = _plans["read"] = _repo_files_read()
+    return list(got)
+
+
+def _repo_files_read() -> list[str]:
     out = set()
     for path in dual_modules():
         for node in ast.walk(ast.parse(path.read_bytes())):

@@ -115,6 +115,8 @@ class QemuColumn:
                 modules.setdefault(parent.nodeid, parent)
         if not modules:
             return
+        if self.reason is None:
+            qemu.plan()  # its ast parsing here, in the main thread (qemu.plan says why)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qemu-arm")
         for nodeid, mod in modules.items():
             self._futures[nodeid] = self._pool.submit(self.run_module, mod.path, mod.info)
