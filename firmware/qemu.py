@@ -30,6 +30,7 @@ copy under build/, never the tree's file).
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import select
 import subprocess
@@ -150,9 +151,6 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
-_plans: dict = {}  # what frozen_files() and repo_files_read() found, once a process
-
-
 def plan() -> None:
     """Work out what the image freezes (the two functions below), here and once.
 
@@ -170,13 +168,12 @@ def frozen_files() -> tuple[list[Path], list[Path]]:
     """(package files, top-level files) to freeze: the deployed firmware of every
     board, and everything the DUAL modules and the extra top-level modules import,
     transitively (package ``__init__``s included)."""
-    got = _plans.get("frozen")
-    if got is None:
-        got = _plans["frozen"] = _frozen_files()
-    return list(got[0]), list(got[1])
+    packaged, top = _frozen_files()
+    return list(packaged), list(top)
 
 
-def _frozen_files() -> tuple[list[Path], list[Path]]:
+@functools.cache  # once a process: plan() says why
+def _frozen_files() -> tuple[tuple[Path, ...], tuple[Path, ...]]:
     from modbridge.tools import flash
 
     todo = [
@@ -200,18 +197,16 @@ def _frozen_files() -> tuple[list[Path], list[Path]]:
                     todo.append(init)
     packaged = sorted(p for p in seen if p.relative_to(REPO_ROOT).parts[0] in PACKAGES)
     top = sorted(p for p in seen if p not in packaged)
-    return packaged, top
+    return tuple(packaged), tuple(top)
 
 
 def repo_files_read() -> list[str]:
     """Repository paths the DUAL modules pass to ``read_repo_file("...")``."""
-    got = _plans.get("read")
-    if got is None:
-        got = _plans["read"] = _repo_files_read()
-    return list(got)
+    return list(_repo_files_read())
 
 
-def _repo_files_read() -> list[str]:
+@functools.cache  # once a process: plan() says why
+def _repo_files_read() -> tuple[str, ...]:
     out = set()
     for path in dual_modules():
         for node in ast.walk(ast.parse(path.read_bytes())):
@@ -222,7 +217,7 @@ def _repo_files_read() -> list[str]:
                 and isinstance(node.args[0], ast.Constant)
             ):
                 out.add(node.args[0].value)
-    return sorted(out)
+    return tuple(sorted(out))
 
 
 # --------------------------------------------------------------------------- build

@@ -116,13 +116,12 @@ class _WorkerServer(ThreadingHTTPServer):
                 sel.register(self, selectors.EVENT_READ)
                 sel.register(self._wake_r, selectors.EVENT_READ)
                 while not self._stopping:
-                    ready = sel.select()
-                    for key, _ in ready:
-                        if key.fileobj is self._wake_r:
-                            self._drain()
+                    ready = {key.fileobj for key, _ in sel.select()}
+                    if self._wake_r in ready:
+                        self._drain()
                     if self._stopping:
                         break
-                    if any(key.fileobj is self for key, _ in ready):
+                    if self in ready:
                         self._handle_request_noblock()
                     self.service_actions()
         finally:

@@ -228,8 +228,8 @@ class LinkIO:
                         stepped.append(link)
                 # deadlines: with one clock, only when the earliest has come
                 shared = self._shared_clock
-                if shared is None or shared() >= due_at:
-                    now = shared() if shared is not None else None
+                now = shared() if shared is not None else None
+                if shared is None or now >= due_at:
                     for i, link in enumerate(links):
                         if link in stepped:
                             continue
@@ -281,12 +281,17 @@ class LinkIO:
         if link in self._links:
             self._links.remove(link)
         got = self._watched.pop(link, None)
-        if got is not None and got[1] is not None and self._fd_link.get(got[1]) is link:
-            del self._fd_link[got[1]]
+        if got is not None:
+            self._forget_fd(link, got[1])
         try:
             link._close()
         except Exception:  # noqa: BLE001 - the port is gone anyway
             log.debug("%s: closing", getattr(link, "port", link), exc_info=True)
+
+    def _forget_fd(self, link, fd: int | None) -> None:
+        """``fd`` no longer maps to ``link`` (a newer port may hold the number now)."""
+        if fd is not None and self._fd_link.get(fd) is link:
+            del self._fd_link[fd]
 
     def _sync(self, sel, only: list | None = None) -> bool:
         """Make the selector match every link's current port (opened, closed, reopened),
@@ -302,8 +307,7 @@ class LinkIO:
             if link._ser is not ser or link not in self._links:
                 stale.append(link)
                 if fd is not None:
-                    if self._fd_link.get(fd) is link:
-                        del self._fd_link[fd]
+                    self._forget_fd(link, fd)
                     try:
                         sel.unregister(fd)
                     except (KeyError, ValueError, OSError):

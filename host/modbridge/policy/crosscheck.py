@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 
 from modbridge.policy.config import PolicyConfig
+from modbridge.policy.early import MICRO  # the window's sums: readings in micro-units
 
 # Fixed parts of the cross-check (the tunable ones are PolicyConfig.disagree_*).
 CROSSCHECK_GAP_S = 10.0  # a gap this long in the readings restarts the window
@@ -19,7 +20,6 @@ CROSSCHECK_FROZEN_C = 0.05  # "frozen": a reading that moved less than this over
 CROSSCHECK_MOVING_C = 0.5  # a frozen reading counts again once it moves this much
 CROSSCHECK_LOAD_CHANGE_W = 50.0  # "frozen" needs the power to have changed this much
 CROSSCHECK_MAX_DT_S = 5.0  # one evaluation counts for at most this long
-MICRO = 1_000_000  # the window's sums are exact, of readings rounded to micro-units
 
 
 class SensorCrossCheck:
@@ -81,28 +81,10 @@ class SensorCrossCheck:
         self._hist.append((now, gpu_c, ntc_c, power_w, wq, dq))
         self._sum_w += wq
         self._sum_d += dq
-        g_max, g_min, n_max, n_min, w_max, w_min = self._ext
-        while g_max and g_max[-1][1] <= gpu_c:
-            g_max.pop()
-        while g_min and g_min[-1][1] >= gpu_c:
-            g_min.pop()
-        while n_max and n_max[-1][1] <= ntc_c:
-            n_max.pop()
-        while n_min and n_min[-1][1] >= ntc_c:
-            n_min.pop()
-        while w_max and w_max[-1][1] <= power_w:
-            w_max.pop()
-        while w_min and w_min[-1][1] >= power_w:
-            w_min.pop()
-        g = (now, gpu_c)
-        g_max.append(g)
-        g_min.append(g)
-        g = (now, ntc_c)
-        n_max.append(g)
-        n_min.append(g)
-        g = (now, power_w)
-        w_max.append(g)
-        w_min.append(g)
+        ext = self._ext
+        _extremes_push(ext[0], ext[1], now, gpu_c)
+        _extremes_push(ext[2], ext[3], now, ntc_c)
+        _extremes_push(ext[4], ext[5], now, power_w)
         start = now - self.config.disagree_window_s
         h = self._hist
         while h[0][0] < start:
@@ -203,6 +185,18 @@ class SensorCrossCheck:
         if kind is not None:
             values["disagree_kind"] = kind
         return kind
+
+
+def _extremes_push(top: deque, bottom: deque, t: float, v: float) -> None:
+    """Reading ``v`` at ``t`` into a window's monotonic max (``top``) and min
+    (``bottom``) deques: what it makes unable to be an extreme any more is dropped."""
+    while top and top[-1][1] <= v:
+        top.pop()
+    while bottom and bottom[-1][1] >= v:
+        bottom.pop()
+    x = (t, v)
+    top.append(x)
+    bottom.append(x)
 
 
 def _late_range(h, now: float, cfg: PolicyConfig, i: int) -> float:

@@ -62,8 +62,7 @@ class PairPolicy:
         self._early = EarlyWarning(cfg.early_warning_window_s, cfg.early_warning_horizon_s)
         self._auto = ReturnToAuto(cfg.return_to_auto_retry_s)
         self._gpu_thresholds: tuple = (None, None, None)  # slowdown, shutdown, max_operating
-        self._thresholds = None  # effective_thresholds of _gpu_thresholds (that tuple)
-        self._thresholds_of: tuple | None = None
+        self._thresholds = effective_thresholds(cfg)  # of _gpu_thresholds, set with it
         self._original_w: float | None = None
         self._min_w: float | None = None
 
@@ -146,10 +145,8 @@ class PairPolicy:
             known = (sample.slowdown_temp_c, sample.shutdown_temp_c, sample.max_operating_temp_c)
             if known != self._gpu_thresholds and any(t is not None for t in known):
                 self._gpu_thresholds = known
+                self._thresholds = effective_thresholds(cfg, *known)
         th = self._thresholds
-        if th is None or self._thresholds_of is not self._gpu_thresholds:
-            th = self._thresholds = effective_thresholds(cfg, *self._gpu_thresholds)
-            self._thresholds_of = self._gpu_thresholds
         values.update(
             warn_temp_c=th.warn_c,
             critical_temp_c=th.critical_c,
