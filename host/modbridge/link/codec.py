@@ -2,8 +2,14 @@
 :class:`~protocol.frame.StreamDecoder` with a CPython fast path for good binary
 frames, and boot banners as items of their own. Host -> module: :func:`encode_fast`,
 :func:`protocol.frame.encode_frame`'s bytes for the messages of integer fields the
-bridge sends every second (heartbeats), made with C code (``cbor2``,
-``binascii.crc_hqx``, slice-wise COBS) instead of the reference's byte loops."""
+bridge sends every second (heartbeats), without the reference's byte loops.
+
+The frames of every second (a module's telemetry in, its heartbeat out) are maps of
+small integer keys to integers, coded here by hand in one pass (:func:`_int_map`,
+:func:`_int_map_bytes`) rather than through ``cbor2``: as fast when warm, and
+cheaper where it counts, in an I/O thread that wakes once per frame with cold
+caches (docs/bridge-benchmarks.md). Everything else takes ``cbor2`` (C), and
+whatever that does not accept outright the reference decoder, which decides."""
 
 from __future__ import annotations
 
@@ -110,9 +116,10 @@ class HostDecoder(StreamDecoder):
     """:class:`~protocol.frame.StreamDecoder` for module -> host traffic, CPython fast.
 
     A binary frame is first tried on a fast path (slice-wise COBS,
-    ``binascii.crc_hqx`` for the CRC-16/IBM-3740, ``cbor2`` for the payload, accepted
-    only when ``cbor2`` re-encodes it to the very same bytes and every value is of a
-    subset type, then the catalog's own ``fields_from_keys``). Anything the fast path
+    ``binascii.crc_hqx`` for the CRC-16/IBM-3740, then the payload: an integer map
+    decoded and checked in one pass by :func:`_int_map`, or else ``cbor2``, accepted
+    only when the payload is canonical and every value is of a subset type, then the
+    catalog's checks). Anything the fast path
     does not accept outright goes to the reference decoder, which decides and counts;
     so results are identical, only cheaper for good frames. Also records the peer's
     version when a frame of another major version arrives (``peer_version``) and
@@ -267,11 +274,90 @@ def _fast_fields(mdef, keyed: dict, size: int = -1) -> dict | None:
     return out
 
 
-def _fast_message(raw: bytes) -> Message | None:
-    mdef = C.by_type(raw[2])
-    if mdef is None or mdef[C.M_DIR] != C.D2H:
+_U32 = 1 << 32
+
+
+def _int_map(mdef, p: bytes) -> dict | None:
+    """``p`` decoded and checked as ``mdef``'s fields in one pass, for the payload a
+    module sends every second (telemetry): a canonical CBOR map of small integer keys
+    in ascending order to integers (the heads' shortest forms, nothing after the map).
+    The catalog's checks are :func:`_fast_fields`' (kinds, ranges, required fields; a
+    newer minor's unknown integer field is skipped). None for anything else, which then
+    goes through ``cbor2`` and :func:`_fast_fields` (and the reference decoder)."""
+    by_key, required = _fast_spec(mdef)
+    b = p[0]
+    if b < 0xA0 or b > 0xB7:  # a map of 0..23 entries, its length in the head
         return None
-    payload = raw[5:-2]
+    out = {}
+    prev = -1
+    i = 1
+    try:
+        for _ in range(b - 0xA0):
+            k = p[i]
+            if k < 24:
+                i += 1
+            elif k == 24 and p[i + 1] >= 24:
+                k = p[i + 1]
+                i += 2
+            else:
+                return None
+            if k <= prev:
+                return None
+            prev = k
+            b = p[i]
+            ai = b & 31
+            if b >= 0x40:  # neither an unsigned nor a negative integer
+                return None
+            if ai < 24:
+                v = ai
+                i += 1
+            elif ai == 24:
+                v = p[i + 1]
+                i += 2
+                if v < 24:
+                    return None
+            elif ai == 25:
+                v = (p[i + 1] << 8) | p[i + 2]
+                i += 3
+                if v < 0x100:
+                    return None
+            elif ai == 26:
+                v = int.from_bytes(p[i + 1 : i + 5], "big")
+                i += 5
+                if v < 0x10000:
+                    return None
+            elif ai == 27:
+                v = int.from_bytes(p[i + 1 : i + 9], "big")
+                i += 9
+                if v < _U32:
+                    return None
+            else:
+                return None
+            if b >= 0x20:
+                v = -1 - v
+            f = by_key.get(k)
+            if f is None:  # a newer minor's field: ignored (it is a plain int)
+                continue
+            name, kind, lo, hi = f
+            if (
+                kind not in _INT_KINDS
+                or (lo is not None and v < lo)
+                or (hi is not None and v > hi)
+                or (kind == C.K_UINT and v < 0)
+            ):
+                return None
+            out[name] = v
+    except IndexError:  # cut short: the reference decides
+        return None
+    if i != len(p) or not required.issubset(out):
+        return None
+    return out
+
+
+def _cbor_fields(mdef, payload: bytes) -> dict | None:
+    """``payload`` as ``mdef``'s fields through ``cbor2`` (what :func:`_int_map` does
+    not take: text and bool fields, larger keys, an empty payload); None if the
+    reference decoder is to decide."""
     if payload:
         try:
             keyed = cbor2.loads(payload)
@@ -297,6 +383,19 @@ def _fast_message(raw: bytes) -> Message | None:
         try:
             fields = fields_from_keys(mdef, keyed)
         except ProtocolError:
+            return None
+    return fields
+
+
+def _fast_message(raw: bytes) -> Message | None:
+    mdef = C.by_type(raw[2])
+    if mdef is None or mdef[C.M_DIR] != C.D2H:
+        return None
+    payload = raw[5:-2]
+    fields = _int_map(mdef, payload) if payload else None
+    if fields is None:
+        fields = _cbor_fields(mdef, payload)
+        if fields is None:
             return None
     seq = (raw[3] << 8) | raw[4]
     return Message(raw[2], mdef[C.M_NAME], seq, fields, raw[1], FMT_CBOR)
@@ -348,6 +447,32 @@ def fast_keyed(mdef, fields: dict) -> dict | None:
     return keyed
 
 
+def _int_map_bytes(keyed: dict) -> bytes:
+    """``cbor2.dumps(keyed)`` (canonical: the shortest heads) for what
+    :func:`fast_keyed` gives: a map of at most 23 small integer keys (< 24) to
+    integers within CBOR's 64 bits. Python's own int methods, not a call into cbor2,
+    for a few fields every second."""
+    out = bytearray((0xA0 + len(keyed),))
+    for k, v in keyed.items():
+        out.append(k)
+        major = 0
+        if v < 0:
+            major, v = 0x20, -1 - v
+        if v < 24:
+            out.append(major | v)
+        elif v < 0x100:
+            out += bytes((major | 24, v))
+        elif v < 0x10000:
+            out += bytes((major | 25, v >> 8, v & 0xFF))
+        elif v < _U32:
+            out.append(major | 26)
+            out += v.to_bytes(4, "big")
+        else:
+            out.append(major | 27)
+            out += v.to_bytes(8, "big")
+    return bytes(out)
+
+
 def _cobs_encode(raw: bytes) -> bytes:
     """Canonical COBS (as :func:`protocol.cobs.encode_into`) of ``raw`` shorter than
     one block: one code byte per run of non-zero bytes."""
@@ -369,7 +494,12 @@ def encode_fast(type_or_name, fields: dict | None, seq: int, signer=None,
         keyed = fast_keyed(mdef, fields or {})
     if keyed is None or type(seq) is not int or not 0 <= seq <= 0xFFFF:
         return encode_frame(type_or_name, fields, seq, signer=signer)
-    payload = cbor2.dumps(keyed) if keyed else b""
+    if not keyed:
+        payload = b""
+    elif len(keyed) < 24 and max(keyed) < 24:
+        payload = _int_map_bytes(keyed)
+    else:
+        payload = cbor2.dumps(keyed)
     n = HEADER_LEN + len(payload) + 2 + (TRAILER_LEN if signer is not None else 0)
     if n >= _COBS_BLOCK or n > MAX_FRAME:
         return encode_frame(type_or_name, fields, seq, signer=signer)
