@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_bridge_config import FakeBackend, make_bridge
@@ -89,3 +90,32 @@ def test_an_urgent_decision_is_a_tick_for_its_pairs_and_nothing_for_the_others(
     assert urgent_b.snapshot().pairs == list(urgent_b.pairs.values())
     urgent_b.stop()
     full_b.stop()
+
+
+# ----------------------------------------------------------------------------- the tick grid
+
+_TICK_S = st.sampled_from([0.05, 0.1, 0.5, 1.0, 2.5, 10.0])
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(now=st.floats(0.0, 1e7), tick_s=_TICK_S)
+def test_the_loop_ticks_on_its_grid_never_later_than_a_tick_and_a_bit(now, tick_s):
+    """tick_wait_s: the next tick is a point of the grid ``k * tick_s + TICK_LAG_S``
+    (just after the links' heartbeat points), never more than 1.05 ticks away."""
+    from modbridge.bridge import TICK_LAG_S, tick_wait_s
+
+    wait = tick_wait_s(now, tick_s)
+    assert 0.0 <= wait <= 1.05 * tick_s + 1e-6
+    phase = (now + wait - TICK_LAG_S) / tick_s
+    assert abs(phase - round(phase)) < 1e-6 * max(1.0, phase)
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(k=st.integers(1, 10**6), tick_s=_TICK_S, late=st.floats(-0.04, 0.3))
+def test_a_tick_on_time_early_or_late_is_followed_by_the_next_grid_point(k, tick_s, late):
+    """A wake-up a little early (timer rounding) or late (a slow tick) counts for its
+    grid point: the loop never ticks twice for one point, nor skips one."""
+    from modbridge.bridge import TICK_LAG_S, tick_wait_s
+
+    now = k * tick_s + TICK_LAG_S + late * tick_s
+    assert tick_wait_s(now, tick_s) == pytest.approx((1 - late) * tick_s, abs=1e-6 * k)

@@ -2,7 +2,8 @@
 
 Threads: one I/O thread for every module link (:class:`~modbridge.link.io.LinkIO`: a
 selector, serial I/O, heartbeats), the metrics server, and the bridge loop here.
-Every ``tick_s`` the loop ticks: it reads all GPUs (one NVML pass, or one nvidia-smi
+Every ``tick_s`` the loop ticks (on a grid of the monotonic clock, just after the
+links' heartbeats: :func:`tick_wait_s`): it reads all GPUs (one NVML pass, or one nvidia-smi
 call), pairs each module with its GPU, lets the policy decide, has the power limiters
 act, and publishes a fresh :class:`~modbridge.model.BridgeSnapshot` that scrapes and
 ``status`` read. An alarm event, a change of fault bits or a silence deadline is
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import signal
 import threading
@@ -102,6 +104,9 @@ class UnknownModule(ModbridgeError):
     exit_code = 3
 
 
+#: the loop ticks this long after the links' heartbeat grid points (tick_wait_s)
+TICK_LAG_S = 0.002
+
 # heartbeat ``gpu_slowdown`` range (protocol/catalog.py), degC
 SLOWDOWN_MIN_C = 40
 SLOWDOWN_MAX_C = 125
@@ -124,6 +129,27 @@ def heartbeat_fields(sample: GpuSample | None) -> dict | None:
     if slowdown is not None and slowdown <= SLOWDOWN_MAX_C:  # above: lowers nothing
         out["gpu_slowdown"] = max(SLOWDOWN_MIN_C * 1000, int(round(slowdown * 1000)))
     return out
+
+
+def tick_wait_s(now: float, tick_s: float, lag_s: float = TICK_LAG_S) -> float:
+    """Seconds from ``now`` (the monotonic clock) to the loop's next tick: the next
+    point of the grid ``k * tick_s + lag_s``, a wake-up up to 5 % of ``tick_s`` early
+    counted as on time (so it never ticks twice for one point), hence between 0.95
+    and 1.05 ``tick_s`` after a tick on the grid, less after an urgent one.
+
+    The links' heartbeats fall on ``k * period`` of the same clock
+    (:meth:`ModuleLink._send_heartbeat`), so with the default 1 s period every other
+    tick comes ``lag_s`` after the I/O thread has sent the heartbeats: the two threads
+    run back to back once a second, the tick on the interpreter's code and data the
+    heartbeats have just brought back into the caches, instead of waking apart
+    (docs/bridge-benchmarks.md, CPU). A tick a few ms before the heartbeats would give
+    them a fresher GPU reading but saves nothing: measured, the same CPU as no grid.
+
+    >>> [round(tick_wait_s(t, 0.5), 3) for t in (100.002, 100.0, 100.25, 100.49, 100.5)]
+    [0.5, 0.502, 0.252, 0.512, 0.502]
+    """
+    k = math.floor((now - lag_s) / tick_s + 0.05)
+    return max(0.0, (k + 1) * tick_s + lag_s - now)
 
 
 def engine_config(policy: PolicyConfig) -> PolicyConfig:
@@ -430,8 +456,10 @@ class Bridge:
             if until is not None and until():
                 break
             # an alarm, a change of fault bits or a silence deadline (the I/O thread)
-            # sets _wake: the next tick runs at once, not at tick_s
-            if self._wake.wait(self.config.tick_s) and not self._stop.is_set():
+            # sets _wake: the next tick runs at once, not at the next grid point
+            if self._wake.wait(tick_wait_s(self.clock(), self.config.tick_s)) and (
+                not self._stop.is_set()
+            ):
                 self.urgent_ticks += 1
             self._wake.clear()
 
