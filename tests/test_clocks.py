@@ -370,6 +370,29 @@ def test_clocks_refused_falls_back_to_power_and_ends_when_clocks_work(tmp_path):
     assert lim.restore("clear").action == "restore" and gpu.locked_clocks_mhz() is None
 
 
+def test_combined_counts_are_always_both_members_counts(tmp_path):
+    """Combined.actions_total (summed again only when a member's count moved) is the
+    members' sum after every step of a fallback episode, its end and the restores."""
+    gpu, lim, _, clock = build("clocks", NoClocks, tmp_path)
+
+    def check():
+        assert lim.actions_total == lim.primary.actions_total + lim.secondary.actions_total
+
+    check()
+    for _ in range(3):
+        lim.apply(490.0, "fan_stall", level=WARN)
+        check()
+        clock.t += 1.0
+    lim.primary.backend.set_locked_clocks_mhz = VirtualBackend.set_locked_clocks_mhz.__get__(
+        lim.primary.backend)  # fmt: skip
+    clock.t += 31.0
+    lim.apply(490.0, "fan_stall", level=WARN)
+    check()
+    lim.restore("clear")
+    check()
+    assert lim.actions_total["lower"] >= 2 and lim.actions_total["restore"] >= 1
+
+
 def test_both_drives_both_and_restores_both(tmp_path):
     gpu, lim, _, _ = build("both", VirtualBackend, tmp_path)
     lim.apply(490.0, "fan_stall", level=WARN)

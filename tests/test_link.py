@@ -638,6 +638,31 @@ def test_a_module_that_does_not_read_gets_no_heartbeat_that_would_block():
     assert link.heartbeats_sent == 1 and written[0].startswith(b"\x00")  # flushed first
 
 
+def test_the_output_queue_is_read_as_pyserial_reads_it():
+    """_out_queued (one ioctl on the fd, every heartbeat) says what pyserial's
+    out_waiting says, with nothing queued and with bytes unread. A pty hands written
+    bytes to its master at once (its queue reads 0), so the fd here is a socket's, for
+    which Linux answers the same ioctl (SIOCOUTQ is TIOCOUTQ) with what is unread."""
+    import socket
+
+    import serial
+
+    a, b = socket.socketpair()
+    with a, b:
+
+        class Port:  # what pyserial's out_waiting reads of a Serial: its fd
+            fd = a.fileno()
+
+        link = ModuleLink("sock", heartbeat_period_s=1.0)
+        link._ser, link._fd = Port(), a.fileno()
+        seen = []
+        for chunk in (b"", b"x" * 300, b"y" * 2000):
+            a.send(chunk)
+            seen.append(link._out_queued())
+            assert seen[-1] == serial.Serial.out_waiting.fget(Port())
+        assert seen[0] == 0 < seen[1] < seen[2]
+
+
 def test_an_answer_is_read_when_it_arrives(links):
     """A request's answer wakes the I/O thread (no fast poll needed): with heartbeats
     10 s apart the link has no deadline for seconds, and the answer is still read."""

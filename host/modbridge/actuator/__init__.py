@@ -95,6 +95,7 @@ class Combined:
         self._retry_at: float | None = None
         self._delay = 0.0
         self._started: dict[int, bool] = {}
+        self._actions: tuple[int, Counter] = (-1, Counter())  # (members' total, their sum)
 
     def __getattr__(self, name):
         if name in ("primary", "secondary", "members"):
@@ -114,7 +115,13 @@ class Combined:
 
     @property
     def actions_total(self) -> Counter:
-        return self.primary.actions_total + self.secondary.actions_total
+        """Both members' counts, summed again only when one has changed (the bridge
+        copies them into its pair every tick; counts only ever go up)."""
+        a, b = self.primary.actions_total, self.secondary.actions_total
+        n = a.total() + b.total()
+        if n != self._actions[0]:
+            self._actions = (n, a + b)
+        return self._actions[1]
 
     @property
     def refused_total(self) -> int:

@@ -82,16 +82,23 @@ unusual.
 
 from __future__ import annotations
 
-import hmac
+import hashlib
 import logging
 import math
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 import serial
+
+try:  # POSIX: the output queue of a port (_out_queued)
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover - Windows: pyserial's own out_waiting
+    fcntl = termios = None
 
 from modbridge.link.codec import (  # noqa: F401 - re-exported: the link's public names
     BANNER_PREFIX,
@@ -180,23 +187,37 @@ def _signer_clock() -> int:
     return (time.time_ns() + _TS_OFFSET_NS) // 10000
 
 
+_SHA256_BLOCK = 64
+_TIOCOUTQ = getattr(termios, "TIOCOUTQ", None) if termios is not None else None
+_INT_ZERO = bytes(4)  # the ioctl's int argument (pyserial's TIOCM_zero_str)
+
+
 class HostSigner(Signer):
-    """:class:`protocol.sign.Signer` with the trailer's HMAC-SHA256 in one call
-    (``hmac.digest``: OpenSSL's one-shot, no HMAC objects copied and fed piece by
-    piece): the same trailer bytes (a test holds them equal), a heartbeat a second
-    per module signed cheaper."""
+    """:class:`protocol.sign.Signer` with the trailer's HMAC-SHA256 from OpenSSL's
+    SHA-256 states of the key's two pads, computed once (RFC 2104: each MAC is then a
+    copy of each state and two updates, not the key's two blocks hashed again and the
+    digest looked up by name as ``hmac.digest`` does each call): the same trailer
+    bytes (a test holds them equal), a heartbeat a second per module signed cheaper."""
 
     def __init__(self, key, link_id=0, clock=None):
         super().__init__(key, link_id=link_id, clock=clock)
-        self._secret = bytes(key)
+        secret = bytes(key)
+        if len(secret) > _SHA256_BLOCK:
+            secret = hashlib.sha256(secret).digest()
+        secret = secret.ljust(_SHA256_BLOCK, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in secret))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in secret))
 
     def trailer(self, data):
         nonce = self.nonce
         if nonce is None or len(nonce) != NONCE_LEN:
             return super().trailer(data)  # raises SigningError, as ever
         head = bytes((self.link_id,)) + self.next_ts().to_bytes(TS_LEN, "big")
-        mac = hmac.digest(self._secret, b"".join((nonce, data, head)), "sha256")
-        return head + mac[:SIG_LEN]
+        inner = self._inner.copy()
+        inner.update(b"".join((nonce, data, head)))
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return head + outer.digest()[:SIG_LEN]
 
 
 class ModuleLink:
@@ -805,6 +826,15 @@ class ModuleLink:
         return heartbeat_fields(self.heartbeat_source, self.heartbeat_period_s, self._once,
                                 self.port)  # fmt: skip
 
+    def _out_queued(self) -> int:
+        """Bytes written to the port and not yet taken by the device: pyserial's
+        ``out_waiting``, for a pyserial port one ioctl on its fd (no property, no
+        struct) since every heartbeat asks."""
+        fd = self._fd
+        if fd is not None and _TIOCOUTQ is not None:
+            return int.from_bytes(fcntl.ioctl(fd, _TIOCOUTQ, _INT_ZERO), sys.byteorder)
+        return self._ser.out_waiting if self._ser is not None else 0
+
     def _send_heartbeat(self, now: float) -> None:
         """One heartbeat now; the next at the following point of the period's grid
         (``k * period`` on the link's clock), common to every link of that period, so
@@ -816,7 +846,7 @@ class ModuleLink:
         period = self.heartbeat_period_s
         self._next_hb = (math.floor(now / period) + 1) * period
         try:
-            queued = self._ser.out_waiting if self._ser is not None else 0
+            queued = self._out_queued()
         except (AttributeError, OSError, serial.SerialException):
             queued = 0  # no TIOCOUTQ (a test double): write as ever
         if queued > OUT_QUEUE_MAX:
