@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import queue
 import selectors
 import socket
@@ -29,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from modbridge.errors import ModbridgeError
 from modbridge.exporter.endpoint import Endpoint
 from modbridge.exporter.walk import SnapshotSource
+from modbridge.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class _WorkerServer(ThreadingHTTPServer):
         self._stopping = False
         self._stopped = threading.Event()
         self._stopped.set()  # not serving: shutdown() has nothing to wait for
-        self._wake_r, self._wake_w = os.pipe()
+        self._wake = WakePipe()
         super().__init__(*args, **kwargs)
 
     def serve_forever(self, poll_interval: float | None = None) -> None:
@@ -114,11 +114,11 @@ class _WorkerServer(ThreadingHTTPServer):
         try:
             with selectors.DefaultSelector() as sel:
                 sel.register(self, selectors.EVENT_READ)
-                sel.register(self._wake_r, selectors.EVENT_READ)
+                sel.register(self._wake, selectors.EVENT_READ)
                 while not self._stopping:
                     ready = {key.fileobj for key, _ in sel.select()}
-                    if self._wake_r in ready:
-                        self._drain()
+                    if self._wake in ready:
+                        self._wake.drain()
                     if self._stopping:
                         break
                     if self in ready:
@@ -128,20 +128,11 @@ class _WorkerServer(ThreadingHTTPServer):
             self._stopping = False  # served again after a shutdown, as socketserver
             self._stopped.set()
 
-    def _drain(self) -> None:
-        try:
-            os.read(self._wake_r, 64)
-        except OSError:
-            pass
-
     def shutdown(self) -> None:
         """Stop :meth:`serve_forever` (called from another thread) and wait for it.
         Before it started (a thread just launched): it returns at once when it does."""
         self._stopping = True
-        try:
-            os.write(self._wake_w, b"\0")
-        except OSError:
-            pass
+        self._wake.wake()
         if not self._stopped.is_set():
             self._stopped.wait()
 
@@ -174,12 +165,7 @@ class _WorkerServer(ThreadingHTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._wake_r = self._wake_w = -1
+        self._wake.close()
         with self._workers_lock:
             self._closed = True
             idle, self._idle = self._idle, 0

@@ -34,13 +34,13 @@ next iteration by comparing the port object with the one registered.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import select
 import threading
 from collections import deque
 
 from modbridge.link.supervise import Episodes, supervised
+from modbridge.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,7 @@ class LinkIO:
         self._ops_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._rfd, self._wfd = os.pipe()
-        os.set_blocking(self._rfd, False)
-        os.set_blocking(self._wfd, False)
-        self._woken = False
+        self._wake = WakePipe()
         self._watched: dict = {}  # link -> (port object, fd)
         self._fd_link: dict = {}  # fd -> link, for the fds registered with the epoll
         self._loop_links: list | None = None  # the loop's links, while it runs
@@ -139,12 +136,7 @@ class LinkIO:
 
     def wake(self) -> None:
         """Make the thread recompute its deadlines now."""
-        if not self._woken:
-            self._woken = True
-            try:
-                os.write(self._wfd, b"\0")
-            except (BlockingIOError, OSError):
-                pass
+        self._wake.wake()
 
     def stop(self, timeout: float = JOIN_TIMEOUT_S) -> None:
         self._stop.set()
@@ -157,12 +149,7 @@ class LinkIO:
         for link in list(self._links):
             self._drop(link)
         self._apply_ops()  # complete removals queued after the thread ended
-        for fd in (self._rfd, self._wfd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._rfd = self._wfd = -1
+        self._wake.close()
 
     def _queue(self, op: str, link, done) -> None:
         with self._ops_lock:
@@ -186,7 +173,7 @@ class LinkIO:
         ep = _poller()
         self._watched = {}
         self._fd_link = {}
-        rfd = self._rfd
+        rfd = self._wake.fileno()
         try:
             ep.register(rfd, _EPOLLIN)
             links: list = []
@@ -219,7 +206,7 @@ class LinkIO:
                 fd_link = self._fd_link
                 for fd, _mask in events:  # readable, or hung up / in error: a read says
                     if fd == rfd:
-                        self._drain()
+                        self._wake.drain()
                         stale = True
                         continue
                     link = fd_link.get(fd)
@@ -254,14 +241,6 @@ class LinkIO:
             self.after_iteration()
         except Exception:  # noqa: BLE001 - the owner's bug must not stop the I/O
             log.exception("%s: after_iteration failed", self.name)
-
-    def _drain(self) -> None:
-        self._woken = False
-        try:
-            while os.read(self._rfd, 64):
-                pass
-        except (BlockingIOError, OSError):
-            pass
 
     def _apply_ops(self) -> None:
         while True:
