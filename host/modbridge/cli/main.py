@@ -317,12 +317,22 @@ def flash_cmd(board: str, port: str, dry_run: bool, no_compile: bool, no_reset: 
 def _register_commands() -> None:
     """Commands that live in their own modules register themselves on the group."""
     from modbridge.cli import bridge as cli_bridge
+    from modbridge.cli import calibrate as cli_calibrate
+    from modbridge.cli import console as cli_console
+    from modbridge.cli import control as cli_control
+    from modbridge.cli import doctor as cli_doctor
+    from modbridge.cli import record as cli_record
     from modbridge.cli import sim as cli_sim
     from modbridge.cli import tune as cli_tune
 
     cli_sim.register(main)
     cli_bridge.register(main)
     cli_tune.register(main)
+    cli_control.register(main)
+    cli_console.register(main)
+    cli_calibrate.register(main)
+    cli_doctor.register(main)
+    cli_record.register(main)
 
 
 _register_commands()
