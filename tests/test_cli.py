@@ -63,7 +63,7 @@ def test_frame_decode_frame_without_delimiter():
 
 def test_frame_decode_rejects_non_hex():
     r = CliRunner().invoke(main, ["frame", "decode", "xyz"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert "not hex" in r.output
 
 
@@ -71,10 +71,10 @@ def test_frame_encode_explains_invalid_input():
     r = CliRunner().invoke(
         main, ["frame", "encode", '{"type":"fan_mode","mode":"manual","duty1":140}']
     )
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert "duty1" in r.output and "outside" in r.output
     r = CliRunner().invoke(main, ["frame", "encode", "not json"])
-    assert r.exit_code == 1 and "not valid JSON" in r.output
+    assert r.exit_code == 2 and "not valid JSON" in r.output
 
 
 def _key_file(tmp_path, mode=0o600, size=32):
@@ -116,9 +116,9 @@ def test_frame_encode_signing_garbage(tmp_path):
     line = '{"type":"reboot"}'
     good, _ = _key_file(tmp_path)
     r = run("frame", "encode", line, "--sign-key", str(good))
-    assert r.exit_code == 1 and "--sign-key and --nonce go together" in r.output
+    assert r.exit_code == 2 and "--sign-key and --nonce go together" in r.output
     r = run("frame", "encode", line, "--sign-key", str(good), "--nonce", "abc")
-    assert r.exit_code == 1 and "--nonce: 16 hex digits" in r.output
+    assert r.exit_code == 2 and "--nonce: 16 hex digits" in r.output
     short, _ = _key_file(tmp_path, size=31)
     r = run("frame", "encode", line, "--sign-key", str(short), "--nonce", "00" * 8)
     assert r.exit_code == 1 and "holds 31 bytes, a key is exactly 32" in r.output
@@ -126,7 +126,7 @@ def test_frame_encode_signing_garbage(tmp_path):
     r = run("frame", "encode", line, "--sign-key", str(loose), "--nonce", "00" * 8)
     assert r.exit_code == 1 and "chmod 600" in r.output
     r = run("frame", "encode", line, "--sign-key", str(tmp_path / "none"), "--nonce", "00" * 8)
-    assert r.exit_code == 1 and "no such file" in r.output
+    assert r.exit_code == 2 and "no such file" in r.output
 
 
 def test_wire_demo_streams_from_micropython():

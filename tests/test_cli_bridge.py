@@ -132,6 +132,10 @@ def test_status_sim_and_unknown_module():
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["backend"] == "virtual" and out["modules"][0]["gpu"]["state"] == "ok"
+    # a virtual module has just powered on: status waits until it left BOOT, fans turning
+    m = out["modules"][0]
+    assert m["state"] not in (None, "BOOT"), m
+    assert any(f["rpm"] for f in m["fans"]) and all(f["duty"] is not None for f in m["fans"])
     res = run("status", "--sim", "--module", "00ff")
     assert res.exit_code == 3
     assert "modbridge list" in res.output
@@ -144,6 +148,8 @@ def test_run_once_sim_prints_status_and_exits_0(tmp_path):
               "--event-log", str(log))  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "policy NORMAL" in res.output
+    assert "state BOOT" not in res.output and "fans rpm 0/0" not in res.output
+    assert " duty " in res.output
     kinds = [json.loads(x)["kind"] for x in log.read_text().splitlines()]
     assert kinds[0] == "bridge" and kinds[-1] == "bridge" and "link" in kinds
 

@@ -355,7 +355,7 @@ def test_unknown_board_lists_valid_ones():
     assert "unknown board 'stm32f072'" in msg
     assert "blackpill_f411, nucleo_f411re, pico, pyboard_v11, sim" in msg
     res = CliRunner().invoke(main, ["flash", "--board", "nope", "--port", "/dev/x"])
-    assert res.exit_code == 1 and "unknown board 'nope'" in res.output
+    assert res.exit_code == 2 and "unknown board 'nope'" in res.output
 
 
 def test_sim_board_is_not_flashable():

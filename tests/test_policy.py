@@ -565,6 +565,24 @@ def test_config_garbage_is_refused_with_a_clear_error(d, match):
     assert isinstance(err.value, ValueError)
 
 
+def test_config_names_every_problem_not_only_the_first():
+    with pytest.raises(PolicyConfigError) as err:
+        PolicyConfig.from_dict(
+            {"warn_temp_c": "hot", "critical_temp_c": -5, "bogus": 1, "psu_gpus": 3,
+             "vram_warn_temp_c": 100, "vram_critical_temp_c": 95}
+        )  # fmt: skip
+    problems = err.value.problems
+    assert len(problems) == 5, problems
+    for key in ("'bogus'", "warn_temp_c must be a number", "critical_temp_c must be > 0",
+                "psu_gpus must be a list", "vram_warn_temp_c (100) must be below"):  # fmt: skip
+        assert sum(key in p for p in problems) == 1, (key, problems)
+    assert all(p.startswith("policy config: ") for p in problems)
+    # an ordering problem is not reported on top of a bad value of the same pair
+    with pytest.raises(PolicyConfigError) as err:
+        PolicyConfig.from_dict({"warn_temp_c": 500, "critical_temp_c": 90})
+    assert len(err.value.problems) == 1
+
+
 def test_config_not_a_table():
     with pytest.raises(PolicyConfigError, match="expected a table"):
         PolicyConfig.from_dict([("warn_temp_c", 80)])
@@ -759,3 +777,22 @@ def test_property_hold_and_target_bounds(steps, min_hold_s, early, original, min
         if d.level == NORMAL:
             assert d.target_limit_w is None or "psu_budget" in d.reasons
         assert all(r in REASONS for r in d.reasons)
+
+
+def test_engine_logs_only_an_escalation_at_warning(caplog):
+    """A decision that raises the level is a WARNING; one that keeps it (new reasons or
+    target at the same level) or lowers it is INFO: not news a person must act on."""
+    eng = PolicyEngine(cfg(warn_temp_c=80.0, critical_temp_c=90.0, min_hold_s=0.0))
+    seen = []
+    with caplog.at_level("INFO", logger="modbridge.policy.engine"):
+        for now, temp in ((0.0, 60.0), (1.0, 85.0), (2.0, 86.0), (3.0, 95.0), (4.0, 60.0),
+                          (5.0, 60.0), (70.0, 60.0), (140.0, 60.0)):  # fmt: skip
+            caplog.clear()
+            (d,) = eng.step(now, [PairInput("m1", "GPU-0", module(now), gpu(temp))])
+            for r in caplog.records:
+                seen.append((d.previous_level, d.level, r.levelname))
+    assert seen, "no decision was logged"
+    for prev, level, name in seen:
+        assert name == ("WARNING" if level > prev else "INFO"), seen
+    assert any(name == "WARNING" for *_, name in seen)
+    assert any(level < prev and name == "INFO" for prev, level, name in seen), seen

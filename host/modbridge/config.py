@@ -195,7 +195,7 @@ def parse(data: dict, path: str = "<config>") -> BridgeConfig:
     try:
         cfg.policy = PolicyConfig.from_dict(data.get("policy"))
     except PolicyConfigError as e:
-        problems.append(str(e))
+        problems += e.problems
     modules = data.get("module", [])
     if not isinstance(modules, list):
         problems.append("module: must be an array of tables ([[module]])")

@@ -91,6 +91,33 @@ def _state_dir_option(f):
     )(f)
 
 
+# ``--sim-speed max`` for the commands that run a bridge: the fastest pace at which its
+# heartbeats (at most every 0.1 s of wall time, br.sim_heartbeat_period_s) still reach
+# the module within its host timeout (5 s of world time) with margin. A world run flat
+# out (``modbridge sim --speed max``) outruns them: the module falls to STANDALONE.
+SIM_SPEED_MAX_HOSTED = 20.0
+
+
+class _SimSpeed(click.ParamType):
+    """``--sim-speed``: a number > 0, or ``max`` (also 0): SIM_SPEED_MAX_HOSTED."""
+
+    name = "SPEED"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        from modbridge.cli.sim import _speed
+
+        try:
+            v = _speed(str(value))
+        except ValueError:
+            self.fail(f"a number > 0 or 'max', got {value!r}", param, ctx)
+        return SIM_SPEED_MAX_HOSTED if v == 0 else v
+
+
+SIM_SPEED = _SimSpeed()
+
+
 def _sim_options(f):
     for opt in reversed(
         [
@@ -101,8 +128,10 @@ def _sim_options(f):
                          help="World file: a built-in name (default, h200_2u) or a path."),
             click.option("--sim-profile", default="demo", show_default=True,
                          help="GPU load profile: a built-in name or a file."),
-            click.option("--sim-speed", default=1.0, show_default=True, type=float,
-                         help="World time per wall-clock second (0: as fast as possible)."),
+            click.option("--sim-speed", default="1", show_default=True, type=SIM_SPEED,
+                         help="World time per wall-clock second, or 'max' (also 0): the "
+                              f"fastest pace the bridge's heartbeats keep up with "
+                              f"({SIM_SPEED_MAX_HOSTED:g}x)."),
             click.option("--sim-fault", "sim_faults", multiple=True, metavar="SPEC",
                          help="Scheduled fault, e.g. fan_stall:1@60s-120s (repeatable; "
                               "grammar in docs/simulator.md)."),
@@ -184,7 +213,9 @@ def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile
             fleet, mappings = br.open_sim(
                 sim_modules, sim_world, sim_profile, sim_speed, faults=faults
             )
-        except (ModbridgeError, ValueError, OSError) as e:
+        except ValueError as e:  # an unknown world or profile, a bad file: usage
+            _fail(f"cannot start the simulator: {e}", EXIT_USAGE)
+        except (ModbridgeError, OSError) as e:
             _fail(f"cannot start the simulator: {e}", EXIT_RUNTIME)
         try:
             cfg.modules = mappings
@@ -287,7 +318,8 @@ def status_cmd(ports, backend, config_path, module_id, as_json, timeout, **sim):
         s.config.dry_run = True  # status only looks
         b = _start_bridge(s)
         try:
-            b.wait_ready(timeout)
+            if b.wait_ready(timeout) and s.fleet is not None:
+                wait_settled(b, timeout)
             rep = br.report(b.tick())
         finally:
             b.stop("status")
@@ -302,6 +334,26 @@ def status_cmd(ports, backend, config_path, module_id, as_json, timeout, **sim):
             click.echo(line)
     if not all(m["link_up"] for m in rep["modules"]):
         sys.exit(EXIT_RUNTIME)
+
+
+def _settled(link) -> bool:
+    """Out of BOOT with a fan turning: what a module that has been running looks like."""
+    st = link.status
+    return st.state not in (None, "BOOT") and any(
+        (st.fan_rpm(i) or 0) > 0 for i in range(1, (st.fans or 2) + 1)
+    )
+
+
+def wait_settled(b, timeout: float, step: float = 0.05) -> bool:
+    """Wait (at most ``timeout`` s) until every module has left BOOT with its fans
+    turning. A virtual module has only just powered on when ``status --sim`` or ``run
+    --sim --once`` looks: without this they always showed BOOT at 0 RPM."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(_settled(link) for link in b.links.values()):
+            return True
+        time.sleep(step)
+    return all(_settled(link) for link in b.links.values())
 
 
 def _start_bridge(s: _Setup, event_log=None):
@@ -392,8 +444,8 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
             if cfg.exporter_enabled:
                 server = exporter.serve(b.snapshot, cfg.exporter_address, cfg.exporter_port)
                 click.echo(f"modbridge: metrics on {server.url}", err=True)
-            if once:
-                b.wait_ready(READY_TIMEOUT_S)
+            if once and b.wait_ready(READY_TIMEOUT_S) and s.fleet is not None:
+                wait_settled(b, READY_TIMEOUT_S)
             if live:
                 view = monitor.LiveView(title="modbridge run")
                 show = monitor.Throttled(lambda snap: view.draw(br.report(snap)), 1.0)

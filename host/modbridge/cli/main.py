@@ -12,7 +12,7 @@ from modbridge import __version__
 from modbridge.errors import ModbridgeError
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="modbridge")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
@@ -25,9 +25,12 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _fail(err: Exception) -> None:
+EXIT_USAGE = 2  # docs/bridge.md "Commands": 0 ok, 1 runtime, 2 usage or config, 3 not found
+
+
+def _fail(err: Exception, code: int | None = None) -> None:
     click.echo(f"modbridge: {err}", err=True)
-    sys.exit(getattr(err, "exit_code", 1))
+    sys.exit(code if code is not None else getattr(err, "exit_code", 1))
 
 
 HUMAN_LINK_ID = 2  # `frame encode`'s signing link (the bridge signs as 0, the sim as 1)
@@ -59,10 +62,14 @@ def _key_store(keys_dir: str | None, config_path: str | None = None):
 
 
 @main.command("wire-demo")
-@click.option("--seconds", default=10.0, show_default=True, help="How long to stream.")
-@click.option("--period-ms", default=100, show_default=True, help="Telemetry period.")
-@click.option("--json-every", default=10, show_default=True, help="Also send a JSON line every N.")
-@click.option("--noise-every", default=25, show_default=True, help="Inject line noise every N.")
+@click.option("--seconds", default=10.0, show_default=True, help="How long to stream.",
+              type=click.FloatRange(0, min_open=True))  # fmt: skip
+@click.option("--period-ms", default=100, show_default=True, help="Telemetry period.",
+              type=click.IntRange(1, 60000))  # fmt: skip
+@click.option("--json-every", default=10, show_default=True, type=click.IntRange(0),
+              help="Also send a JSON line every N (0: never).")  # fmt: skip
+@click.option("--noise-every", default=25, show_default=True, type=click.IntRange(0),
+              help="Inject line noise every N (0: never).")  # fmt: skip
 def wire_demo(seconds: float, period_ms: int, json_every: int, noise_every: int) -> None:
     """Stream telemetry from MicroPython to this process over the real protocol."""
     from modbridge.tools import wiredemo
@@ -93,7 +100,7 @@ def frame_decode(hexdata: str | None, as_json: bool) -> None:
         try:
             data = bytes.fromhex(hexdata.replace(":", "").replace(" ", ""))
         except ValueError:
-            _fail(ModbridgeError("HEXDATA is not hex (pairs of 0-9a-f)"))
+            _fail(ModbridgeError("HEXDATA is not hex (pairs of 0-9a-f)"), EXIT_USAGE)
     else:
         data = sys.stdin.buffer.read()
     dec = StreamDecoder()
@@ -163,7 +170,7 @@ def frame_encode(line: str, seq: int | None, key_file: str | None, nonce: str | 
     signer = None
     if (key_file is None) != (nonce is None):
         _fail(ModbridgeError("--sign-key and --nonce go together (the nonce is in the "
-                             "module's hello)"))  # fmt: skip
+                             "module's hello)"), EXIT_USAGE)  # fmt: skip
     if key_file is not None:
         signer = _signer(key_file, nonce, link_id)
     try:
@@ -174,7 +181,7 @@ def frame_encode(line: str, seq: int | None, key_file: str | None, nonce: str | 
             return
         data = fr.encode_frame(msg.type, msg.fields, s, signer=signer)
     except ProtocolError as e:
-        _fail(ModbridgeError(f"cannot encode: {e}"))
+        _fail(ModbridgeError(f"cannot encode: {e}"), EXIT_USAGE)
     click.echo(data.hex())
 
 
@@ -188,13 +195,13 @@ def _signer(key_file: str, nonce_hex: str, link_id: int):
         nonce = b""
     if len(nonce) != NONCE_LEN:
         _fail(ModbridgeError(f"--nonce: {NONCE_LEN * 2} hex digits (the module's hello "
-                             f"nonce), got {nonce_hex!r}"))  # fmt: skip
+                             f"nonce), got {nonce_hex!r}"), EXIT_USAGE)  # fmt: skip
     try:
         key = read_key_file(key_file)
     except KeyStoreError as e:
         _fail(e)
     if key is None:
-        _fail(ModbridgeError(f"--sign-key: no such file {key_file}"))
+        _fail(ModbridgeError(f"--sign-key: no such file {key_file}"), EXIT_USAGE)
     signer = Signer(key, link_id=link_id)
     signer.nonce = nonce
     return signer

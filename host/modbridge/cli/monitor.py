@@ -51,6 +51,24 @@ def _fans(m: dict) -> str:
     return "/".join(_num(f.get("rpm"), "{:d}") for f in m.get("fans") or []) or "-"
 
 
+def _duties(m: dict) -> str:
+    """Commanded fan duties in percent, ``40/40 %`` (``-`` for a fan without one)."""
+    d = [f.get("duty") for f in m.get("fans") or []]
+    if not d or all(x is None for x in d):
+        return "-"
+    return "/".join("-" if x is None else f"{x * 100:.0f}" for x in d) + " %"
+
+
+def _state(m: dict) -> str:
+    """The firmware state with why it is there when that is not plain (``FAILSAFE
+    (sensor_open)``): a bare FAILSAFE says nothing a person can act on."""
+    state = m.get("state") or "-"
+    reason = m.get("reason")
+    if state in ("FAILSAFE", "STANDALONE", "MANUAL") and reason and reason != "none":
+        return f"{state}({reason})"
+    return state
+
+
 def module_lines(m: dict) -> list[str]:
     """The table rows of one module (``report()["modules"][i]``)."""
     t = m.get("temperatures_c") or {}
@@ -66,7 +84,7 @@ def module_lines(m: dict) -> list[str]:
         f"faults {','.join(m.get('faults') or []) or 'none'}",
         "  temps C  "
         + "  ".join(f"{ch} {_num(t.get(ch))}" for ch in ("gpu", "vram", "mos", "amb"))
-        + f"  fans rpm {_fans(m)}",
+        + f"  fans rpm {_fans(m)}  duty {_duties(m)}",
         f"  input {_num(m.get('v_in_v'), '{:.2f}', ' V')}  {_num(m.get('i_in_a'), '{:.2f}', ' A')}"
         f"  {_num(m.get('p_in_w'), '{:.1f}', ' W')}",
     ]
@@ -137,7 +155,10 @@ def status_line(rep: dict, clock: Callable[[], float] = time.time) -> str:
             down = "DOWN" if m.get("last_frame_age_s") is not None else "connecting"
             head = f"{_short(m.get('module_id') or m['port'])} {down}"
         else:
-            head = f"{_short(m.get('module_id'))} {m.get('state') or '-'} ntc {_num(t)}C"
+            head = (
+                f"{_short(m.get('module_id'))} {_state(m)} ntc {_num(t)}C"
+                f" fans {_fans(m)}rpm@{_duties(m).replace(' ', '')}"
+            )
         gpu = ""
         if g:
             if g.get("state", "ok") != "ok":

@@ -18,13 +18,47 @@ from modbridge.errors import ModbridgeError
 
 
 class PolicyConfigError(ModbridgeError, ValueError):
-    """The ``[policy]`` config section is invalid; the message names the key."""
+    """The ``[policy]`` config section is invalid. ``problems``: every problem found,
+    each naming its key (``config validate`` lists them all); the message joins them."""
 
     exit_code = 2
 
+    def __init__(self, problems):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+def _problem(key, msg):
+    return f"policy config: {key} {msg}"
+
 
 def _fail(key, msg):
-    raise PolicyConfigError(f"policy config: {key} {msg}")
+    raise PolicyConfigError(_problem(key, msg))
+
+
+def _check(name, v):
+    """``(value, None)`` with the value normalised, or ``(None, problem)``."""
+    kind = _KINDS[name]
+    if v is None:
+        return (None, None) if kind.optional else (None, _problem(name, "must be set"))
+    if kind.kind == "bool":
+        if not isinstance(v, bool):
+            return None, _problem(name, f"must be true or false, got {v!r}")
+        return v, None
+    if kind.kind == "names":
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x for x in v):
+            return None, _problem(name, f"must be a list of GPU uuids / module ids, got {v!r}")
+        return tuple(v), None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None, _problem(name, f"must be a number, got {v!r}")
+    if not math.isfinite(v):
+        return None, _problem(name, f"must be finite, got {v!r}")
+    lo, hi, lo_open = kind.lo, kind.hi, kind.lo_open
+    if lo is not None and (v < lo or (lo_open and v == lo)):
+        return None, _problem(name, f"must be {'>' if lo_open else '>='} {lo}, got {v!r}")
+    if hi is not None and v > hi:
+        return None, _problem(name, f"must be <= {hi}, got {v!r}")
+    return float(v), None
 
 
 @dataclass(frozen=True)
@@ -76,39 +110,27 @@ class PolicyConfig:
     psu_gpus: tuple[str, ...] | None = None  # GPU uuids / module ids on the PSU; None: all
 
     def __post_init__(self):
+        problems = []
+        bad = set()
         for f in fields(self):
-            v = getattr(self, f.name)
-            kind = _KINDS[f.name]
-            if v is None:
-                if not kind.optional:
-                    _fail(f.name, "must be set")
-                continue
-            if kind.kind == "bool":
-                if not isinstance(v, bool):
-                    _fail(f.name, f"must be true or false, got {v!r}")
-            elif kind.kind == "names":
-                if isinstance(v, str) or not all(isinstance(x, str) and x for x in v):
-                    _fail(f.name, f"must be a list of GPU uuids / module ids, got {v!r}")
-                object.__setattr__(self, f.name, tuple(v))
-            else:
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    _fail(f.name, f"must be a number, got {v!r}")
-                if not math.isfinite(v):
-                    _fail(f.name, f"must be finite, got {v!r}")
-                lo, hi, lo_open = kind.lo, kind.hi, kind.lo_open
-                if lo is not None and (v < lo or (lo_open and v == lo)):
-                    _fail(f.name, f"must be {'>' if lo_open else '>='} {lo}, got {v!r}")
-                if hi is not None and v > hi:
-                    _fail(f.name, f"must be <= {hi}, got {v!r}")
-                object.__setattr__(self, f.name, float(v))
+            v, problem = _check(f.name, getattr(self, f.name))
+            if problem is not None:
+                problems.append(problem)
+                bad.add(f.name)
+            elif v is not None:
+                object.__setattr__(self, f.name, v)
         for warn, crit in (
             ("warn_temp_c", "critical_temp_c"),
             ("vram_warn_temp_c", "vram_critical_temp_c"),
             ("mos_warn_temp_c", "mos_critical_temp_c"),
         ):
+            if warn in bad or crit in bad:
+                continue
             w, c = getattr(self, warn), getattr(self, crit)
             if w is not None and c is not None and w >= c:
-                _fail(warn, f"({w:g}) must be below {crit} ({c:g})")
+                problems.append(_problem(warn, f"({w:g}) must be below {crit} ({c:g})"))
+        if problems:
+            raise PolicyConfigError(problems)
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> PolicyConfig:
@@ -129,19 +151,27 @@ class PolicyConfig:
                 if name in flat:
                     _fail(name, "given twice (flat and in the early_warning table)")
                 flat[name] = v
-        unknown = sorted(set(flat) - set(_KINDS))
+        problems = []
+        unknown = sorted(set(flat) - set(_KINDS), key=str)
         if unknown:
             hints = []
             for k in unknown:
                 near = difflib.get_close_matches(str(k), list(_KINDS), n=1)
                 hints.append(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
-            raise PolicyConfigError(
+            problems.append(
                 "policy config: unknown key(s) "
                 + ", ".join(hints)
                 + "; known: "
                 + ", ".join(sorted(_KINDS))
             )
-        return cls(**flat)
+        known = {k: v for k, v in flat.items() if k in _KINDS}
+        try:
+            cfg = cls(**known)
+        except PolicyConfigError as e:
+            problems += e.problems
+        if problems:
+            raise PolicyConfigError(problems)
+        return cfg
 
 
 @dataclass(frozen=True)

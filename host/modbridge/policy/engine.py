@@ -186,11 +186,9 @@ class PolicyEngine:
             )
             if d.changed:
                 self._write("decision", **d.as_event())
-                lvl = (
-                    logging.WARNING
-                    if d.level > NORMAL or d.previous_level > d.level
-                    else (logging.INFO)
-                )
+                # WARNING for an escalation only: a recovery, or a change of reasons or
+                # target at the same level (WARN -> WARN), is not news a person must act on
+                lvl = logging.WARNING if d.level > d.previous_level else logging.INFO
                 log.log(
                     lvl,
                     "policy %s/%s: %s -> %s, target %s W (%s)%s",

@@ -91,6 +91,12 @@ class FlashError(ModbridgeError):
     """Deploying failed; the message says what to do."""
 
 
+class UnknownBoard(FlashError):
+    """A board name not in boards.BOARDS: a usage error."""
+
+    exit_code = 2
+
+
 #: Where ``make firmware`` puts each board's image (firmware/stm32.py).
 IMAGE_DIR = CODE_ROOT / "build" / "firmware"
 #: Flash addresses of the two parts of MicroPython's F4 images (TEXT0_ADDR, TEXT1_ADDR
@@ -259,7 +265,7 @@ def board_entry(board: str) -> tuple[str, str | None]:
     from boards import BOARDS
 
     if board not in BOARDS:
-        raise FlashError(f"unknown board {board!r}; valid boards: {', '.join(board_names())}")
+        raise UnknownBoard(f"unknown board {board!r}; valid boards: {', '.join(board_names())}")
     return BOARDS[board]
 
 
