@@ -500,6 +500,8 @@ class App:
         if n:
             self.receive(self.rx, n)
         now = hal.ticks_ms()
+        if not n:  # the port is empty: a pause ends a cut binary run (SPEC section 8)
+            self.decoder.idle(now)
         if ticks_diff(now, self.next_tick) >= 0:
             self.next_tick = ticks_add(self.next_tick, self.period_ms)
             if ticks_diff(now, self.next_tick) >= 0:  # fell behind: skip, count

@@ -19,7 +19,10 @@ items. JSON lines (see :mod:`protocol.jsonl`) are recognised on the same stream 
 second byte of a run: a binary frame always carries its major version there (a control
 byte, 0x01 for v1; majors stay below 0x20), so any other second byte starts a text line
 that ends at the next LF, whatever it holds (a terminal's backspace or escape
-sequences cannot make the decoder stop listening for lines).
+sequences cannot make the decoder stop listening for lines). A binary run also ends
+at a pause: ``idle(now)``, called when the port is found empty, drops an incomplete
+one after ``GAP_MS`` of silence, so a control byte typed at a terminal (Ctrl-C) does
+not leave the decoder deaf until a 0x00 (SPEC.md section 8).
 
 On the module, ``feed(rx, n, sink)`` with a :class:`HeartbeatState` and a
 :class:`~protocol.sign.Verifier` receives the host's signed heartbeats without
@@ -76,6 +79,8 @@ MAX_LINE = const(1024)
 DELIMITER = const(0)
 MINOR_MASK = const(0x7F)  # byte 1 = minor | FLAG_SIGNED
 MIN_SIGNED = const(20)  # MIN_FRAME + TRAILER_LEN
+GAP_MS = const(100)  # line silence that ends an incomplete binary run (StreamDecoder.idle)
+_TICKS_MASK = const(0x3FFFFFFF)  # ms ticks wrap at 2**30 (device/ticks.py)
 
 # ----------------------------------------------------------------------------
 # Encoding
@@ -509,6 +514,7 @@ class StreamDecoder:
         self._n = 0
         self._state = _IDLE
         self._discard_text = False
+        self._quiet = -1  # ms ticks of the first idle() since bytes came, -1: none yet
         self.frames = 0
         self.json_lines = 0
         self.bytes = 0
@@ -542,6 +548,7 @@ class StreamDecoder:
         else:
             out = self._sink
             out.fn = sink
+        self._quiet = -1
         end = len(data)
         if n is not None and n < end:
             end = n
@@ -644,6 +651,34 @@ class StreamDecoder:
             return out
         out.fn = None
         return None
+
+    def idle(self, now):
+        """The port was found empty at ``now`` (ms ticks, 0 .. 2**30 - 1).
+
+        Once the line has been silent for ``GAP_MS`` (counted from the first call
+        since bytes were fed: nothing arrived in between, however busy the caller
+        was), an incomplete binary run is dropped as ``framing`` (one that was already
+        ``oversize`` is forgotten, and so is a lone buffered control byte). A frame is
+        sent in one burst, so this never cuts one; it is how a human at a terminal who
+        typed a control byte (Ctrl-C) gets a listening decoder back. Text lines are
+        never cut: a person types slowly. Allocates nothing.
+        """
+        q = self._quiet
+        if q < 0:
+            self._quiet = now
+            return
+        st = self._state
+        if (now - q) & _TICKS_MASK < GAP_MS or st == _IDLE or st == _TEXT:
+            return
+        if st == _BIN:
+            self.errors["framing"] += 1
+        elif st == _FIRST:
+            if self._buf[0] >= 0x20:
+                return  # may be the "{" of a line typed slowly
+        elif self._discard_text:
+            return  # an oversize text line: discarded up to its LF
+        self._n = 0
+        self._state = _IDLE
 
     def _line_buffer(self):
         """The buffer grown to hold a text line (the first byte kept); returns it."""
