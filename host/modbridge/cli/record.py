@@ -59,7 +59,7 @@ class _ProgressLine:
     """stderr: one ``\\r``-redrawn line on a terminal, else a line every 10 s."""
 
     def __init__(self, path: str, enabled: bool = True, stream=None):
-        self.stream = stream or click.get_text_stream("stderr")
+        self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.path, self.enabled = path, enabled
         self._last = None
@@ -121,11 +121,11 @@ def record_cmd(output, fmt, duration, interval, force, dry_run, quiet, as_json, 
 
     fmt = rec.format_for_path(output, fmt)
     path = output or _default_output(fmt)
+    if path != "-" and os.path.isdir(path):
+        _fail("record", f"{path} is a directory: -o takes a file name", EXIT_USAGE)
     if path != "-" and os.path.exists(path) and not force:
         _fail("record", f"{path} exists: give --force to overwrite it, or another -o FILE",
               EXIT_USAGE)  # fmt: skip
-    if path != "-" and os.path.isdir(path):
-        _fail("record", f"{path} is a directory: -o takes a file name", EXIT_USAGE)
     with _setup(config_path, ports, backend, **sim) as s:
         cfg = s.config
         cfg.dry_run = True if s.fleet is None else (dry_run or cfg.dry_run)
@@ -180,7 +180,7 @@ def record_cmd(output, fmt, duration, interval, force, dry_run, quiet, as_json, 
         click.echo(json.dumps(res.as_dict(), indent=2))
     if error is not None:
         _fail("record", error, EXIT_RUNTIME)
-    if b.signal_received is not None and not quiet:
+    if b.signal_received is not None:
         click.echo(f"modbridge record: stopped by {b.stop_reason}; {path} is complete", err=True)
     sys.exit(EXIT_OK if restored else EXIT_RUNTIME)
 
