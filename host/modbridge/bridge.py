@@ -232,6 +232,7 @@ class Bridge:
         self.last_event_at: float | None = None
         self.stop_reason: str | None = None
         self.signal_received: int | None = None
+        self.control = None  # the control socket's server (serve_control), if any
 
     # -- life cycle -----------------------------------------------------------------
     def _owned_gpus(self) -> list:
@@ -372,6 +373,8 @@ class Bridge:
         if self._stopped:
             return True
         self._stopped = True
+        if self.control is not None:
+            self.control.stop()
         for link in self.links.values():
             link.stop()
         self.io.stop()
@@ -870,6 +873,40 @@ class Bridge:
     def snapshot(self) -> BridgeSnapshot:
         """The latest snapshot (what a scrape serves): never blocks."""
         return self._snapshot
+
+    # -- the control socket (modbridge.ops.ctlsock, docs/control.md) --------------------
+    def serve_control(self, path, group: str | None = None):
+        """Answer ``modbridge set/config/selftest/...`` on the Unix socket ``path``
+        (its own threads; stopped by :meth:`stop`). Returns the server."""
+        from modbridge.ops import ctlsock
+
+        self.control = ctlsock.serve(self, path, group)
+        return self.control
+
+    def control_entries(self) -> list[tuple[str, str | None, list[str]]]:
+        """``(port, module id, [[module]] names)`` of every link."""
+        out = []
+        for port, link in self.links.items():
+            mid = link.status.module_id
+            names = [m.name for m in self.config.modules if getattr(m, "name", None) and (
+                (m.module_id and m.module_id == mid) or _same_port(m.port, port))]
+            out.append((port, mid, names))
+        return out
+
+    def control_link(self, module: str) -> ModuleLink:
+        """The link of ``module``: a port, a module id (or a unique prefix) or a
+        ``[[module]]`` name; :class:`modbridge.ops.control.TargetNotFound` otherwise."""
+        from modbridge.ops.control import pick_module
+
+        return self.links[pick_module(module, self.control_entries())]
+
+    def forward(self, module: str, name: str, fields: dict | None = None,
+                timeout: float | None = None, then_telemetry: bool = False):
+        """Send ``name`` to ``module`` through its link (signed with the bridge's
+        keys); the module's answer as a :class:`modbridge.ops.control.Reply`."""
+        from modbridge.ops.control import link_request
+
+        return link_request(self.control_link(module), name, fields, timeout, then_telemetry)
 
     def check_mapped_modules(self) -> list[str]:
         """Config ``[[module]]`` ids that no connected module has (one text each)."""

@@ -56,6 +56,7 @@ ACTUATORS = ("power", "clocks", "both")  # modbridge.actuator.ACTUATORS
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _MODULE_ID = re.compile(r"^[0-9a-f]{2,64}$")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}$")
 
 
 class ConfigFileError(ModbridgeError):
@@ -76,6 +77,7 @@ class ModuleMapping:
     gpu: str | None  # UUID or PCI bus id; None: the only GPU
     port: str | None = None
     actuator: str | None = None  # None: [bridge] actuator
+    name: str | None = None  # what `modbridge set <name> ...` calls it (docs/control.md)
 
 
 @dataclass
@@ -90,6 +92,9 @@ class BridgeConfig:
     # the journal of original power limits and the GPU locks; None: the default
     # (modbridge.actuator.journal.default_state_dir: $STATE_DIRECTORY, else /var/lib/modbridge)
     state_dir: str | None = None
+    # the control socket (docs/control.md); None: $RUNTIME_DIRECTORY, else the state dir
+    control_socket: str | None = None
+    control_group: str | None = None  # its group: members may control modules
     exporter_address: str = "127.0.0.1"
     exporter_port: int = 9659
     exporter_enabled: bool = True
@@ -126,6 +131,8 @@ _SECTIONS = {
         "state_dir": (str,),
         "actuator": (ACTUATORS,),
         "fallback": (bool,),
+        "control_socket": (str,),
+        "control_group": (str,),
     },
     "clocks": {
         "warn_fraction": (float, 0.05, 0.99),
@@ -202,14 +209,16 @@ def parse(data: dict, path: str = "<config>") -> BridgeConfig:
         modules = []
     seen_ids: dict[str, int] = {}
     seen_gpus: dict[str, int] = {}
+    seen_names: dict[str, int] = {}
     for i, m in enumerate(modules):
         where = f"module[{i}]"
         if not isinstance(m, dict):
             problems.append(f"{where}: must be a table")
             continue
         for key in m:
-            if key not in ("id", "gpu", "port", "actuator"):
-                problems.append(f"{where}.{key}: unknown key (keys are id, gpu, port, actuator)")
+            if key not in ("id", "gpu", "port", "actuator", "name"):
+                problems.append(f"{where}.{key}: unknown key (keys are id, gpu, port, "
+                                "actuator, name)")  # fmt: skip
         mid = m.get("id")
         gpu = m.get("gpu")
         port = m.get("port")
@@ -247,7 +256,18 @@ def parse(data: dict, path: str = "<config>") -> BridgeConfig:
         if actuator is not None and gpu is None:
             problems.append(f"{where}.actuator: needs the module's gpu (the actuator acts "
                             "on a GPU; [bridge] actuator sets it for every GPU)")  # fmt: skip
-        cfg.modules.append(ModuleMapping(mid, gpu, port, actuator))
+        name = m.get("name")
+        if name is not None:
+            if not isinstance(name, str) or not _NAME.match(name):
+                problems.append(f"{where}.name: letters, digits, '_', '-', '.', starting with a "
+                                f"letter, at most 32, got {name!r}")  # fmt: skip
+                name = None
+            elif name in seen_names:
+                problems.append(f"{where}.name: {name} is already used by "
+                                f"module[{seen_names[name]}]")  # fmt: skip
+            else:
+                seen_names[name] = i
+        cfg.modules.append(ModuleMapping(mid, gpu, port, actuator, name))
     if problems:
         raise ConfigFileError(path, problems)
     return cfg

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 import click
 
 from modbridge.errors import ModbridgeError
+from modbridge.ops.control import find_port as _find_port  # shared with `modbridge set`
 from protocol import catalog as C
 
 SIM_SPEED = 20.0  # the virtual module's pace: heartbeats every 0.1 s keep it HOSTED
@@ -331,30 +332,6 @@ class _GpuFeed:
     def close(self):
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-def _find_port(module_id: str, ports, store, timeout_s: float) -> str:
-    """The port whose module announces ``module_id`` in its hello."""
-    from modbridge.link.discovery import find_modules
-    from modbridge.link.session import LinkError, ModuleLink
-
-    seen = []
-    for info in find_modules(ports):
-        link = ModuleLink(info.device, keys=store, heartbeat_period_s=60.0)
-        try:
-            link.start(fail_fast=False)
-            if link.wait_up(timeout_s):
-                seen.append(f"{info.device}: {link.status.module_id}")
-                if link.status.module_id == module_id:
-                    return info.device
-        except LinkError:
-            pass
-        finally:
-            link.stop()
-    raise TuneError(
-        f"no module {module_id} found"
-        + (f" (seen: {'; '.join(seen)})" if seen else " (no module answered on any port)")
-    )
 
 
 # ------------------------------------------------------------------------- command
