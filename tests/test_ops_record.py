@@ -237,7 +237,7 @@ def test_a_bad_csv_line_in_the_middle_is_named(tmp_path):
         R.parse_recording("".join(lines), "x.csv")
     lines = text.splitlines(keepends=True)
     lines[2] = "sample,1.0\n"
-    with pytest.raises(R.RecordingError, match=r"line 3: 2 fields, the header has 33"):
+    with pytest.raises(R.RecordingError, match=r"line 3: 2 fields, the header has 34"):
         R.parse_recording("".join(lines), "x.csv")
 
 
@@ -311,6 +311,7 @@ def test_the_figure_has_the_curves_and_the_event_markers():
         assert sorted(ln.get_xdata()[0] for ln in _event_lines(ax)) == [10.0, 12.0]
     texts = [t.get_text() for t in temps.texts if t.get_gid() == "event"]
     assert texts == ["fan_stall", "limit lower 490 W"]
+    assert level.get_xlabel() == "elapsed (s)"  # no world time: the wall clock's
     assert "bench 3" in fig.get_suptitle()
     assert temps.get_title(loc="left").startswith("module aa11  GPU GPU-0")
     # module bb22 had no event
@@ -519,6 +520,10 @@ def test_a_simulated_stall_recorded_then_plotted(tmp_path):
     rows = [s for s in rec.samples if s.module == mod]
     assert len(rows) >= 10
     assert all(s.temp_gpu_c is not None and s.gpu_power_w is not None for s in rows)
+    # the world's clock beside the wall's: it runs about 20x faster
+    worlds = [s.world_s for s in rows]
+    assert worlds == sorted(worlds) and worlds[-1] - worlds[0] > 5 * (
+        rows[-1].elapsed_s - rows[0].elapsed_s)
     assert any(s.fan1_rpm == 0 or "fan1_stall" in s.faults for s in rows)
     assert any(s.gpu_limit_w == 490.0 for s in rows) and rows[0].gpu_limit_w == 700.0
     kinds = {(e.event_kind, e.event) for e in rec.events}
@@ -536,6 +541,9 @@ def test_a_simulated_stall_recorded_then_plotted(tmp_path):
     assert info["path"] == str(png) and info["markers"] >= 3 and len(info["columns"]) == 1
     data = png.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 40_000
+    fig = P.figure(rec)
+    assert fig.axes[-1].get_xlabel() == "world time (s)" or any(
+        ax.get_xlabel() == "world time (s)" for ax in fig.axes)
     from matplotlib import image
 
     pixels = image.imread(png)

@@ -147,7 +147,8 @@ def record_cmd(output, fmt, duration, interval, force, dry_run, quiet, as_json, 
         )
         recorder = rec.Recorder(b, rec.writer_for(fmt, stream), tap, interval_s=interval,
                                 duration_s=duration, on_progress=show, meta=meta,
-                                max_samples=max_samples, started=started)  # fmt: skip
+                                max_samples=max_samples, started=started,
+                                world_time=_world_clock(s.fleet))  # fmt: skip
         uninstall = b.install_signal_handlers()
         error = None
         try:
@@ -183,6 +184,19 @@ def record_cmd(output, fmt, duration, interval, force, dry_run, quiet, as_json, 
     if b.signal_received is not None:
         click.echo(f"modbridge record: stopped by {b.stop_reason}; {path} is complete", err=True)
     sys.exit(EXIT_OK if restored else EXIT_RUNTIME)
+
+
+def _world_clock(fleet):
+    """--sim: port -> that module's world time in s (None: not a virtual module's)."""
+    if fleet is None:
+        return None
+    worlds = dict(zip(fleet.ports, fleet.worlds, strict=True))
+
+    def world_s(port):
+        w = worlds.get(port)
+        return None if w is None else w.now_ms / 1000.0
+
+    return world_s
 
 
 def _open_output(path: str):

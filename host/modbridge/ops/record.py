@@ -49,6 +49,7 @@ CSV_MAGIC = "# modbridge recording"
 UNITS = {
     "time_unix": "s (Unix time)",
     "elapsed_s": "s since the recording started",
+    "world_s": "s of simulated world time (--sim only)",
     "temp_gpu_c": "degC",
     "temp_vram_c": "degC",
     "temp_mos_c": "degC",
@@ -81,6 +82,7 @@ class SampleRow:
 
     time_unix: float
     elapsed_s: float
+    world_s: float | None = None  # --sim: the module's world clock (it runs --sim-speed x)
     module: str | None = None  # module id (the port until its hello)
     port: str | None = None
     link_up: bool | None = None
@@ -911,6 +913,7 @@ class Recorder:
         wall: Callable[[], float] = time.time,
         max_samples: int | None = None,
         started: tuple[float, float] | None = None,
+        world_time: Callable[[str | None], float | None] | None = None,
     ):
         if not interval_s > 0:
             raise ValueError("interval_s must be > 0")
@@ -919,6 +922,7 @@ class Recorder:
         self.on_progress = on_progress
         self.monotonic, self.wall = monotonic, wall
         self.max_samples = max_samples
+        self.world_time = world_time  # port -> its simulated world's clock (s), --sim
         self.meta = meta or RecordingMeta()
         # (monotonic, Unix) time 0: given (taken before the bridge started, so that
         # its start and link events are at elapsed >= 0), else now
@@ -952,7 +956,11 @@ class Recorder:
         now = self.monotonic()
         if now >= self._next:
             rep = report(snap, now)
-            self.writer.write_all(sample_rows(rep, self.wall(), now - self._t0))
+            rows = sample_rows(rep, self.wall(), now - self._t0)
+            if self.world_time is not None:
+                for r in rows:
+                    r.world_s = self.world_time(r.port)
+            self.writer.write_all(rows)
             self.intervals += 1
             # on the interval's grid; a late tick does not shift every later sample
             missed = math.floor((now - self._next) / self.interval_s)

@@ -155,6 +155,24 @@ def _time_scale(span_s: float) -> tuple[float, str]:
     return 1.0, "s"
 
 
+def time_axis(rec: Recording):
+    """``(elapsed s -> x s, name)``: the world time of a --sim recording (samples carry
+    it; events between samples are placed by linear interpolation, outside them at
+    the nearest sample's), else the elapsed wall-clock time."""
+    pts = sorted({(s.elapsed_s, s.world_s) for s in rec.samples if s.world_s is not None})
+    if len(pts) < 2:
+        return (lambda e: e), "elapsed"
+    import numpy as np
+
+    xs = np.array([p[0] for p in pts])
+    ws = np.array([p[1] for p in pts])
+
+    def world(e: float) -> float:
+        return float(np.interp(e, xs, ws))
+
+    return world, "world time"
+
+
 def figure(rec: Recording, title: str | None = None):
     """The report's :class:`matplotlib.figure.Figure` (an Agg canvas attached).
 
@@ -168,8 +186,9 @@ def figure(rec: Recording, title: str | None = None):
             "record for longer, e.g. `modbridge record --duration 60`"
         )
     cols = columns(rec)
-    t_all = [s.elapsed_s for s in rec.samples] + [e.elapsed_s for e in rec.events]
-    t_min = min(0.0, min(t_all))
+    when, axis = time_axis(rec)
+    t_all = [when(s.elapsed_s) for s in rec.samples] + [when(e.elapsed_s) for e in rec.events]
+    t_min = min(t_all)
     span = max(t_all) - t_min
     scale, unit = _time_scale(span)
     ncol = len(cols)
@@ -179,9 +198,9 @@ def figure(rec: Recording, title: str | None = None):
     axes = fig.subplots(len(PANEL_HEIGHTS), ncol, sharex=True, squeeze=False,
                         gridspec_kw={"height_ratios": PANEL_HEIGHTS})  # fmt: skip
     for j, col in enumerate(cols):
-        _draw_column(axes[:, j], col, scale, j == 0)
+        _draw_column(axes[:, j], col, scale, j == 0, when)
     for ax in axes[-1, :]:
-        ax.set_xlabel(f"elapsed ({unit})")
+        ax.set_xlabel(f"{axis} ({unit})")
     # one y range per row across the columns (compare modules at a glance)
     for i in range(len(PANEL_HEIGHTS) - 1):
         lows, highs = zip(*(ax.get_ylim() for ax in axes[i, :]), strict=True)
@@ -206,9 +225,9 @@ def figure(rec: Recording, title: str | None = None):
     return fig
 
 
-def _draw_column(axes, col: Column, scale: float, first: bool) -> None:
+def _draw_column(axes, col: Column, scale: float, first: bool, when) -> None:
     rows = col.samples
-    t = [r.elapsed_s / scale for r in rows]
+    t = [when(r.elapsed_s) / scale for r in rows]
     ax_t, ax_f, ax_p, ax_l = axes
     ax_t.set_title(col.title, fontsize=10, loc="left")
 
@@ -256,7 +275,7 @@ def _draw_column(axes, col: Column, scale: float, first: bool) -> None:
     ax_l.set_ylim(-0.4, len(LEVELS) - 0.6)
     ax_l.set_ylabel("policy")
 
-    for x, color, labels in _label_groups(col.markers, scale, t):
+    for x, color, labels in _label_groups(col.markers, scale, t, when):
         for ax in axes:
             ax.axvline(x, color=color, lw=0.8, alpha=0.7, gid="event")
         if labels:
@@ -275,14 +294,14 @@ def _draw_column(axes, col: Column, scale: float, first: bool) -> None:
     ax_l.grid(True, alpha=0.3)
 
 
-def _label_groups(markers: list[Marker], scale: float, t: list[float]):
+def _label_groups(markers: list[Marker], scale: float, t: list[float], when):
     """``(x, colour, labels)`` per marker line: markers closer than 0.5 % of the time
     span share one line and one label (a label once, the first category's colour);
     after :data:`MAX_LABELS` labels, lines only."""
     span = max((t[-1] - t[0]) if t else 0.0, 1e-9)
     groups: list[list] = []
     for m in sorted(markers, key=lambda m: m.elapsed_s):
-        x = m.elapsed_s / scale
+        x = when(m.elapsed_s) / scale
         if groups and x - groups[-1][0] <= 0.005 * span:
             if m.label not in groups[-1][2]:
                 groups[-1][2].append(m.label)
