@@ -443,7 +443,7 @@ def check_input_voltage(view: ModuleView, under_voltage_v: float = 11.4) -> Chec
     if view.telemetry.get("i_in") is not None:
         data["i_in_a"] = view.telemetry["i_in"] / 1000.0
     dev = (v - V_NOMINAL) / V_NOMINAL
-    low_fail = min(V_NOMINAL * (1 - V_ATX_FRACTION), under_voltage_v)
+    low_fail = max(V_NOMINAL * (1 - V_ATX_FRACTION), under_voltage_v)
     if v < low_fail or v > V_NOMINAL * (1 + V_ATX_FRACTION) or view.fault("under_voltage"):
         return Check("L1", name, FAIL, f"12 V input at {v:.2f} V ({dev:+.1%}), outside "
                      f"{low_fail:.2f}..{V_NOMINAL * (1 + V_ATX_FRACTION):.2f} V",
