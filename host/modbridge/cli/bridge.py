@@ -410,8 +410,13 @@ def _start_bridge(s: _Setup, event_log=None):
               help="Stop (restoring limits) after this many wall-clock seconds.")
 @click.option("--ticks", type=click.IntRange(1), default=None, hidden=True,
               help="Stop after this many ticks (tests, benchmarks).")  # fmt: skip
+@click.option("--control-socket", type=click.Path(dir_okay=False), default=None,
+              help="Control socket for `modbridge set/config/selftest` (default: "
+              "[bridge] control_socket, $RUNTIME_DIRECTORY, the state dir; docs/control.md).")
+@click.option("--no-control", is_flag=True, help="No control socket.")
 def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port, no_metrics,
-            event_log, once, status_every, live, duration, ticks, **sim):  # fmt: skip
+            event_log, once, status_every, live, duration, ticks, control_socket, no_control,
+            **sim):  # fmt: skip
     """The service: modules + GPUs + policy + power limits + Prometheus exporter.
 
     SIGTERM, SIGINT, SIGHUP or SIGQUIT: the power limits go back (per on_exit) and
@@ -437,6 +442,10 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
         except OSError as e:
             _fail(f"cannot open the event log {path}: {e}", EXIT_RUNTIME)
         b = _start_bridge(s, elog)
+        from modbridge.ops import ctlsock
+
+        ctlsock.serve_run(b, cfg, s.state_dir, control_socket, not no_control,
+                          lambda m: click.echo(m, err=True))  # fmt: skip
         uninstall = b.install_signal_handlers()
         server = None
         ok = False

@@ -658,7 +658,6 @@ class Outcome:
     command: str
     summary: str
     status: str
-    subject: str | None = None  # what a refusal is about ("setpoint gpu"); None: summary
     module_id: str | None = None
     port: str | None = None
     via: str | None = None
@@ -669,6 +668,7 @@ class Outcome:
     data: dict | None = None  # config values, self-test results
     lines_extra: list = field(default_factory=list)  # text-only detail lines
     failed: bool = False  # a self-test that did not pass (exit 1)
+    subject: str | None = None  # what a refusal is about ("setpoint gpu"); None: summary
 
     @property
     def exit_code(self) -> int:

@@ -604,3 +604,25 @@ class BridgeTarget(ctl.Target):
         except SocketError as e:
             raise ctl.ControlError(str(e)) from None
         return r.get("telemetry")
+
+
+def serve_run(bridge, config, state_dir, path=None, enabled: bool = True,
+              echo: Callable[[str], None] = print) -> ControlServer | None:  # fmt: skip
+    """``modbridge run``'s control socket: ``path`` (``--control-socket``), else the
+    config's ``control_socket``, else :func:`default_path`. A socket that cannot be
+    served is reported and the bridge runs without it (cooling comes first)."""
+    if not enabled:
+        return None
+    where = path or getattr(config, "control_socket", None) or default_path(state_dir)
+    if where is None:
+        echo("modbridge: no control socket (no state directory): modules are controlled "
+             "with --direct only while the bridge is stopped")  # fmt: skip
+        return None
+    try:
+        server = bridge.serve_control(Path(where).expanduser(),
+                                      getattr(config, "control_group", None))  # fmt: skip
+    except SocketError as e:
+        echo(f"modbridge: control socket disabled: {e}")
+        return None
+    echo(f"modbridge: control socket on {server.path}")
+    return server
