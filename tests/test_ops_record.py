@@ -373,7 +373,9 @@ class _FakeBridge:
             if n == 5:
                 self.tap.log.write("module_event", module_id="m1", reason="fan_stall",
                                    fields={"active": True, "severity": 2, "state": 3,
-                                           "value": 12345})  # fmt: skip
+                                           "index": 1, "value": 12345})  # fmt: skip
+                self.tap.log.write("module_event", module_id="m1", reason="sensor_open",
+                                   fields={"active": False, "severity": 2, "index": 0})
             on_tick(BridgeSnapshot(taken_at=self.clock[0], modules=[st]))
             if until():
                 break
@@ -397,9 +399,13 @@ def test_the_recorder_samples_on_its_interval_and_writes_events_between():
     assert (s.module, s.state, s.temp_gpu_c) == ("m1", "HOSTED", 41.25)
     assert (s.fan1_rpm, s.v_in_v) == (900, 12.01)
     assert s.fan1_duty_pct == pytest.approx(50.0, abs=0.01)  # percent, not 1/65535
-    (ev,) = got.events
-    assert (ev.event, ev.level, ev.module, ev.elapsed_s) == ("fan_stall", "alarm", "m1", 1.0)
-    assert ev.detail["state"] == "FAILSAFE" and "value" not in ev.detail  # no wire units
+    ev, ev2 = got.events
+    assert (ev.event, ev.level, ev.module, ev.elapsed_s) == ("fan_stall fan2", "alarm", "m1", 1.0)
+    assert ev.detail["state"] == "FAILSAFE" and ev.detail["fan"] == 2
+    assert "value" not in ev.detail and "index" not in ev.detail  # no wire units, no 0-based
+    assert ev.message == "fan_stall fan2 active, module FAILSAFE"
+    assert (ev2.event, ev2.detail["channel"]) == ("sensor_open ntc gpu cleared", "gpu")
+    assert P.marker_for(ev) is not None and P.marker_for(ev2) is None
     assert got.meta.interval_s == 1.0 and got.meta.started_unix == 5100.0
     assert [p.samples for p in seen] == [1, 2, 3, 4, 5] and seen[-1].bytes_written > 500
 
@@ -527,7 +533,7 @@ def test_a_simulated_stall_recorded_then_plotted(tmp_path):
     assert any(s.fan1_rpm == 0 or "fan1_stall" in s.faults for s in rows)
     assert any(s.gpu_limit_w == 490.0 for s in rows) and rows[0].gpu_limit_w == 700.0
     kinds = {(e.event_kind, e.event) for e in rec.events}
-    assert ("module_event", "fan_stall") in kinds and ("decision", "NORMAL -> WARN") in kinds
+    assert ("module_event", "fan_stall fan1") in kinds and ("decision", "NORMAL -> WARN") in kinds
     assert ("power_limit", "limit lower 490 W") in kinds
     # Ctrl-C: the bridge stopped and put the limit back, and the file says so last
     assert rec.events[-1].event == "bridge stop" and rec.events[-1].detail["limits_restored"]

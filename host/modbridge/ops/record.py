@@ -768,6 +768,25 @@ def _severity(v) -> str | None:
     return None
 
 
+_FAN_REASONS = frozenset({"fan_stall", "tach_implausible"})
+_CHANNEL_REASONS = frozenset({"sensor_open", "sensor_short", "over_temp", "critical_temp",
+                              "calibration", "sensor_stuck", "sensor_implausible"})  # fmt: skip
+
+
+def _indexed(reason: str, index) -> tuple[str, object, str] | None:
+    """A module event's ``index`` as what a person calls it (protocol/catalog.py):
+    ``("fan", 1, "fan1")`` for fan 0, ``("channel", "gpu", "ntc gpu")`` for channel 0."""
+    from protocol import catalog as C
+
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        return None
+    if reason in _FAN_REASONS:
+        return "fan", index + 1, f"fan{index + 1}"
+    if reason in _CHANNEL_REASONS and index < len(C.CHANNELS):
+        return "channel", C.CHANNELS[index], f"ntc {C.CHANNELS[index]}"
+    return None
+
+
 def event_row(ev: dict, started_unix: float, fallback_unix: float | None = None) -> EventRow:
     """An event-log record (a decoded line) as an :class:`EventRow`: a short label, a
     level, a message; a module event's wire fields as names (state, severity), its
@@ -787,9 +806,13 @@ def event_row(ev: dict, started_unix: float, fallback_unix: float | None = None)
         fields = ev.pop("fields", None) or {}
         reason = ev.get("reason") or "event"
         active = fields.get("active")
-        label = str(reason) if active is not False else f"{reason} cleared"
+        what = _indexed(str(reason), fields.get("index"))
+        if what:
+            ev[what[0]] = what[1]
+        subject = f"{reason} {what[2]}" if what else str(reason)
+        label = subject if active is not False else f"{subject} cleared"
         level = level or _severity(fields.get("severity"))
-        for k in ("active", "index", "uptime_s"):
+        for k in ("active", "uptime_s"):
             if k in fields:
                 ev[k] = fields[k]
         for k in ("state", "prev_state"):
@@ -797,7 +820,7 @@ def event_row(ev: dict, started_unix: float, fallback_unix: float | None = None)
                 ev[k] = _state_name(fields[k])
         state = ev.get("state")
         message = message or (
-            f"{reason} {'active' if active is not False else 'cleared'}"
+            f"{subject} {'active' if active is not False else 'cleared'}"
             + (f", module {state}" if state else "")
         )
     elif kind == "decision":
