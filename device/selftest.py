@@ -1,34 +1,135 @@
 """Self-test, like the seed's burn-in: fans to full then stepped down with the tach
-checked against duty, every channel sampled and range-checked, the INA226 read.
+checked against the fan model, every channel sampled and range-checked, the INA226 read.
 
 It runs inside the normal control tick (the safety floor still applies: a step below
-the floor is run at the floor, and the check uses the duty actually applied), so the
+the floor is run at the floor, and the checks use the duty actually applied), so the
 GPU stays cooled while it runs. Result: a ``selftest_report`` with a pass/fail per part.
+
+Steps: 100, 75, 50, 25 %. Once per RPM window (``rpm_window_ms`` of the fans, the
+slowest) each fan's reading is taken; a step is settled for a fan when 3 of its last 4
+readings lie within ``band(median)`` = 3 tach pulses + 5 % of their median (one
+reading in four may be a spike or a dropout), and its RPM is that median. The step
+ends when every fan is settled, or after ``STEP_MAX_MS``: then it is recorded as
+unsettled (a failure). A reading taken while the applied duty moved by more than
+``_DUTY_BAND`` since the first of them (the floor rose) starts the readings again.
+The whole test lasts at most 4 x ``STEP_MAX_MS``.
+
+A fan's verdict (``judge``), first match wins, with the fan model of
+``device.floors`` (``min_spin``, ``rpm_check_duty``, ``rpm_floor``):
+
+- tach implausible (unsettled): a step did not settle (pure noise on the tach line);
+- stalled: below ``STALL_RPM`` at a step whose duty is at least ``min_duty``;
+- weak: below the model's floor at the 100 % step (``rpm_floor`` x duty / 100 %);
+- tach implausible: faster at a lower duty by more than the band; below the line from
+  0 to the full-speed reading (less the band) at a duty >= ``rpm_check_duty`` (the
+  model: a healthy fan's curve lies on or above it); not slower than full by the band
+  at the lowest step (a reading that does not follow the duty at all).
+
+A healthy fan whose readings are within 1 pulse + 2 % of its speed, with at most one
+reading in any four off by anything, passes (tests/test_selftest_props.py).
+Integers only; the object is made by the ``selftest`` command and dropped with its
+report (``device.app`` forgets this module then).
 """
 
+from device.ticks import ticks_add, ticks_diff
 from protocol import catalog as C
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
 
 # 100 %, 75 %, 50 %, 25 %; built from a list: a constant tuple's ints above 0x1FFF
 # freeze as big ints, whose arithmetic allocates on the MCU (tests/test_frozen_ints.py)
 STEPS = tuple([65535, 49151, 32768, 16384])
-STEP_MS = (3000, 2000, 2000, 2000)  # settle time per step (spin-down is slow)
-MIN_RPM_FULL = 300  # a fan that does less than this at 100 % has failed
-RPM_SLACK_PCT = 10  # a lower duty may read up to 10 % more RPM (tach jitter)
+STEP_MAX_MS = const(15000)  # a step not settled by then is reported unsettled
+STALL_RPM = const(100)  # the fan driver's "turning again" threshold
+_DUTY_BAND = const(1311)  # 2 %: an applied duty that moved more starts a step's readings again
 TEMP_MIN_MC = -20000
 TEMP_MAX_MC = 120000
 V_MIN_MV = 10800  # 12 V -10 %
 V_MAX_MV = 13200  # 12 V +10 %
+# verdicts (judge): index into WHY
+OK = const(0)
+UNSETTLED = const(1)
+UNTESTED = const(2)
+STALLED = const(3)
+WEAK = const(4)
+IMPLAUSIBLE = const(5)
+WHY = ("ok", "tach implausible (unsettled)", "untested (duty moved)", "stalled", "weak",
+       "tach implausible")  # fmt: skip
+
+
+def band(rpm, res):
+    """Readings of a steady fan agree within this: 3 tach pulses (``res`` RPM each) + 5 %."""
+    return 3 * res + rpm * 5 // 100
+
+
+def agree(buf, n):
+    """(spread, median) of the 3 closest of the first ``n`` readings in ``buf`` (n 1..4;
+    fewer than 3: of them all)."""
+    a = sorted(buf[:n])
+    if n > 3 and a[3] - a[1] < a[2] - a[0]:
+        return a[3] - a[1], a[2]
+    return a[-1] - a[0], a[(n - 1) // 2]
+
+
+def _first(bits):
+    for s in range(4):
+        if bits >> s & 1:
+            return s
+    return -1
+
+
+def judge(rpm, duty, flags, res, fan):
+    """(verdict, step) of one fan: its settled ``rpm`` and applied ``duty`` per step,
+    ``flags`` bit s: step s unsettled, bit 4 + s: its duty moved (the safety floor);
+    ``res`` RPM per tach pulse; ``fan`` gives ``min_duty``, ``rpm_floor`` and
+    ``model`` (see the module docstring)."""
+    r0 = rpm[0]
+    d0 = duty[0]
+    s = _first(flags & ~(flags >> 4))
+    if s >= 0:
+        return UNSETTLED, s
+    s = _first(flags)
+    if s >= 0:
+        return UNTESTED, s
+    for s in range(4):
+        if rpm[s] < STALL_RPM and duty[s] >= fan.min_duty:
+            return STALLED, s
+    if r0 < fan.rpm_floor * (d0 >> 6) // 1024:
+        return WEAK, 0
+    check = fan.model[3]  # device.floors.FM_RPM_CHECK_DUTY
+    for s in range(1, 4):
+        r = rpm[s]
+        d = duty[s]
+        if d < duty[s - 1] and r > rpm[s - 1] + band(rpm[s - 1], res):
+            return IMPLAUSIBLE, s
+        # r0 <= max_rpm (<= 10**6) times duty >> 6 (<= 1023): a small int
+        if d >= check and d < d0 and r + band(r, res) < r0 * (d >> 6) // (d0 >> 6):
+            return IMPLAUSIBLE, s
+    if duty[3] < d0 and rpm[3] + band(rpm[3], res) > r0:
+        return IMPLAUSIBLE, 3
+    return OK, 0
 
 
 class SelfTest:
     def __init__(self, now_ms, ref, n_fans=2):
         self.ref = ref
-        self.t0 = now_ms
         self.step = 0
         self.step_t0 = now_ms
+        self.t_next = now_ms
         self.n_fans = n_fans
+        self.n = 0  # readings of this step so far
+        self.buf = [[0] * 4 for _ in range(n_fans)]  # the last 4 readings per fan
         self.rpm = [[0] * len(STEPS) for _ in range(n_fans)]
         self.applied = [[0] * len(STEPS) for _ in range(n_fans)]
+        self.flags = [0] * n_fans  # judge's: unsettled and duty-moved steps
+        self.res = [0] * n_fans
+        self.verdicts = None
         self.ch_ok = None
         self.pm_ok = False
         self.v_in = 0
@@ -42,16 +143,42 @@ class SelfTest:
 
     def update(self, now_ms, app):
         """Advance; returns True once, when the report is ready."""
-        from device.ticks import ticks_diff
-
-        if self.done:
+        if self.done or ticks_diff(now_ms, self.t_next) < 0:
             return False
-        if ticks_diff(now_ms, self.step_t0) < STEP_MS[self.step]:
+        fans = app.fans
+        nf = self.n_fans
+        s = self.step
+        w = 0
+        had = self.n
+        for i in range(nf):
+            f = fans[i]
+            if f.rpm_window_ms > w:
+                w = f.rpm_window_ms
+            d = self.applied[i][s] - f.duty
+            if d > _DUTY_BAND or d < -_DUTY_BAND:
+                if had:
+                    self.flags[i] |= 16 << s
+                self.n = 0  # the applied duty moved: readings from now on
+        self.t_next = ticks_add(now_ms, w)
+        k = self.n & 3
+        self.n += 1
+        n = self.n if self.n < 4 else 4
+        moving = 0  # fans not settled, a bit each
+        for i in range(nf):
+            f = fans[i]
+            if n == 1:
+                self.applied[i][s] = f.duty
+            self.res[i] = res = 60000 // (f.pulses_per_rev * w)  # RPM of one pulse
+            self.buf[i][k] = f.rpm
+            spread, self.rpm[i][s] = agree(self.buf[i], n)
+            if n < 3 or spread > band(self.rpm[i][s], res):
+                moving |= 1 << i
+        if moving and ticks_diff(now_ms, self.step_t0) < STEP_MAX_MS:
             return False
-        for i in range(self.n_fans):
-            self.rpm[i][self.step] = app.fans[i].rpm
-            self.applied[i][self.step] = app.fans[i].duty
-        if self.step == 0:
+        for i in range(nf):
+            if moving >> i & 1:
+                self.flags[i] |= 1 << s
+        if s == 0:
             bad = app.ntc_open | app.ntc_short
             self.ch_ok = []
             for i in range(len(app.temps)):
@@ -59,11 +186,16 @@ class SelfTest:
                 self.ch_ok.append(not bad & (1 << i) and TEMP_MIN_MC <= t <= TEMP_MAX_MC)
             self.pm_ok = (not app.pm_fault) and V_MIN_MV <= app.pm[0] <= V_MAX_MV
             self.v_in = app.pm[0]
-        self.step += 1
+        self.step = s + 1
         self.step_t0 = now_ms
+        self.n = 0
         if self.step < len(STEPS):
             return False
         self.done = True
+        self.verdicts = [
+            judge(self.rpm[i], self.applied[i], self.flags[i], self.res[i], fans[i])
+            for i in range(nf)
+        ]
         app.events.push(
             C.REASON_SELFTEST,
             C.SEV_INFO if self.passed() else C.SEV_ALARM,
@@ -76,18 +208,7 @@ class SelfTest:
         return True
 
     def fan_ok(self, i):
-        rpm = self.rpm[i]
-        if rpm[0] < MIN_RPM_FULL:
-            return False
-        for s in range(1, len(STEPS)):
-            # a step whose applied duty is lower must not spin meaningfully faster
-            if self.applied[i][s] < self.applied[i][s - 1]:
-                if rpm[s] * 100 > rpm[s - 1] * (100 + RPM_SLACK_PCT):
-                    return False
-        # the lowest step must be measurably slower than full, unless floored to full
-        if self.applied[i][-1] < self.applied[i][0] and rpm[-1] >= rpm[0]:
-            return False
-        return True
+        return self.verdicts is not None and self.verdicts[i][0] == OK
 
     def passed(self):
         fans = all(self.fan_ok(i) for i in range(self.n_fans))
@@ -98,7 +219,15 @@ class SelfTest:
         failed = []
         for i in range(self.n_fans):
             if not fans_ok[i]:
-                failed.append("fan%d" % (i + 1))
+                v, s = self.verdicts[i]
+                t = "fan%d %s at %d%%" % (
+                    i + 1,
+                    WHY[v],
+                    (self.applied[i][s] * 100 + 32767) // 65535,
+                )
+                if v > UNTESTED:
+                    t += ": %d rpm" % self.rpm[i][s]
+                failed.append(t)
         for i, ok in enumerate(self.ch_ok or []):
             if not ok:
                 failed.append(C.CHANNELS[i])
@@ -113,5 +242,5 @@ class SelfTest:
             "channels_ok": self.ch_ok or [],
             "power_monitor_ok": self.pm_ok,
             "v_in": self.v_in,
-            "text": ("failed: " + ", ".join(failed)) if failed else "all parts passed",
+            "text": (("failed: " + ", ".join(failed)) if failed else "all parts passed")[:96],
         }

@@ -8,6 +8,13 @@
     ntc_open:gpu@30s            NTC channel open from 30 s on (gpu, vram, mos, amb or 0..3)
     ntc_short:amb@10s-20s       NTC channel shorted from 10 s to 20 s
     fan_stall:2@60s-90s         fan 2 (as in telemetry's fan2_*; 1 or 2) stalled
+    fan_weak:1@10s              fan 1 reaches only 30 % of the RPM its duty gives (a
+                                worn bearing, a blocked or wrong fan); fan_weak:1/50%@10s
+    tach_noise:2@10s            fan 2's tach is pure noise: its rotor's edges are lost
+                                and random bursts of edges arrive instead (a broken tach
+                                wire picking up the PWM); tach_noise:2/10%@10s: a working
+                                tach with noise: each exchange's count off by up to 10 %
+                                and, every 5 s, a spike of extra edges
     ina_absent@10s              the INA226 stops answering (NAKs its address)
     dip:900mV/500ms@45s         the 12 V source drops 900 mV (or 0.9V) for 500 ms
     host_silence@20s-40s        bytes from the host are dropped
@@ -25,6 +32,7 @@ raises ``FaultSpecError`` (a ``ValueError``) naming the spec and what is wrong.
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
 
@@ -38,6 +46,8 @@ KINDS = {
     "ntc_open": ("channel", True),
     "ntc_short": ("channel", True),
     "fan_stall": ("fan", True),
+    "fan_weak": ("fan_level", True),
+    "tach_noise": ("fan_level", True),
     "ina_absent": (None, True),
     "dip": ("dip", False),
     "host_silence": (None, True),
@@ -49,7 +59,8 @@ ALIASES = {"rail_dip": "dip", "ntc_opened": "ntc_open", "silence": "host_silence
            "frozen_telemetry": "telemetry_freeze"}  # fmt: skip
 
 EXAMPLES = (
-    "ntc_open:gpu@30s, ntc_short:vram@10s-20s, fan_stall:2@60s-90s, ina_absent@10s, "
+    "ntc_open:gpu@30s, ntc_short:vram@10s-20s, fan_stall:2@60s-90s, fan_weak:1/30%@10s, "
+    "tach_noise:2@10s, ina_absent@10s, "
     "dip:900mV/500ms@45s, host_silence@20s-40s, mcu_reset@50s, gpu_lost@100s, "
     "telemetry_freeze@30s-60s"
 )
@@ -58,6 +69,9 @@ _UNITS_MS = {"ms": 1, "s": 1000, "min": 60000, "h": 3600000, "": 1000}
 _TIME = re.compile(r"^([0-9]+(?:\.[0-9]*)?)(ms|s|min|h|)$")
 _DEPTH = re.compile(r"^([0-9]+(?:\.[0-9]*)?)(mV|V)$")
 _MODULE = re.compile(r"^m([0-9]+):(.*)$")
+_PCT = re.compile(r"^([0-9]+(?:\.[0-9]*)?)%$")
+WEAK_PCT = 30.0  # fan_weak without a level: 30 % of the RPM
+NOISE_SPIKE_MS = 5000  # tach_noise with a level: one spike of edges this often
 
 
 class FaultSpecError(ValueError):
@@ -69,9 +83,11 @@ class Fault:
     """One scheduled fault.
 
     ``arg`` is what the world or runner method takes: the channel index (ntc_*), the
-    fan index 0/1 (fan_stall; the spec says 1/2), the reset cause (mcu_reset), None
-    otherwise. ``until_ms`` None: stays on (dip: ``duration_ms`` is its length).
-    ``module`` None: every module of a fleet.
+    fan index 0/1 (fan_stall, fan_weak, tach_noise; the spec says 1/2), the reset
+    cause (mcu_reset), None otherwise. ``until_ms`` None: stays on (dip:
+    ``duration_ms`` is its length). ``module`` None: every module of a fleet.
+    ``pct``: fan_weak's share of the RPM (default 30), tach_noise's jitter (None:
+    pure noise).
     """
 
     name: str
@@ -82,6 +98,7 @@ class Fault:
     duration_ms: int = 0
     module: int | None = None
     spec: str = ""
+    pct: float | None = None
 
     def label(self) -> str:
         """Human wording of the fault, e.g. ``fan2 stall`` or ``12 V dip 900 mV/500 ms``."""
@@ -90,6 +107,11 @@ class Fault:
             return f"NTC {CHANNELS[self.arg]} {n[4:]}"
         if n == "fan_stall":
             return f"fan{self.arg + 1} stall"
+        if n == "fan_weak":
+            return f"fan{self.arg + 1} weak ({self.pct:g} % of its RPM)"
+        if n == "tach_noise":
+            what = "pure noise" if self.pct is None else f"{self.pct:g} % jitter and spikes"
+            return f"fan{self.arg + 1} tach noise ({what})"
         if n == "dip":
             return f"12 V dip {self.depth_mv} mV/{self.duration_ms} ms"
         if n == "mcu_reset":
@@ -102,6 +124,14 @@ class Fault:
         n = self.name
         if n in ("ntc_open", "ntc_short", "fan_stall"):
             vm.world_fault(n, self.arg, on)
+        elif n in ("fan_weak", "tach_noise"):
+            with vm.lock:
+                ff = fan_faults(vm.world)
+                if n == "fan_weak":
+                    ff.set_weak(self.arg, self.pct / 100.0 if on else None)
+                else:
+                    ff.set_noise(self.arg, on, None if self.pct is None else self.pct / 100.0)
+                release_fan_faults(vm.world)
         elif n in ("ina_absent", "gpu_lost"):
             vm.world_fault(n, on)
         elif n == "dip":
@@ -173,6 +203,95 @@ def freeze_telemetry(vm, on: bool = True) -> TelemetryFreeze | None:
         return freeze
 
 
+class FanFaults:
+    """``fan_weak`` and ``tach_noise`` on one world (``fan_faults(world)`` installs it).
+
+    The world's fans and tachs stay the world's: this wraps, on that world object only,
+    its ``_fan_target`` (a weak fan heads for ``share`` x the RPM its duty gives, so it
+    also moves less air) and its ``tach_pulses`` (what the sim board counts). When no
+    such fault is left on, ``fan_faults`` takes the wrappers off again.
+
+    Noise is seeded from the world's seed (``<seed>:tach``): the same exchanges give
+    the same edges. Pure noise: the rotor's edges are dropped; every 100 ms of world
+    time a burst of 0..100 edges arrives with probability 0.1 (on average 1,500 RPM
+    at 2 pulses/rev, a reading that jumps by about that much from one second to the
+    next). Jitter ``j``: each exchange's count times a factor in ``1 +- j`` (fractions
+    carried over), and once every ``NOISE_SPIKE_MS`` three times the count extra.
+    """
+
+    def __init__(self, world):
+        self.world = world
+        self.weak: list[float | None] = [None, None]  # share of the RPM, None: healthy
+        self.noise: list[float | None | bool] = [False, False]  # False off, None pure
+        self._rng = random.Random(f"{getattr(world, 'seed', 0)}:tach")
+        self._last_ms = world.now_ms
+        self._slot_ms = [0, 0]  # pure noise: world ms not yet turned into bursts
+        self._carry = [0.0, 0.0]  # jitter: fractional edges carried over
+        self._spike = [0, 0]  # jitter: the NOISE_SPIKE_MS period of the last spike
+        self._target = world._fan_target
+        self._pulses = world.tach_pulses
+
+    @property
+    def active(self) -> bool:
+        return any(w is not None for w in self.weak) or any(n is not False for n in self.noise)
+
+    def set_weak(self, fan: int, share: float | None) -> None:
+        self.weak[self.world._fan(fan)] = share
+
+    def set_noise(self, fan: int, on: bool, jitter: float | None = None) -> None:
+        fan = self.world._fan(fan)
+        self.noise[fan] = jitter if on else False
+        self._slot_ms[fan] = 0
+        self._carry[fan] = 0.0
+        self._spike[fan] = self.world.now_ms // NOISE_SPIKE_MS
+
+    def fan_target(self, i, rpm=None):
+        target = self._target(i, rpm)
+        share = self.weak[i]
+        return target if share is None else target * share
+
+    def tach_pulses(self):
+        out = self._pulses()
+        now = self.world.now_ms
+        dt = max(0, now - self._last_ms)
+        self._last_ms = now
+        rng = self._rng
+        for i, mode in enumerate(self.noise):
+            if mode is False:
+                continue
+            if mode is None:  # pure noise
+                slots, self._slot_ms[i] = divmod(self._slot_ms[i] + dt, 100)
+                out[i] = sum(rng.randint(0, 100) for _ in range(slots) if rng.random() < 0.1)
+                continue
+            x = out[i] * (1.0 + rng.uniform(-mode, mode)) + self._carry[i]
+            n = int(x)
+            self._carry[i] = x - n
+            period = now // NOISE_SPIKE_MS
+            if period != self._spike[i]:
+                self._spike[i] = period
+                n += 3 * out[i]
+            out[i] = max(0, n)
+        return out
+
+
+def fan_faults(world) -> FanFaults:
+    """The ``FanFaults`` of ``world``, installed on first use (its wrappers are set as
+    instance attributes of that world); call ``release_fan_faults`` to take them off."""
+    ff = world.__dict__.get("_fan_faults")
+    if ff is None:
+        ff = world._fan_faults = FanFaults(world)
+        world._fan_target = ff.fan_target
+        world.tach_pulses = ff.tach_pulses
+    return ff
+
+
+def release_fan_faults(world) -> None:
+    """Take the ``FanFaults`` wrappers off ``world`` if no fan_weak/tach_noise is on."""
+    ff = world.__dict__.get("_fan_faults")
+    if ff is not None and not ff.active:
+        del world._fan_faults, world._fan_target, world.tach_pulses
+
+
 def parse_time_ms(text: str, what: str = "time") -> int:
     """``30s``, ``500ms``, ``1.5min``, ``2h`` or a bare number of seconds -> whole ms."""
     m = _TIME.match(text.strip())
@@ -228,6 +347,7 @@ def _parse(text: str) -> Fault:
 
     arg: int | str | None = None
     depth_mv = duration_ms = 0
+    pct = None
     if kind is None:
         if arg_text:
             raise FaultSpecError(f"{name} takes no argument, got {name}:{arg_text}")
@@ -240,6 +360,26 @@ def _parse(text: str) -> Fault:
                 f"e.g. {name}:2@60s; got {arg_text or 'nothing'}"
             )
         arg = int(arg_text) - 1
+    elif kind == "fan_level":
+        fan_text, slash, pct_text = arg_text.partition("/")
+        fan_text = fan_text.strip()
+        if fan_text not in ("1", "2"):
+            raise FaultSpecError(
+                f"{name} needs the fan, 1 or 2 (fan1/fan2 in telemetry), "
+                f"e.g. {name}:2@60s or {name}:2/20%@60s; got {fan_text or 'nothing'}"
+            )
+        arg = int(fan_text) - 1
+        if slash:
+            pm = _PCT.match(pct_text.strip())
+            top = 100.0 if name == "fan_weak" else 90.0
+            if not pm or not 0 < float(pm.group(1)) < top:
+                raise FaultSpecError(
+                    f"{name} level is a percentage above 0 and below {top:g}%, "
+                    f"e.g. {name}:{fan_text}/20%; got {pct_text!r}"
+                )
+            pct = float(pm.group(1))
+        elif name == "fan_weak":
+            pct = WEAK_PCT
     elif kind == "cause":
         arg = arg_text or "power"
         if arg not in RESET_CAUSES:
@@ -260,7 +400,7 @@ def _parse(text: str) -> Fault:
         duration_ms = parse_time_ms(dur_text, "dip duration")
         if duration_ms <= 0:
             raise FaultSpecError(f"dip duration must be > 0, got {dur_text!r}")
-    return Fault(name, at_ms, until_ms, arg, depth_mv, duration_ms, module, spec)
+    return Fault(name, at_ms, until_ms, arg, depth_mv, duration_ms, module, spec, pct)
 
 
 def _channel(name: str, arg_text: str) -> int:
