@@ -315,9 +315,12 @@ def test_repl_command_resets_into_the_repl(make_vm):
     vm.run_for(1000)
     assert _replies(vm, "ack")[-1]["ref"] == 9
     assert vm.resets == ["soft"], vm.stats()
-    assert vm.mcu_state == "halted" and vm.halt_reason == "repl", vm.stats()
+    assert vm.mcu_state == "repl" and vm.halt_reason == "repl command", vm.stats()
     vm.run_for(5000)  # nothing to feed, and nothing started: no watchdog reset
     assert vm.resets == ["soft"], vm.stats()
+    kinds = [e.kind for e in vm.mcu_events]
+    assert kinds == ["running", "reset", "repl"], [e.text for e in vm.mcu_events]
+    assert vm.mcu_status == "at the REPL: repl command"
 
 
 def test_reboot_command_is_a_soft_reset(make_vm):
@@ -370,6 +373,9 @@ def test_hung_firmware_is_killed_and_the_watchdog_resets_it(make_vm, fake_firmwa
     vm.run_for(1300)  # boots at 200 ms; feeds at 200, 300, 400; hangs at 500
     assert "hangs" in vm.last_crash
     assert vm.resets == ["watchdog"] and vm.reset_times == [1400], vm.reset_times
+    texts = [e.text for e in vm.mcu_events]
+    assert texts[0].startswith("halted: no request for 0.5 s") and "hangs" in texts[0], texts
+    assert texts[1] == "reset: watchdog (not fed for 1000 ms)", texts
 
 
 def test_crashed_firmware_halts_with_its_traceback(make_vm, fake_firmware, monkeypatch):
@@ -377,7 +383,8 @@ def test_crashed_firmware_halts_with_its_traceback(make_vm, fake_firmware, monke
     vm = make_vm(code_root=fake_firmware)
     vm.run_for(1000)  # crashes at 500 ms, after its last feed at 400
     assert "RuntimeError: boom" in vm.last_crash, vm.last_crash
-    assert vm.mcu_state == "halted" and vm.resets == [], vm.stats()
+    assert vm.mcu_state == "repl" and vm.resets == [], vm.stats()  # a board's REPL
+    assert vm.halt_reason == "the firmware crashed: RuntimeError: boom", vm.halt_reason
     vm.run_for(300)  # the fans keep their last duty; the watchdog bites at 1400
     assert vm.resets == ["watchdog"] and vm.reset_times == [1400], vm.stats()
     assert "RuntimeError: boom" in (vm.state_dir / "mcu.log").read_text()
@@ -396,7 +403,8 @@ def test_runs_from_a_staged_mpy_build_and_records_the_link(make_vm, tmp_path):
     assert len(msgs) == 2 * (vm.boots + vm.exchanges), (len(msgs), vm.exchanges)
     small = make_vm(code_root=root, heapsize="64k", name="small")
     small.run_for(500)
-    assert small.mcu_state == "halted" and "MemoryError" in small.last_crash, small.stats()
+    assert small.mcu_state == "repl" and "MemoryError" in small.last_crash, small.stats()
+    assert small.halt_reason.startswith("the firmware crashed: MemoryError"), small.halt_reason
 
 
 # --------------------------------------------------------------------------- determinism, speed

@@ -67,10 +67,12 @@ import subprocess
 import threading
 import time
 import tty
+from dataclasses import dataclass
 from pathlib import Path
 
 from modbridge.link.keys import KeyStore, attach_dir, detach_dir, write_key_file
 from modbridge.sim import link as L
+from modbridge.sim import repl as R
 from modbridge.tools import mpy
 from protocol import catalog as C
 from protocol.frame import StreamDecoder, encode_frame
@@ -86,6 +88,66 @@ SECRET_FILE = "secret.key"  # the firmware's signing secret, beside config.json
 HOST_LINK_ID = 1  # encode()'s signing link id (a ModuleLink's default is 0)
 #: host -> module messages the firmware takes unsigned (modbridge.link.session.OPEN_REQUESTS)
 OPEN_REQUESTS = ("hello_request", "config_get", "cal_read")
+MICROPYTHON_MISSING = (
+    "micropython not found: run make setup, or put the MicroPython unix port on PATH"
+)
+#: what the sim says when a REPL tool knocks (Ctrl-C, Ctrl-A) while the firmware runs
+NOTE_FIRMWARE_OWNS_PORT = (
+    "Ctrl-C/Ctrl-A from the host ignored (mpremote?): the firmware owns the port: "
+    'send `repl` first (modbridge repl / {"type":"repl"})'
+)
+#: byte runs that only a REPL tool sends: mpremote's "\r\x03" then "\r\x01",
+#: pyboard.py's (and a person's) Ctrl-C twice
+REPL_KNOCKS = (b"\x03\r\x01", b"\r\x03\x03")
+#: machine.reset_cause() at the REPL for each reset cause (stm32's constants)
+_CAUSE_CODES = {"power": 1, "hard": 2, "watchdog": 3, "soft": 5}
+
+
+@dataclass(frozen=True)
+class McuEvent:
+    """One change of what the virtual MCU does (``VirtualModule.mcu_events``).
+
+    ``kind``: ``running`` (the firmware's first hello after a boot: ``version``, and
+    the reset cause in ``why``), ``repl`` (at the REPL: why), ``soft_reset``,
+    ``reset`` (cause and why), ``halted`` (why), ``off``, ``unplugged``, ``plugged``,
+    ``note`` (something the sim tells a person, e.g. a REPL tool knocking while the
+    firmware owns the port). ``t_ms`` is world time, ``seq`` counts from 1.
+    """
+
+    seq: int
+    t_ms: int
+    kind: str
+    why: str = ""
+    version: str = ""
+
+    @property
+    def text(self) -> str:
+        k, why = self.kind, self.why
+        if k == "running":
+            return f"running firmware v{self.version or '?'} (reset cause: {why})"
+        if k == "repl":
+            return f"at the REPL: {why}"
+        if k == "off":
+            return "powered off" + (f" ({why})" if why else "")
+        if k == "note":
+            return why
+        label = {"soft_reset": "soft reset", "plugged": "plugged in"}.get(k, k)
+        return f"{label}: {why}" if why else label
+
+
+def _micropython() -> str:
+    """The interpreter's path, or MicroPythonMissing with MICROPYTHON_MISSING."""
+    try:
+        return mpy.micropython_path()
+    except mpy.MicroPythonMissing:
+        override = os.environ.get("MICROPYTHON")
+        extra = f" ($MICROPYTHON={override!r} is not an executable)" if override else ""
+        raise mpy.MicroPythonMissing(MICROPYTHON_MISSING + extra) from None
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 def unique_id(seed: int, instance: int) -> bytes:
@@ -130,6 +192,7 @@ class VirtualModule:
         keys=None,
         provision=True,
     ):
+        self._micropython = _micropython()  # before anything is made: a clear error
         self.world = world
         self.state_dir = Path(state_dir)
         self.fs_dir = self.state_dir / "flash"
@@ -160,8 +223,15 @@ class VirtualModule:
         self._master = -1
         self._slave = -1
         self.port: str | None = None
-        self.mcu_state = "off"  # off | running | halted
-        self.halt_reason = ""
+        self.mcu_state = "off"  # off | running | repl | halted
+        self.halt_reason = ""  # why it is at the REPL or halted
+        self._repl: R.Repl | None = None
+        self._repl_out = bytearray()  # REPL output the pty did not take yet
+        self._repl_thread: threading.Thread | None = None
+        self._boot_cause = "power"
+        self._await_hello = False
+        self._host_tail = b""
+        self._knock_at = -1e9
         self._boot_world_ms = 0
         self._reset_at = 0
         self._duty = (65535, 65535)
@@ -204,6 +274,12 @@ class VirtualModule:
         self.messages: collections.deque = collections.deque(maxlen=512)
         self.tx_log = bytearray() if record_tx else None
         self._banner_tail = b""
+        # what the MCU does, one McuEvent per change (tests: wait_mcu_event);
+        # on_mcu_event(event) hears each as it happens (the CLI prints them)
+        self.mcu_events: collections.deque[McuEvent] = collections.deque(maxlen=1000)
+        self.on_mcu_event = None
+        self._mcu_seq = 0
+        self._mcu_cond = threading.Condition()
 
         self.keys: KeyStore | None = None
         self._attached = None
@@ -293,6 +369,7 @@ class VirtualModule:
         return {
             "sim_time_ms": self.world.now_ms,
             "mcu_state": self.mcu_state,
+            "halt_reason": self.halt_reason,
             "exchanges": self.exchanges,
             "bytes_to_host": self.bytes_to_host,
             "bytes_from_host": self.bytes_from_host,
@@ -348,13 +425,20 @@ class VirtualModule:
             return
         self.pause()
         with self.lock:
+            was = self.mcu_state
             self._closed = True
+            self._close_repl()
             self._kill()
             self.mcu_state = "off"
             self._close_pty()
             if self._link_file is not None:
                 self._link_file.close()
                 self._link_file = None
+            t, self._repl_thread = self._repl_thread, None
+        if was != "off":
+            self._emit("off")
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=2)
         if self._attached is not None:
             detach_dir(self._attached)
             self._attached = None
@@ -392,7 +476,10 @@ class VirtualModule:
     def unplug(self) -> None:
         """Close the pty master: the host sees a disconnect; the slave path disappears."""
         with self.lock:
+            was = self.plugged
             self._close_pty()
+            if was:
+                self._emit("unplugged", "the port is gone (the MCU keeps running)")
 
     def replug(self) -> None:
         """A new pty (a new path); the symlink now points at it."""
@@ -401,6 +488,48 @@ class VirtualModule:
             if self.plugged:
                 self._close_pty()
             self._open_pty()
+            self._emit("plugged", str(self.port))
+
+    # -- what the MCU does ---------------------------------------------------------
+
+    @property
+    def mcu_status(self) -> str:
+        """The last change as one line (``"off"`` before the first)."""
+        with self._mcu_cond:
+            return self.mcu_events[-1].text if self.mcu_events else "off"
+
+    @property
+    def mcu_event_count(self) -> int:
+        """How many McuEvents so far (``seq`` of the last one)."""
+        return self._mcu_seq
+
+    def wait_mcu_event(self, kind: str, after: int = 0, timeout: float = 10.0):
+        """The first McuEvent of ``kind`` with ``seq > after`` (None after ``timeout``
+        seconds of wall time). ``after=vm.mcu_event_count`` waits for a new one."""
+        end = time.monotonic() + timeout
+        with self._mcu_cond:
+            while True:
+                for ev in self.mcu_events:
+                    if ev.seq > after and ev.kind == kind:
+                        return ev
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                self._mcu_cond.wait(left)
+
+    def _emit(self, kind: str, why: str = "", version: str = "") -> None:
+        with self._mcu_cond:
+            self._mcu_seq += 1
+            ev = McuEvent(self._mcu_seq, self.world.now_ms, kind, why, version)
+            self.mcu_events.append(ev)
+            self._mcu_cond.notify_all()
+        log.info("virtual MCU %s: %s", self.uid.hex()[:12], ev.text)
+        cb = self.on_mcu_event
+        if cb is not None:
+            try:
+                cb(ev)
+            except Exception:  # noqa: BLE001 - a listener must not stop the MCU
+                log.exception("on_mcu_event failed")
 
     def world_fault(self, name: str, *args, **kwargs):
         """Call ``world.<name>(*args, **kwargs)`` between two exchanges; its result."""
@@ -475,10 +604,10 @@ class VirtualModule:
         if kind == L.REQ_TX:
             return
         if kind == L.REQ_RESET:
-            self._boot("soft")
+            self._boot("soft", "the firmware reset itself")
             return
         if kind == L.REQ_REPL:
-            self._halt("repl")
+            self._to_repl()
             return
         if kind != L.REQ_SLEEP:
             self._crash(f"unexpected {L.REQ_KINDS[kind]} request")
@@ -494,7 +623,7 @@ class VirtualModule:
             deadline = self._last_feed_ms + self._wdt_ms
             if now + dt >= deadline:
                 self._step_world(max(0, deadline - now))
-                self._boot("watchdog")
+                self._boot("watchdog", f"not fed for {self._wdt_ms} ms")
                 return
         self._step_world(dt)
         self._reply(self._make_step())
@@ -505,17 +634,19 @@ class VirtualModule:
         dt = self.poll_ms
         if end_ms is not None:
             dt = max(1, min(dt, end_ms - now))
-        if self.mcu_state == "halted" and self._wdt_ms:
+        if self.mcu_state in ("halted", "repl") and self._wdt_ms:
+            # a started watchdog runs on at the REPL too: nothing feeds it there
             deadline = self._last_feed_ms + self._wdt_ms
             if now + dt >= deadline:
                 self._step_world(max(0, deadline - now))
-                self._boot("watchdog")
+                self._boot("watchdog", f"not fed for {self._wdt_ms} ms")
                 return
         if self.mcu_state == "off":
             self._duty = (0, 0)  # unpowered module
         self._step_world(dt)
         self.world.tach_pulses()  # nobody counts them
-        self._drain_host()
+        if self.mcu_state != "repl":  # at the REPL its thread reads the port
+            self._drain_host()
 
     def _step_world(self, dt: int) -> None:
         w = self.world
@@ -555,9 +686,15 @@ class VirtualModule:
 
     # ------------------------------------------------------------------ process
 
-    def _boot(self, cause: str) -> None:
-        """(Re)start the firmware: fans at 100 % for boot_ms, a new process, boot reply."""
+    def _boot(self, cause: str, why: str | None = "") -> None:
+        """(Re)start the firmware: fans at 100 % for boot_ms, a new process, boot reply.
+
+        Announced as a ``reset`` McuEvent (``cause``, ``why``) after the first
+        power-up; ``why=None``: the caller announced it (a soft reset at the REPL)."""
         first = self.mcu_state == "off" and self.boots == 0
+        if not first and why is not None:
+            self._emit("reset", f"{cause} ({why})" if why else cause)
+        self._close_repl()
         self._reset_at = self.world.now_ms
         self._kill()
         self._wdt_ms = 0
@@ -580,6 +717,8 @@ class VirtualModule:
             self.resets.append(cause)
             self.reset_times.append(self._reset_at)
         boot = L.Boot(cause, self.poll_ms, self.uid, str(self.fs_dir))
+        self._boot_cause = cause
+        self._await_hello = True  # "running firmware" when its first hello comes
         self._reply(self._make_step(pulses=(0, 0)), boot)
         log.info("virtual MCU up (%s) at t=%d ms", cause, self.world.now_ms)
 
@@ -588,17 +727,23 @@ class VirtualModule:
             self._log_file = open(self.log_path, "ab")  # noqa: SIM115
         env = dict(os.environ)
         env["MICROPYPATH"] = os.pathsep.join([str(self.code_root), ".frozen"])
-        argv = [mpy.micropython_path(), "-X", f"heapsize={self.heapsize}", "-c", BOOTSTRAP]
-        self._proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log_file,
-            cwd=self.state_dir,
-            env=env,
-            bufsize=0,
-            start_new_session=True,
-        )
+        argv = [self._micropython, "-X", f"heapsize={self.heapsize}", "-c", BOOTSTRAP]
+        try:
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._log_file,
+                cwd=self.state_dir,
+                env=env,
+                bufsize=0,
+                start_new_session=True,
+            )
+        except (FileNotFoundError, PermissionError) as e:
+            self.mcu_state = "off"
+            raise mpy.MicroPythonMissing(
+                f"{MICROPYTHON_MISSING} ({self._micropython}: {e.strerror})"
+            ) from None
         self._out_fd = self._proc.stdout.fileno()
         self._in_fd = self._proc.stdin.fileno()
         self.mcu_state = "running"
@@ -619,25 +764,182 @@ class VirtualModule:
                 f.close()
 
     def _halt(self, reason: str) -> None:
-        """The firmware stopped exchanging; the MCU keeps its last outputs."""
-        p = self._proc
-        if reason == "repl" and p is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=2)
+        """The firmware stopped exchanging and nothing answers on the port (a hang, a
+        broken link); the MCU keeps its last outputs."""
         self._kill()
         self.mcu_state = "halted"
         self.halt_reason = reason
-        log.info("virtual MCU halted (%s) at t=%d ms", reason, self.world.now_ms)
+        self._emit("halted", reason)
 
-    def _crash(self, why: str, garbage: bytes = b"") -> None:
-        rest = garbage + self._read_rest()
+    def _crash(self, why: str, garbage: bytes = b"", hung: bool = False) -> None:
+        """The firmware stopped: its process exited (returned, or an uncaught
+        exception: the board drops to its REPL, the traceback on the port) or it is
+        still there but broke the link or hangs (killed: halted)."""
+        rest = garbage + (b"" if hung else self._read_rest())
         text = rest.decode("utf-8", "replace")
         self.last_crash = f"{why}\n{text}".strip()
         if self._log_file is not None:
             self._log_file.write(f"--- t={self.world.now_ms} ms: {why}\n".encode() + rest)
             self._log_file.flush()
         log.warning("virtual MCU: %s %s", why, text.strip()[-500:])
-        self._halt("crash")
+        p, rc = self._proc, None
+        if p is not None and not hung:
+            rc = p.poll()
+            if rc is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    rc = p.wait(timeout=0.2)
+        self._kill()
+        if rc is None:
+            self._halt(why)
+            return
+        last = _last_line(text)
+        if rc == 0:
+            reason = "the firmware exited"
+        elif last:
+            reason = f"the firmware crashed: {last}"
+        else:
+            reason = f"the firmware exited with status {rc}"
+        start = rest.find(b"Traceback")
+        if start >= 0:
+            shown = rest[start:]
+        else:
+            shown = rest if rest[:1] != bytes((L.MAGIC_REQ,)) else b""
+        self._enter_repl(reason, shown)
+
+    def _to_repl(self) -> None:
+        """REQ_REPL: the firmware handed the port back; what it prints next (main.py's
+        note) reaches the port, then the REPL's banner."""
+        rest = b""
+        p = self._proc
+        if p is not None:
+            rest = self._read_rest(timeout_s=2.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=2)
+        self._kill()
+        self._enter_repl("repl command", rest)
+
+    # ------------------------------------------------------------------ the REPL
+
+    def _enter_repl(self, why: str, preamble: bytes = b"") -> None:
+        """The MCU sits at MicroPython's REPL: a thread serves it on the pty."""
+        self._close_repl()
+        self.mcu_state = "repl"
+        self.halt_reason = why
+        try:
+            repl = R.Repl(self._repl_interpreter, notify=self._emit)
+        except R.ReplError as e:
+            self._halt(f"{why}; no REPL: {e}")
+            return
+        repl.start(preamble)
+        self._repl = repl
+        self._repl_out += repl.take_output()
+        self._flush_repl_out()
+        self._emit("repl", why)
+        t = threading.Thread(
+            target=self._repl_loop, args=(repl,), name="virtual-module-repl", daemon=True
+        )
+        self._repl_thread = t
+        t.start()
+
+    def _repl_interpreter(self) -> R.Interpreter:
+        if self._log_file is None:
+            self._log_file = open(self.log_path, "ab")  # noqa: SIM115
+        return R.Interpreter(
+            self.fs_dir,
+            micropython=self._micropython,
+            uid=self.uid,
+            reset_cause=_CAUSE_CODES.get(self._boot_cause, 1),
+            heapsize=self.heapsize,
+            stderr=self._log_file,
+        )
+
+    def _close_repl(self) -> None:
+        repl, self._repl = self._repl, None
+        if repl is not None:
+            self._flush_repl_out()  # e.g. "MPY: soft reboot" before the firmware's banner
+            repl.close()
+        self._repl_out.clear()
+
+    def _repl_loop(self, repl: R.Repl) -> None:
+        """Serve the REPL on the pty until it is closed (reset, soft reset, stop)."""
+        while True:
+            with self.lock:
+                if self._repl is not repl:
+                    return
+                rfds = list(repl.fds)
+                if self._master >= 0:
+                    rfds.append(self._master)
+                wfds = [self._master] if self._repl_out and self._master >= 0 else []
+            try:
+                select.select(rfds, wfds, [], 0.05)
+            except (OSError, ValueError):  # an fd closed meanwhile: look again
+                time.sleep(0.01)
+            with self.lock:
+                if self._repl is not repl or self._closed:
+                    return
+                try:
+                    self._repl_service(repl)
+                except Exception:  # noqa: BLE001 - the REPL thread must not die silently
+                    log.exception("virtual MCU REPL")
+                    time.sleep(0.05)
+
+    def _repl_service(self, repl: R.Repl) -> None:
+        data = b""
+        while self._inject:
+            data += self._inject.popleft()
+        data += self._read_master(4096)
+        if data:
+            if self._silence:
+                self.host_bytes_dropped += len(data)
+            else:
+                self.bytes_from_host += len(data)
+                repl.feed(data)
+        repl.poll()
+        self._repl_out += repl.take_output()
+        self._flush_repl_out()
+        if repl.action == "soft":
+            self._emit("soft_reset", "from the friendly REPL: main.py runs the firmware again")
+            self._boot("soft", None)
+        elif repl.action == "reset":
+            self._boot("soft", "machine.reset() at the REPL")
+
+    def _flush_repl_out(self) -> None:
+        out = self._repl_out
+        if not out:
+            return
+        if self._master < 0:
+            self.tx_dropped += len(out)
+            out.clear()
+            return
+        try:
+            n = os.write(self._master, out)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            self.tx_dropped += len(out)
+            out.clear()
+            return
+        self.bytes_to_host += n
+        del out[:n]
+        if len(out) > R.MAX_PENDING * 16:  # nobody reads the port: drop the oldest
+            self.tx_dropped += len(out) - R.MAX_PENDING * 16
+            del out[: len(out) - R.MAX_PENDING * 16]
+
+    def _knock(self, data: bytes) -> None:
+        """A REPL tool's Ctrl-C / Ctrl-A among the host's bytes: say what is wrong
+        (at most every 2 s). The bytes go on to the firmware, which ignores them."""
+        scan = self._host_tail + data
+        self._host_tail = scan[-2:]
+        if not any(k in scan for k in REPL_KNOCKS):
+            return
+        now = time.monotonic()
+        if now - self._knock_at < 2.0:
+            return
+        self._knock_at = now
+        if self.mcu_state == "running":
+            self._emit("note", NOTE_FIRMWARE_OWNS_PORT)
+        elif self.mcu_state == "halted":
+            self._emit("note", f"the MCU is halted ({self.halt_reason}): nothing answers")
 
     def _read_rest(self, timeout_s: float = 1.0) -> bytes:
         out = b""
@@ -690,7 +992,7 @@ class VirtualModule:
                 self._crash("the firmware process exited mid-message", hdr + (body or b""))
                 return None
         except TimeoutError:
-            self._crash(f"no request for {t:g} s of wall time: the firmware hangs")
+            self._crash(f"no request for {t:g} s of wall time: the firmware hangs", hung=True)
             return None
         if self._link_file is not None:
             self._link_file.write(hdr + body)
@@ -766,6 +1068,8 @@ class VirtualModule:
             out += chunk
         out += self._read_master(L.MAX_RX - len(out))
         self.bytes_from_host += len(out)
+        if out:
+            self._knock(out)
         return out
 
     def _drain_host(self) -> None:
@@ -777,6 +1081,8 @@ class VirtualModule:
             if not chunk:
                 break
             n += len(chunk)
+            if self.mcu_state == "halted":
+                self._knock(chunk)
         self.host_bytes_dropped += n
 
     def _relay_tx(self, data: bytes) -> None:
@@ -812,6 +1118,10 @@ class VirtualModule:
                 self.events.append(item.fields)
             elif item.name == "hello":
                 self.hellos.append(item.fields)
+                if self._await_hello:
+                    self._await_hello = False
+                    version = str(item.fields.get("fw_version", ""))
+                    self._emit("running", self._boot_cause, version)
 
 
 def stage_mpy(dest) -> Path:
