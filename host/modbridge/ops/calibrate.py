@@ -927,8 +927,9 @@ class GuidedSession:
 
     def run(self, ask, confirm, emit, yes: bool = False) -> SessionResult:
         """The whole session: ``ask(prompt) -> str`` for each bath's temperature
-        (``done`` ends, ``quit`` aborts), ``confirm(question) -> bool`` before writing
-        (skipped with ``yes``), ``emit(line)`` for what a person reads."""
+        (``done`` ends, ``undo`` drops the last bath, ``quit`` aborts),
+        ``confirm(question) -> bool`` before writing (skipped with ``yes``),
+        ``emit(line)`` for what a person reads."""
         from modbridge.link.session import LinkError
 
         res = SessionResult(self.link.status.module_id, self.link.port, self.model)
@@ -947,8 +948,15 @@ class GuidedSession:
         while True:
             n = len(self.baths) + 1
             more = "" if len(self.baths) >= need else f", {need - len(self.baths)} more needed"
-            answer = ask(f"bath {n}: reference degC ('done' to fit{more}, 'quit')").strip()
-            low = answer.lower()
+            answer = ask(f"bath {n}: reference degC ('done' to fit{more}, 'undo', 'quit')")
+            low = answer.strip().lower()
+            if low == "undo":
+                if self.baths:
+                    gone = self.baths.pop()
+                    emit(f"dropped bath {n - 1} ({gone.t_ref_c:g} degC)")
+                else:
+                    emit("no bath to drop")
+                continue
             if low in ("quit", "q", "abort"):
                 res.aborted = True
                 res.baths = list(self.baths)
