@@ -491,6 +491,13 @@ def test_guided_usage_errors():
     assert res.exit_code == 2
     res = cli("/nonexistent/tty", "--channel", "cpu")
     assert res.exit_code == 2 and "channel 'cpu'" in res.output
+    for args, why in ((("--samples", "0"), "--samples must be 1..4096"),
+                      (("--reads", "50"), "--reads must be 1..20"),
+                      (("--degree", "9"), "--degree must be 0..7"),
+                      (("--check-range", "100:50"), "--check-range"),
+                      (("--sim-beta", "50"), "--sim-beta")):  # fmt: skip
+        res = cli("/nonexistent/tty", *args)
+        assert res.exit_code == 2 and why in res.output, (args, res.output)
 
 
 def test_guided_on_a_missing_port_says_no_module(tmp_path):

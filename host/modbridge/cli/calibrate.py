@@ -63,9 +63,14 @@ def _range(text: str) -> tuple[float, float]:
         if sep in text:
             lo, hi = text.split(sep, 1)
             try:
-                return float(lo), float(hi)
+                lo_c, hi_c = float(lo), float(hi)
             except ValueError:
                 break
+            if not K.T_MIN_C <= lo_c < hi_c <= K.T_MAX_C:
+                raise K.InputError(
+                    f"--check-range {text!r}: need {K.T_MIN_C:g} <= LO < HI <= {K.T_MAX_C:g} degC"
+                )
+            return lo_c, hi_c
     raise K.InputError(f"--check-range {text!r}: LO:HI in degC, e.g. 0:125")
 
 
@@ -276,6 +281,14 @@ def guided_cmd(module, sim, channels, model, degree, samples, reads, check_range
         try:
             chans = [K.parse_channel(c) for c in channels] or [0]
             rng = _range(check_range)
+            if not 1 <= samples <= 4096:
+                raise K.InputError(f"--samples must be 1..4096 (cal_read), got {samples}")
+            if not 1 <= reads <= 20:
+                raise K.InputError(f"--reads must be 1..20, got {reads}")
+            if not 0 <= degree <= K.MAX_DEGREE:
+                raise K.InputError(f"--degree must be 0..{K.MAX_DEGREE}, got {degree}")
+            if sim_beta is not None and not 1000 <= sim_beta <= 10000:
+                raise K.InputError(f"--sim-beta must be 1000..10000 K, got {sim_beta:g}")
         except K.InputError as e:
             _fail(e)
         if sim:
@@ -300,6 +313,9 @@ def guided_cmd(module, sim, channels, model, degree, samples, reads, check_range
                     port = _find_port(module, [], store, 3.0)
                 except ModbridgeError as e:
                     _fail(e, 3)
+            if not os.path.exists(port):
+                _fail(ModbridgeError(f"{port}: no such port: is the module plugged in? "
+                                     "`modbridge list` shows modules"), 3)  # fmt: skip
             hb_period = 1.0
         link = ModuleLink(port, keys=store, heartbeat_period_s=hb_period,
                           heartbeat_source=lambda: None)  # fmt: skip
