@@ -40,8 +40,11 @@ def _fail(cmd: str, msg, code: int) -> None:
 
 
 def _size(n: int) -> str:
-    """>>> _size(512), _size(2048), _size(3 * 1024 * 1024)
-    ('512 B', '2.0 KB', '3.0 MB')"""
+    """A byte count for a person.
+
+    >>> _size(512), _size(2048), _size(3 * 1024 * 1024)
+    ('512 B', '2.0 KB', '3.0 MB')
+    """
     if n < 1024:
         return f"{n} B"
     if n < 1024 * 1024:

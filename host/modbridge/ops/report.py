@@ -73,9 +73,14 @@ class ReportResult:
         return dataclasses.asdict(self)
 
 
-def _short(ident: str | None, n: int = 14) -> str:
+def _short(ident: str | None, n: int = 12, tail: int = 4) -> str:
+    """An id or UUID by its head and its tail (UUIDs of one host often share a head).
+
+    >>> _short("GPU-5e1f0c2a-7b3d-4c8e-9a61-2d0f4b8e0001"), _short("abc")
+    ('GPU-5e1f0c2a..0001', 'abc')
+    """
     ident = sanitize(ident or "?", 80)
-    return ident if len(ident) <= n else ident[:n] + ".."
+    return ident if len(ident) <= n + tail + 2 else f"{ident[:n]}..{ident[-tail:]}"
 
 
 def marker_for(ev: EventRow) -> Marker | None:
@@ -114,11 +119,11 @@ def columns(rec: Recording) -> list[Column]:
         mods = list(dict.fromkeys(r.module for r in rows))
         named = [m for m in mods if m != key] or mods
         gpus = {r.gpu_uuid for r in rows if r.gpu_uuid}
-        gpu_note = f"  GPU {_short(sorted(gpus)[0], 16)}" if len(gpus) == 1 else ""
+        gpu_note = f"  GPU {_short(sorted(gpus)[0])}" if len(gpus) == 1 else ""
         title = f"module {', '.join(_short(m) for m in named)}{gpu_note}"
         cols.append(Column(title, rows, modules=set(mods), gpus=gpus))
     for uuid, rows in lone.items():
-        cols.append(Column(f"GPU {_short(uuid, 20)} (no module)", rows, gpus={uuid}))
+        cols.append(Column(f"GPU {_short(uuid)} (no module)", rows, gpus={uuid}))
     first_link: set = set()
     for col in cols:
         for ev in rec.events:
@@ -197,8 +202,10 @@ def figure(rec: Recording, title: str | None = None):
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(PANEL_HEIGHTS), ncol, sharex=True, squeeze=False,
                         gridspec_kw={"height_ratios": PANEL_HEIGHTS})  # fmt: skip
+    rpms = [v for s in rec.samples for v in (s.fan1_rpm, s.fan2_rpm) if v is not None]
+    rpm_top = max(max(rpms, default=0) * 1.05, 100)
     for j, col in enumerate(cols):
-        _draw_column(axes[:, j], col, scale, j == 0, when)
+        _draw_column(axes[:, j], col, scale, j == 0, when, rpm_top)
     for ax in axes[-1, :]:
         ax.set_xlabel(f"{axis} ({unit})")
     # one y range per row across the columns (compare modules at a glance)
@@ -225,7 +232,7 @@ def figure(rec: Recording, title: str | None = None):
     return fig
 
 
-def _draw_column(axes, col: Column, scale: float, first: bool, when) -> None:
+def _draw_column(axes, col: Column, scale: float, first: bool, when, rpm_top: float) -> None:
     rows = col.samples
     t = [when(r.elapsed_s) / scale for r in rows]
     ax_t, ax_f, ax_p, ax_l = axes
@@ -250,6 +257,7 @@ def _draw_column(axes, col: Column, scale: float, first: bool, when) -> None:
             if rpm_ax is None:
                 rpm_ax = ax_f.twinx()
                 rpm_ax.set_ylabel("rpm")
+                rpm_ax.set_ylim(-0.02 * rpm_top, rpm_top)  # one range for every column
             rpm_ax.plot(t, rpm, color=color, lw=1.0, ls=":", label=f"fan{fan} rpm")
     ax_f.set_ylabel("duty %")
     ax_f.set_ylim(-2, 105)
