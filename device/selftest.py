@@ -72,9 +72,9 @@ def agree(buf, n):
     """(spread, median) of the 3 closest of the first ``n`` readings in ``buf`` (n 1..4;
     fewer than 3: of them all)."""
     a = sorted(buf[:n])
-    if n > 3 and a[3] - a[1] < a[2] - a[0]:
-        return a[3] - a[1], a[2]
-    return a[-1] - a[0], a[(n - 1) // 2]
+    if n > 3:
+        a = a[1:] if a[3] - a[1] < a[2] - a[0] else a[:3]
+    return a[-1] - a[0], a[(len(a) - 1) // 2]
 
 
 def _first(bits):
