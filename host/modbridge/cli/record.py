@@ -141,7 +141,7 @@ def record_cmd(output, fmt, duration, interval, force, dry_run, quiet, as_json, 
         except OSError as e:
             b.stop("record: no output")
             _fail("record", f"{path}: cannot write: {e.strerror or e}", EXIT_RUNTIME)
-        show = _ProgressLine(path, enabled=not quiet)
+        show = _ProgressLine("stdout" if path == "-" else path, enabled=not quiet)
         meta = rec.RecordingMeta(
             source="sim" if s.fleet is not None else "serial",
             ports=tuple(s.ports),
