@@ -10,6 +10,11 @@ Each module is provisioned with a signing key (docs/pairing.md): the module's
 ``secret.key`` and the host copy in ``--keys-dir`` (default: ``keys/`` in the state
 directory); the module line says where it is, for a bridge in another process
 (``MODBRIDGE_KEYS_DIR``) or ``modbridge frame encode --sign-key``.
+Stderr gets one line per change of what each virtual MCU does (the runner's
+``McuEvent``: running firmware vX, at the REPL and why, soft reset, reset, halted and
+why, powered off, unplugged), and a note when a REPL tool knocks while the firmware
+owns the port. A missing ``micropython`` is one line and exit 1 (a runtime error in
+docs/bridge.md's table: the simulator cannot run here, no module is missing).
 SIGINT/SIGTERM stop it cleanly: every micropython process is killed, ptys closed.
 """
 
@@ -144,11 +149,24 @@ def sim_cmd(
     """Run virtual module(s): the real firmware against a simulated GPU, on a pty.
 
     Prints each module's port (a stable symlink and the pty it points to); anything
-    speaking the protocol can open it: a terminal (type a JSON line), mpremote while
-    the firmware sits at the REPL, the bridge. Commands must be signed: the module
-    line shows the key file (a bridge in another process: MODBRIDGE_KEYS_DIR=<dir>;
-    a terminal: `modbridge frame encode --jsonl --sign-key <key> --nonce <hello
-    nonce>`). Runs until Ctrl-C, SIGTERM or --duration.
+    speaking the protocol can open it: a terminal (type a JSON line), the bridge.
+    Commands must be signed: the module line shows the key file (a bridge in another
+    process: MODBRIDGE_KEYS_DIR=<dir>; a terminal: `modbridge frame encode --jsonl
+    --sign-key <key> --nonce <hello nonce>`).
+
+    \b
+    mpremote works once the module is at MicroPython's REPL: after a `repl` command
+    (`modbridge repl <symlink> --keys-dir <keys dir>`, or {"type":"repl"}) or when
+    the firmware stopped (returned or crashed: its traceback is on the port). Then
+    `mpremote connect <symlink> exec "print(1+1)"`, `fs ls`, `fs cp :secret.key .`,
+    `resume exec ...` (the module's flash directory is its filesystem); `mpremote
+    reset` or Ctrl-D at the friendly REPL starts the firmware again (`soft-reset` is
+    the raw REPL's: it stays at the REPL, as on a board).
+    While the firmware runs it owns the port and mpremote fails: stderr says so.
+
+    Stderr: one line per change of each MCU (running firmware vX, at the REPL and
+    why, soft reset, reset, halted and why, powered off). Runs until Ctrl-C, SIGTERM
+    or --duration.
     """
     try:
         code = _run(
@@ -187,6 +205,7 @@ def _run(
     interval,
     as_json,
 ) -> int:
+    from modbridge.errors import ModbridgeError
     from modbridge.sim import ParamsError, ProfileError, WorldError
     from modbridge.sim.faults import FaultSpecError, parse_faults
     from modbridge.sim.fleet import SimFleet
@@ -225,8 +244,12 @@ def _run(
             raise _Usage(str(e)) from None
         except OSError as e:
             raise _Usage(f"cannot set up the virtual modules: {e}") from None
+        except ModbridgeError as e:  # no micropython: the simulator cannot run here
+            click.echo(f"modbridge sim: {e}", err=True)
+            return 1
         for i, vm in enumerate(fleet.modules):
             out.module(i, vm, fleet)
+            vm.on_mcu_event = _McuLines(i, len(fleet.modules) > 1, out)
         if not watch:
             out.info(
                 f"signing keys in {fleet.keys.dir}: a bridge in another process signs with "
@@ -245,7 +268,7 @@ def _run(
         except BrokenPipeError:
             _silence_stdout()  # `| head`: the reader left; stop quietly
             return 0
-        except SimError as e:
+        except (SimError, ModbridgeError) as e:
             click.echo(f"modbridge sim: {e}", err=True)
             return 1
         if watcher is not None:
@@ -334,6 +357,32 @@ class _Out:
                 "secret": str(vm.key_path),
             },
         )
+
+
+class _McuLines:
+    """``on_mcu_event`` of one module: a line on stderr per change (and, with --watch
+    --json, the same as a ``{"type": "mcu"}`` object on stdout)."""
+
+    def __init__(self, i: int, wide: bool, out: _Out):
+        self.i = i
+        self.tag = f" m{i}" if wide else ""
+        self.out = out
+
+    def __call__(self, ev) -> None:
+        with contextlib.suppress(OSError, ValueError):  # stderr gone: nothing to tell
+            click.echo(f"{ev.t_ms / 1000:7.1f}s{self.tag} MCU: {ev.text}", err=True)
+        if self.out.json:
+            obj = {
+                "type": "mcu",
+                "t": ev.t_ms / 1000,
+                "module": self.i,
+                "kind": ev.kind,
+                "why": ev.why,
+                "version": ev.version or None,
+                "text": ev.text,
+            }
+            with contextlib.suppress(OSError, ValueError):
+                click.echo(json.dumps(obj, separators=(",", ":")))
 
 
 def _c(tel, key):

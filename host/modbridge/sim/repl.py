@@ -202,6 +202,24 @@ class _Machine:
         return getattr(_um, name)
 
 
+class _Os:
+    # the unix port's VfsPosix lists (name, type, inode): add the size, as a board's
+    # FAT or littlefs does (mpremote's fs ls shows it)
+    def ilistdir(self, path=""):
+        base = "" if path in ("", ".") else path.rstrip("/") + "/"
+        for e in os.ilistdir(path) if path else os.ilistdir():
+            size = 0
+            if e[1] == 0x8000:
+                try:
+                    size = os.stat(base + e[0])[6]
+                except OSError:
+                    pass
+            yield (e[0], e[1], e[2], size)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
 def _trace(e):
     b = io.StringIO()
     sys.print_exception(e, b)
@@ -223,6 +241,7 @@ def _run(kind, src, g):
 
 def _main():
     sys.modules["machine"] = _Machine()
+    sys.modules["os"] = _Os()
     vfs.umount("/")
     vfs.mount(vfs.VfsPosix(@FS@), "/")
     os.chdir("/")
