@@ -85,11 +85,13 @@ class Unit:
     decimals: int = 3
 
     def to_wire(self, value: float) -> int:
+        """Rounded half away from zero, as the firmware's constants are (30 % is
+        19661, not round()'s half-to-even 19660)."""
         if self.kind == "pct":
-            return int(round(value * DUTY_FULL / 100.0))
+            return _round_half_up(value * DUTY_FULL / 100.0)
         if self.kind == "milli":
-            return int(round(value * 1000.0))
-        return int(round(value))
+            return _round_half_up(value * 1000.0)
+        return _round_half_up(value)
 
     def to_display(self, wire):
         if not isinstance(wire, (int, float)) or isinstance(wire, bool):
@@ -126,6 +128,12 @@ _CATALOG_UNITS = {
     "m % s/degC": Unit("% s/degC", "milli"),
     "m %/W": Unit("%/W", "milli"),
 }
+
+
+def _round_half_up(x: float) -> int:
+    # a little slack: 30 * 65535 / 100 is 19660.499999999996 in binary floating point
+    x = round(x, 6)
+    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
 
 
 def fmt_num(v) -> str:
@@ -298,7 +306,11 @@ def fan_fields(duties: dict[int, float], current: dict | None = None) -> dict:
         if isinstance(now, int):
             out[name] = min(DUTY_FULL, max(now, floors.FLOOR_MANUAL))
         else:
-            out[name] = next(v for k, v in out.items() if k.startswith("duty"))
+            given = [v for k, v in out.items() if k.startswith("duty")]
+            if not given:
+                raise ControlError("no telemetry from the module, so its fans' duty now is "
+                                   "not known: give one (`set MODULE fans 60%`)")  # fmt: skip
+            out[name] = given[0]
     return out
 
 
