@@ -174,7 +174,7 @@ def test_telemetry_compact_throttled_json_or_off():
     link.inbox.put(Message(C.T_TELEMETRY, "telemetry", 1, tel))
     shown = con.pending()
     assert [s.text for s in shown] == [
-        "telemetry HOSTED | gpu 72.3C amb 24.5C | fan1 2850 rpm 45.8% | 11.92V 98.34W"
+        "telemetry HOSTED | gpu 72.3C amb 24.5C | fan1 2850 rpm 45.8% | 11.92V 98.3W"
     ]
     t[0] = 5.0  # within the throttle: hidden
     link.inbox.put(Message(C.T_TELEMETRY, "telemetry", 2, tel))

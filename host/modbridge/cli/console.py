@@ -182,12 +182,12 @@ def _interactive(con: K.Console) -> None:
                 click.echo()
                 return
             try:
-                res = con.handle(line)
+                with lock:  # the printer waits: the answer comes with the line
+                    res = con.handle(line)
+                    _show(res.shown)
             except KeyboardInterrupt:
                 click.echo("^C")
                 continue
-            with lock:
-                _show(res.shown)
             if res.quit:
                 return
     finally:

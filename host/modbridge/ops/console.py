@@ -259,13 +259,17 @@ def _fault_names(mask: int) -> list[str]:
     return names or ([f"0x{mask:x}"] if mask else [])
 
 
+def _r(v, digits: int) -> str:
+    return f"{round(float(v), digits):g}"
+
+
 def telemetry_line(fields: dict) -> str:
     """Telemetry (wire fields) as one compact line in the units a person reads."""
     d = json.loads(jsonl.encode_line("telemetry", fields, 0))
     parts = [str(d.get("state", "?"))]
     if d.get("reason") not in (None, "none", "host_ok"):
         parts[-1] += f" ({d['reason']})"
-    temps = [f"{ch} {d['temp_' + ch]}C" for ch in C.CHANNELS if "temp_" + ch in d]
+    temps = [f"{ch} {_r(d['temp_' + ch], 1)}C" for ch in C.CHANNELS if "temp_" + ch in d]
     if temps:
         parts.append(" ".join(temps))
     fans = []
@@ -274,11 +278,12 @@ def telemetry_line(fields: dict) -> str:
         if rpm is not None or duty is not None:
             txt = f"fan{i}"
             txt += f" {rpm} rpm" if rpm is not None else ""
-            txt += f" {round(float(duty), 1):g}%" if duty is not None else ""
+            txt += f" {_r(duty, 1)}%" if duty is not None else ""
             fans.append(txt)
     if fans:
         parts.append(" ".join(fans))
-    power = [f"{d[k]}{u}" for k, u in (("v_in", "V"), ("i_in", "A"), ("p_in", "W")) if k in d]
+    units = (("v_in", "V", 2), ("i_in", "A", 2), ("p_in", "W", 1))
+    power = [f"{_r(d[k], n)}{u}" for k, u, n in units if k in d]
     if power:
         parts.append(" ".join(power))
     faults = fields.get("faults") or 0
