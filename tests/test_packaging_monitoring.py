@@ -457,7 +457,8 @@ def all_panels(dash):
 
 
 def dashboard_exprs(dash):
-    """(where, expr) for every query of the dashboard: targets, annotations, variables."""
+    """(where, expr) for every query of the dashboard's panels and annotations (the
+    variables' label_values queries are checked on their own)."""
     for p in all_panels(dash):
         for t in p.get("targets", []):
             yield f"panel {p['title']!r} {t.get('refId')}", t["expr"]
