@@ -48,11 +48,11 @@ def test_usage_errors_exit_2_and_say_what_is_wrong(args, said):
     assert said in res.output, res.output
 
 
-@pytest.mark.parametrize("text, speed", [("max", 20.0), ("MAX", 20.0), ("0", 20.0),
+@pytest.mark.parametrize("text, speed", [("max", 10.0), ("MAX", 10.0), ("0", 10.0),
                                          ("5", 5.0), ("0.5", 0.5)])  # fmt: skip
 def test_sim_speed_max_is_the_fastest_pace_heartbeats_keep_up_with(text, speed):
     assert cli_bridge.SIM_SPEED.convert(text, None, None) == speed
-    assert cli_bridge.SIM_SPEED_MAX_HOSTED == 20.0
+    assert cli_bridge.SIM_SPEED_MAX_HOSTED == 10.0
 
 
 @given(st.text(max_size=8))
