@@ -746,3 +746,35 @@ def test_cli_sim_faults_end_to_end():
     assert any(ln.startswith("  FAIL  fans_active") and "fan 1" in ln for ln in lines)
     assert sum(ln.strip().startswith("next:") for ln in lines) >= 2
     assert lines[-1].endswith("(exit 1)")
+
+
+def test_run_doctor_reads_a_busy_module_from_the_bridges_metrics(tmp_path):
+    """The bridge holds the port (an exclusive open, as the service's): doctor reads
+    the module from the bridge's /metrics instead, and skips what only the port tells."""
+    import serial
+
+    from modbridge.exporter import prometheus as X
+
+    master, slave = os.openpty()
+    port = os.ttyname(slave)
+    held = serial.Serial(port, exclusive=True)
+    snap = _snapshot()
+    snap.modules[0].port = port
+    server = X.serve(lambda: snap, "127.0.0.1", 0)
+    try:
+        url = server.url if server.url.endswith("/metrics") else server.url + "/metrics"
+        opts = D.DoctorOptions(ports=(port,), config_path=str(_config(tmp_path)),
+                               state_dir=str(tmp_path / "s"), metrics_url=url)  # fmt: skip
+        rep = D.run_doctor(opts, _env(fetch=None))
+    finally:
+        server.stop()
+        held.close()
+        os.close(master)
+        os.close(slave)
+    by = {c.name: c for c in rep.checks}
+    assert by["module_answers"].status == D.PASS and "metrics" in by["module_answers"].detail
+    assert by["exporter"].status == D.PASS
+    assert by["ntc"].status == D.FAIL  # the snapshot's faulted GPU channel
+    assert by["reset_cause"].status == D.WARN  # its watchdog_reset counter
+    assert by["config"].status == D.SKIP and by["pairing"].status == D.SKIP
+    assert by["fans"].status == D.PASS and by["input_12v"].status == D.PASS
