@@ -488,7 +488,8 @@ class BridgeControl:
             return _error("busy", f"{link.port}: another control request to this module is "
                                   "running (a selftest takes up to 20 s): try again")  # fmt: skip
         try:
-            reply = ctl.link_request(link, name, fields, timeout, bool(req.get("telemetry")))
+            reply = self.bridge.forward(link.port, name, fields, timeout,
+                                        bool(req.get("telemetry")))  # fmt: skip
         except ctl.ControlError as e:
             return _error("failed", str(e))
         finally:
@@ -528,7 +529,10 @@ class Client:
                     "and its control_group (docs/control.md); or use --direct when no bridge "
                     "holds the port"
                 ) from None
-            sock.sendall(_dumps(req))
+            try:
+                sock.sendall(_dumps(req))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # answered and closed at once (busy, forbidden): the reply is there
             buf = bytearray()
             while b"\n" not in buf:
                 chunk = sock.recv(65536)
