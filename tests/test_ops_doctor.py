@@ -778,3 +778,54 @@ def test_run_doctor_reads_a_busy_module_from_the_bridges_metrics(tmp_path):
     assert by["reset_cause"].status == D.WARN  # its watchdog_reset counter
     assert by["config"].status == D.SKIP and by["pairing"].status == D.SKIP
     assert by["fans"].status == D.PASS and by["input_12v"].status == D.PASS
+
+
+def test_fan_step_gives_a_manual_module_its_duties_back():
+    link = FakeLink()
+    link.status.telemetry = dict(link.status.telemetry, state=C.STATE_MANUAL,
+                                 fan1_duty=26214, fan2_duty=32768)  # fmt: skip
+    clock, sleep = _clock()
+    out = D.fan_step(link, clock=clock, sleep=sleep)
+    manual = C.FAN_MODES.index("manual")
+    assert link.sent[-1] == ("fan_mode", {"mode": manual, "duty1": 26214, "duty2": 32768})
+    c = D.check_fans_active(view(active=out))
+    assert c.status == D.PASS and c.detail.endswith("back in manual")
+
+
+@given(st.text(max_size=300))
+def test_metrics_garbage_never_raises(text):
+    for v in D.parse_metrics(text):
+        assert isinstance(v, D.ModuleView)
+
+
+def test_metrics_that_are_not_the_text_format():
+    assert D.parse_metrics("modbridge_build_info{version=\"0.1\" 1\n\x00\x01{{{") == []
+    assert D.parse_metrics("") == []
+
+
+def test_cli_exit_code_and_json_come_from_the_same_checks(monkeypatch):
+    checks = [D.Check("L1", "ntc", D.PASS, "4 channels plausible", target=UID),
+              D.Check("L3", "persistence_mode", D.WARN, "persistence mode off on GPU-x",
+                      "enable it"),
+              D.Check("L4", "exporter", D.SKIP, "no bridge running")]  # fmt: skip
+    monkeypatch.setattr(D, "run_doctor", lambda opts, emit=None: D.Report(checks))
+    res = _cli()
+    assert res.exit_code == D.EXIT_WARN, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "L1 physical" and f"  pass  ntc [{UID}]: 4 channels plausible" in lines
+    assert "  WARN  persistence_mode: persistence mode off on GPU-x" in lines
+    assert "        next: enable it" in lines and "L2 firmware" not in lines
+    assert lines[-1] == "1 pass, 1 warn, 0 fail, 1 skipped (exit 4)"
+    res = _cli("--json")
+    d = json.loads(res.output)
+    assert res.exit_code == 4 and d["exit_code"] == 4 and d["worst"] == D.WARN
+    assert [c["name"] for c in d["checks"]] == ["ntc", "persistence_mode", "exporter"]
+    assert d["checks"][1] == checks[1].as_dict()
+
+
+def test_cli_escapes_wire_strings(monkeypatch):
+    evil = D.Check("L2", "module_answers", D.FAIL, "module \x1b[2Jgone", "try\x07", target="a\nb")
+    monkeypatch.setattr(D, "run_doctor", lambda opts, emit=None: D.Report([evil]))
+    res = _cli()
+    assert res.exit_code == 1 and "\x1b" not in res.output and "\x07" not in res.output
+    assert "a\\nb" in res.output

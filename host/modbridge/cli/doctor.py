@@ -16,6 +16,7 @@ import click
 from modbridge.ops import doctor as D
 
 _MARK = {D.PASS: "pass", D.WARN: "WARN", D.FAIL: "FAIL", D.SKIP: "skip"}
+_MAX_TEXT = 1000  # characters of a detail or hint shown (wire strings are escaped)
 
 
 def format_report(report: D.Report) -> list[str]:
@@ -30,9 +31,10 @@ def format_report(report: D.Report) -> list[str]:
         lines.append(f"{layer} {title}")
         for c in checks:
             target = f" [{sanitize(c.target)}]" if c.target and c.target != "-" else ""
-            lines.append(f"  {_MARK[c.status]:4}  {c.name}{target}: {sanitize(c.detail)}")
+            detail = sanitize(c.detail, _MAX_TEXT)
+            lines.append(f"  {_MARK[c.status]:4}  {c.name}{target}: {detail}")
             if c.hint and c.status in (D.WARN, D.FAIL):
-                lines.append(f"        next: {sanitize(c.hint)}")
+                lines.append(f"        next: {sanitize(c.hint, _MAX_TEXT)}")
     n = report.counts()
     lines.append(f"{n[D.PASS]} pass, {n[D.WARN]} warn, {n[D.FAIL]} fail, {n[D.SKIP]} skipped "
                  f"(exit {report.exit_code})")  # fmt: skip

@@ -421,7 +421,8 @@ def check_fans_active(view: ModuleView) -> Check:
                      "PWM (pin 4, or a 3-pin fan)", target=view.label,
                      data=data)  # fmt: skip
     shown = ", ".join(f"fan {f} {before.get(f, '?')} -> {r} RPM" for f, r in sorted(after.items()))
-    return Check("L1", name, PASS, f"100 % step: {shown}; back in auto", target=view.label,
+    back = step.get("restore_mode", "auto")
+    return Check("L1", name, PASS, f"100 % step: {shown}; back in {back}", target=view.label,
                  data=data)  # fmt: skip
 
 
@@ -949,7 +950,8 @@ def fan_step(link, timeout_s: float = ACTIVE_TIMEOUT_S, poll_s: float = 0.05,
              clock=time.monotonic, sleep=time.sleep) -> dict:  # fmt: skip
     """The --active check's facts: both fans to 100 % (signed ``fan_mode`` manual),
     wait until telemetry shows the duty applied and each fan up to speed
-    (:func:`_step_ok`), or ``timeout_s``; then ``fan_mode`` auto again, always.
+    (:func:`_step_ok`), or ``timeout_s``; then ``fan_mode`` auto again, always (or
+    the manual duties it had, for a module that was in MANUAL).
     Returns ``before``/``after`` RPM and ``before_duty`` (%) by fan, ``restored``,
     ``commanded`` and the errors met."""
     from modbridge.link.session import LinkError
@@ -964,6 +966,11 @@ def fan_step(link, timeout_s: float = ACTIVE_TIMEOUT_S, poll_s: float = 0.05,
            "restore_error": None}  # fmt: skip
     manual = C.FAN_MODES.index("manual")
     fields = {"mode": manual, "duty1": ACTIVE_DUTY, "duty2": ACTIVE_DUTY}
+    # afterwards: auto, or the manual duties a person had set (MANUAL before)
+    restore = {"mode": C.FAN_MODES.index("auto")}
+    if tel.get("state") == C.STATE_MANUAL and all(d is not None for d in before_duty.values()):
+        restore = {"mode": manual, **{f"duty{f}": d for f, d in before_duty.items() if f <= 2}}
+    out["restore_mode"] = C.FAN_MODES[restore["mode"]]
     try:
         link.request("fan_mode", fields)
         out["commanded"] = True
@@ -982,7 +989,7 @@ def fan_step(link, timeout_s: float = ACTIVE_TIMEOUT_S, poll_s: float = 0.05,
     finally:
         if out["commanded"]:
             try:
-                link.request("fan_mode", {"mode": C.FAN_MODES.index("auto")})
+                link.request("fan_mode", restore)
                 out["restored"] = True
             except LinkError as e:
                 out["restore_error"] = str(e)
@@ -1090,7 +1097,11 @@ def parse_metrics(text: str) -> list[ModuleView]:
                                     module_id=mod.split("@")[0])  # fmt: skip
         return views[mod]
 
-    for fam in text_string_to_metric_families(text):
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError):  # not the text format: nothing usable
+        return []
+    for fam in families:
         for s in fam.samples:
             v = view(s.labels)
             if v is None or (isinstance(s.value, float) and math.isnan(s.value)):
@@ -1179,14 +1190,19 @@ def probe_gpus(kind: str = "auto", nvml_module=None, smi_run=None, sim_gpus=None
     if kind in ("auto", "nvml"):
         from modbridge.gpu.nvml import NvmlBackend
 
+        nv = nvml_module
+        if nv is None:
+            try:
+                import pynvml as nv
+            except ImportError:
+                nv = None  # NvmlBackend says what to install
         try:
-            backend = NvmlBackend(nvml=nvml_module)
+            backend = NvmlBackend(nvml=nv)
         except GpuError as e:
             facts.nvml_error = str(e)
         else:
             try:
                 facts.backend = "nvml"
-                nv = backend._nv  # the binding this backend loaded: two more reads
                 with contextlib.suppress(Exception):
                     facts.driver_version = _text(nv.nvmlSystemGetDriverVersion())
                 _fill_gpus(facts, backend, lambda info: _nvml_persistence(nv, info.index))
