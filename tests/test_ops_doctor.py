@@ -829,3 +829,17 @@ def test_cli_escapes_wire_strings(monkeypatch):
     res = _cli()
     assert res.exit_code == 1 and "\x1b" not in res.output and "\x07" not in res.output
     assert "a\\nb" in res.output
+
+
+def test_a_simulator_that_cannot_start_is_a_runtime_error(monkeypatch):
+    from modbridge import bridge as br
+    from modbridge.errors import ModbridgeError
+
+    def no_micropython(*a, **kw):
+        raise ModbridgeError("micropython not found: `make setup` installs it")
+
+    monkeypatch.setattr(br, "open_sim", no_micropython)
+    res = _cli("--sim")
+    assert res.exit_code == 1
+    assert "modbridge doctor: cannot start the simulator: micropython not found" in res.output
+    assert "Traceback" not in res.output

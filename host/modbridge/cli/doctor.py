@@ -92,7 +92,7 @@ def doctor_cmd(ports, config_path, backend, sim, sim_world, sim_faults, sim_spee
         report = D.run_doctor(opts, emit=emit)
     except D.DoctorError as e:
         click.echo(f"modbridge doctor: {e}", err=True)
-        sys.exit(D.EXIT_USAGE)
+        sys.exit(e.exit_code)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2, default=str))
     else:

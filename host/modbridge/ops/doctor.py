@@ -84,9 +84,15 @@ _DUTY_FULL = C.DUTY_MAX
 
 
 class DoctorError(ModbridgeError):
-    """doctor could not run at all (bad options or config): exit 2."""
+    """doctor could not run at all: bad options or config (exit 2)."""
 
     exit_code = EXIT_USAGE
+
+
+class SimUnavailable(DoctorError):
+    """--sim could not start its virtual module (exit 1: a runtime error)."""
+
+    exit_code = EXIT_FAIL
 
 
 @dataclass
@@ -1535,7 +1541,7 @@ def _run_sim(opts, env, cfg, privs, say) -> Report:
     try:
         fleet, _maps = br.open_sim(1, opts.sim_world, "demo", opts.sim_speed, faults=faults)
     except (ModbridgeError, ValueError, OSError) as e:
-        raise DoctorError(f"cannot start the simulator: {e}") from None
+        raise SimUnavailable(f"cannot start the simulator: {e}") from None
     try:
         state_dir = fleet.state_dir / "bridge"
         say("L1/L2: the virtual module")
