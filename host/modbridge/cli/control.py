@@ -288,6 +288,10 @@ repl_cmd = _simple("repl", ctl.repl, """Stop MODULE's firmware and hand its port
     MicroPython REPL (for mpremote). Not through the bridge: stop it first.""")
 
 
+config_group.help = ("The bridge's config file (validate, example) and a module's running "
+                     "config (get, set, save, reset: docs/control.md).")
+
+
 def register(group):
     """Add the control commands to the CLI group (config get/set/save/reset go on the
     existing ``config`` group)."""

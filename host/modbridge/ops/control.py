@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Callable
@@ -825,6 +826,10 @@ class DirectTarget(Target):
         self.via = via
         self._on_close = on_close
         self.heartbeats = heartbeat_s is not None
+        if not os.path.exists(port):
+            self.close()
+            raise TargetNotFound(f"{port}: no such port, so no module there (unplugged? "
+                                 "`modbridge list` shows the ports)")  # fmt: skip
         self.link = quiet_link_class()(port, keys=keys, quiet=not self.heartbeats,
                                        heartbeat_period_s=heartbeat_s or 3600.0)  # fmt: skip
         try:
@@ -855,6 +860,7 @@ class DirectTarget(Target):
     def close(self) -> None:
         link = getattr(self, "link", None)
         if link is not None:
+            self.link = None
             link.stop()
         if self._on_close is not None:
             fn, self._on_close = self._on_close, None
@@ -1335,8 +1341,6 @@ def pick_module(arg: str, entries) -> str:
     """The port of the module ``arg`` names among ``entries`` (``(port, module_id,
     names)``, the bridge's links): a port path (or a path to the same device), a
     module id, a ``[[module]]`` name, or a unique prefix of a module id."""
-    import os
-
     for port, _mid, _names in entries:
         if arg == port or ("/" in arg and os.path.realpath(arg) == os.path.realpath(port)):
             return port
