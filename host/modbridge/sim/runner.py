@@ -28,10 +28,18 @@ the process and closes the pty.
 
 What the MCU does that the runner mirrors: at power-up and at every reset the PWM
 pins float, so the fans run at 100 % for ``boot_ms`` of world time before the new
-process answers; a firmware that stops exchanging (crash, ``repl``) leaves the last
-duties on the fans while the world goes on, and a started watchdog that is no longer
-fed resets it. A process that does not answer within ``hang_timeout_s`` of wall time
-(an endless loop that never sleeps) is killed and treated the same way.
+process answers; a firmware that stops exchanging leaves the last duties on the fans
+while the world goes on, and a started watchdog that is no longer fed resets it. A
+firmware that hands the port back (``repl``) or whose process ends (it returned, or
+an uncaught exception: the traceback goes to the port) leaves the MCU at MicroPython's
+REPL, which a thread serves on the pty (``repl.py``: friendly, raw and raw-paste REPL
+for mpremote, code in a persistent ``micropython`` with ``fs_dir`` as its
+filesystem); a soft reset at the friendly REPL or ``machine.reset()`` starts the
+firmware again. A process that does not answer within ``hang_timeout_s`` of wall time
+(an endless loop that never sleeps) or breaks the link is killed: the MCU is halted.
+Each change is a :class:`McuEvent` in ``mcu_events`` (``on_mcu_event``,
+``wait_mcu_event``); a REPL tool's Ctrl-C / Ctrl-A while the firmware runs is a
+``note`` event (the firmware ignores them, as a board's does with Ctrl-C disabled).
 
 Signing: before its first boot the module is provisioned like a paired board: a
 32-byte secret in ``secret.key`` in its flash directory (kept if one is there from an
