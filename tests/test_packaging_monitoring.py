@@ -878,6 +878,23 @@ def test_alert_rules_have_for_severity_annotations_and_runbook():
         assert re.search(r"docs/\w+\.md", ann["runbook"]), name
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_alert_runbooks_point_at_existing_docs():
+    for r in alert_rules():
+        for doc, anchor in re.findall(
+            r"(docs/[\w-]+\.md)(?:#([\w-]+))?", r["annotations"]["runbook"]
+        ):
+            path = REPO / doc
+            assert path.is_file(), f"{r['alert']}: {doc} does not exist"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), re.M)
+                assert anchor in {_slug(h) for h in headings}, f"{r['alert']}: {doc}#{anchor}"
+
+
 def test_alert_rules_name_only_exported_metrics_and_labels():
     known = known_metrics()
     for r in alert_rules():
