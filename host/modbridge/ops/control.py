@@ -434,7 +434,7 @@ def config_key(key: str) -> ConfigKey:
         unit = Unit("ohm", "raw")
     else:
         for suffix, u, strip in _SUFFIX_UNITS:
-            if leaf.endswith(suffix) and spec[0] == "int":
+            if leaf.endswith(suffix) and (spec[0] == "int" or (spec[0] == "enum" and not strip)):
                 unit = u
                 if strip:
                     disp_parts[-1] = leaf[: -len(suffix)]
@@ -483,9 +483,12 @@ def lookup_key(typed: str) -> ConfigKey:
         k = keys[typed]
         raise InputError(f"{typed} is the module's key in wire units: type {k.display}=VALUE "
                          f"in {k.unit.label or 'its units'}")  # fmt: skip
-    for k in keys.values():  # channels.gpu.setpoint_mc, gpu.setpoint_mc ...
-        if typed.endswith(k.key.rsplit(".", 1)[-1]) and k.display != k.key and \
-                typed.rsplit(".", 1)[0] in (k.display.rsplit(".", 1)[0],):  # fmt: skip
+    for suffix in ("_mc", "_mv", "_ma"):  # gpu.setpoint_mc, channels.gpu.setpoint_mc
+        if typed.endswith(suffix):
+            try:
+                k = lookup_key(typed[: -len(suffix)])
+            except InputError:
+                break
             raise InputError(f"{typed}: type {k.display}=VALUE in {k.unit.label}")
     near = sorted(d for d in by_display if d.split(".")[0] == parts[0])
     hint = f" ({parts[0]} has {', '.join(near)})" if near else (
@@ -548,8 +551,10 @@ def parse_config_value(k: ConfigKey, raw: str):
     if kind == "enum":
         choices = spec[1]
         if isinstance(choices[0], int):
+            label = k.unit.label
+            text = raw[: -len(label)] if label and raw.endswith(label) else raw
             try:
-                v = int(raw)
+                v = int(text)
             except ValueError:
                 v = None
         else:
