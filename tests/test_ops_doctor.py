@@ -843,3 +843,20 @@ def test_a_simulator_that_cannot_start_is_a_runtime_error(monkeypatch):
     assert res.exit_code == 1
     assert "modbridge doctor: cannot start the simulator: micropython not found" in res.output
     assert "Traceback" not in res.output
+
+
+def test_fan_step_waits_on_the_modules_clock():
+    """A fan that never comes up: the step ends after ACTIVE_STEP_S of the module's
+    uptime (a virtual module's runs faster than ours), long before our wall limit."""
+
+    link = FakeLink(rise=False)
+    clock, sleep_ = _clock()
+
+    def sleep(s):  # every poll, the module's uptime moves a second
+        sleep_(s)
+        link.status.telemetry = dict(link.status.telemetry,
+                                     uptime_s=link.status.telemetry["uptime_s"] + 1)  # fmt: skip
+
+    out = D.fan_step(link, timeout_s=1000.0, poll_s=0.01, clock=clock, sleep=sleep)
+    assert clock() < 1.0 and out["restored"]  # 8 polls, not 1000 s
+    assert D.check_fans_active(view(active=out)).status == D.FAIL

@@ -70,7 +70,8 @@ FAN_MIN_SPIN_DUTY = FAN_MODEL[_floors.FM_MIN_SPIN]  # a duty that spins any such
 FAN_CHECK_DUTY = FAN_MODEL[_floors.FM_RPM_CHECK_DUTY]  # RPM is judged from this duty up
 FAN_FLOOR_RPM = _floors.rpm_floor(FAN_MODEL)  # a turning fan reads at least this at 100 %
 ACTIVE_DUTY = C.DUTY_MAX  # the --active step: 100 % (a step up: never less cooling)
-ACTIVE_TIMEOUT_S = 8.0  # wall seconds the step may take to reach its RPM
+ACTIVE_STEP_S = 8  # module seconds (its uptime) the step may take to reach its RPM
+ACTIVE_TIMEOUT_S = 30.0  # wall seconds at most (a module whose uptime does not move)
 STEP_FROM_DUTY = C.DUTY_MAX * 8 // 10  # a fan below 80 % duty before the step must
 STEP_RISE = 1.25  # read at least 25 % faster at 100 %
 BOOT_SETTLE_S = 5  # module seconds after boot before its fan readings are judged
@@ -953,11 +954,13 @@ def _step_ok(rpm: int, before_rpm, before_duty) -> bool:
 
 
 def fan_step(link, timeout_s: float = ACTIVE_TIMEOUT_S, poll_s: float = 0.05,
-             clock=time.monotonic, sleep=time.sleep) -> dict:  # fmt: skip
+             clock=time.monotonic, sleep=time.sleep,
+             step_s: int = ACTIVE_STEP_S) -> dict:  # fmt: skip
     """The --active check's facts: both fans to 100 % (signed ``fan_mode`` manual),
     wait until telemetry shows the duty applied and each fan up to speed
-    (:func:`_step_ok`), or ``timeout_s``; then ``fan_mode`` auto again, always (or
-    the manual duties it had, for a module that was in MANUAL).
+    (:func:`_step_ok`), ``step_s`` of the module's uptime, or ``timeout_s`` of ours;
+    then ``fan_mode`` auto again, always (or the manual duties it had, for a module
+    that was in MANUAL).
     Returns ``before``/``after`` RPM and ``before_duty`` (%) by fan, ``restored``,
     ``commanded`` and the errors met."""
     from modbridge.link.session import LinkError
@@ -981,12 +984,15 @@ def fan_step(link, timeout_s: float = ACTIVE_TIMEOUT_S, poll_s: float = 0.05,
         link.request("fan_mode", fields)
         out["commanded"] = True
         deadline = clock() + timeout_s
+        start_up = tel.get("uptime_s")
         while True:
             tel = dict(link.status.telemetry or {})
             rpms = {f: tel.get(f"fan{f}_rpm") or 0 for f in fans}
             applied = all((tel.get(f"fan{f}_duty") or 0) >= ACTIVE_DUTY * 95 // 100 for f in fans)
             done = applied and all(_step_ok(rpms[f], before[f], before_duty[f]) for f in fans)
-            if done or clock() >= deadline:
+            # the module's own clock (a virtual module's runs faster or slower than ours)
+            waited = start_up is not None and tel.get("uptime_s", start_up) - start_up >= step_s
+            if done or waited or clock() >= deadline:
                 out["after"] = rpms
                 break
             sleep(poll_s)
