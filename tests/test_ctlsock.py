@@ -290,3 +290,15 @@ def test_one_request_at_a_time_per_module(bridge_server, monkeypatch):
     m0.gate.set()
     first.join(5)
     assert c.call({"module": "gpu0", "name": "reboot"})["ok"]
+
+
+def test_a_directory_it_may_not_create_is_a_socket_error(sockdir):
+    ro = os.path.join(sockdir, "ro")
+    os.mkdir(ro, 0o500)
+    try:
+        if os.geteuid() == 0:
+            pytest.skip("root may create anything")
+        with pytest.raises(ctlsock.SocketError, match="cannot listen"):
+            ctlsock.ControlServer(_echo, os.path.join(ro, "sub", "c.sock")).start()
+    finally:
+        os.chmod(ro, 0o700)

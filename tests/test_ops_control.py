@@ -534,3 +534,48 @@ ControlMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_control_commands_never_cool_below_the_floors = ControlMachine.TestCase
+
+
+# ------------------------------------------------- link errors, names in the config
+
+
+class _ErrLink:
+    def __init__(self, exc):
+        self.exc = exc
+        self.status = type("S", (), {"telemetry_at": 0.0, "telemetry": None})()
+
+    def request(self, name, fields=None, timeout=None):
+        raise self.exc
+
+
+def test_link_errors_become_clear_control_errors():
+    from modbridge.link.session import NotPaired, RequestTimeout
+
+    msg = "/dev/x: cannot send fan_mode: module b9bd is not paired: run `modbridge pair /dev/x`"
+    with pytest.raises(ctl.ControlError, match="not paired: run `modbridge pair /dev/x`") as e:
+        ctl.link_request(_ErrLink(NotPaired(msg)), "fan_mode", {"mode": 0}, None)
+    assert e.value.exit_code == 1
+    with pytest.raises(ctl.ControlError, match="no answer"):
+        ctl.link_request(_ErrLink(RequestTimeout("/dev/x: no answer to reboot within 1 s")),
+                         "reboot", None, None)  # fmt: skip
+
+
+def test_module_names_in_the_config(tmp_path):
+    from modbridge import config as cfgmod
+
+    cfg = cfgmod.parse({"module": [{"id": "b9bd00", "name": "gpu0"},
+                                   {"port": "/dev/m1", "name": "rack.2-b"}]})  # fmt: skip
+    assert ctl.resolve_name("gpu0", cfg) == ("b9bd00", None)
+    assert ctl.resolve_name("rack.2-b", cfg) == (None, "/dev/m1")
+    assert ctl.resolve_name("gpu9", cfg) == (None, None)
+    with pytest.raises(cfgmod.ConfigFileError) as e:
+        cfgmod.parse({"module": [{"id": "aa", "name": "gpu0"}, {"id": "bb", "name": "gpu0"},
+                                 {"id": "cc", "name": "9lives"}],
+                      "bridge": {"control_socket": "", "control_group": 5}})  # fmt: skip
+    text = str(e.value)
+    assert "module[1].name: gpu0 is already used by module[0]" in text
+    assert "module[2].name: letters, digits" in text
+    assert "bridge.control_socket: must be non-empty text" in text
+    assert "bridge.control_group: must be non-empty text" in text
+    ok = cfgmod.parse({"bridge": {"control_socket": "/run/x.sock", "control_group": "mb"}})
+    assert (ok.control_socket, ok.control_group) == ("/run/x.sock", "mb")

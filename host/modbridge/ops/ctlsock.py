@@ -244,8 +244,11 @@ class ControlServer:
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> ControlServer:
         _check_path_len(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._clear_stale()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._clear_stale()
+        except OSError as e:
+            raise SocketError(f"{self.path}: cannot listen: {e}") from None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(str(self.path))
