@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import serial
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from modbridge.errors import ModbridgeError
@@ -397,6 +397,12 @@ def test_friendly_soft_reset_and_machine_reset_are_actions():
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(min_size=0, max_size=64), max_size=8))
+@example([b"\x1b["])  # an escape sequence cut short: readline ends it at the next byte
+@example([b"\x1b[5"])
+@example([b"\x01\x05A\x01" + b"x" * 200])  # raw-paste, cut in the middle of the code
+@example([b"\x01spin\x04"])  # code that runs until Ctrl-C
+@example([b"\x05if 1:\r"])  # friendly paste mode
+@example([b"if 1:\r"])  # a compound statement waiting for its next line
 def test_garbage_never_raises_and_mpremote_gets_in_afterwards(chunks):
     """Whatever a host sends, feed/poll return, and mpremote's entry (Ctrl-C, then
     Ctrl-A) reaches the raw prompt, unless the garbage asked for a reset."""

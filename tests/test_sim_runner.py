@@ -119,6 +119,14 @@ def _read_port(ser, quiet_s=0.1, max_s=3.0):
     return out
 
 
+def _read_until(ser, marker, max_s=10.0):
+    out = b""
+    end = time.monotonic() + max_s
+    while marker not in out and time.monotonic() < end:
+        out += ser.read(max(1, ser.in_waiting))
+    return out
+
+
 def _decode(data):
     return [m for m in frame.StreamDecoder(accept=C.D2H).feed(data) if m.ok]
 
@@ -381,10 +389,14 @@ def test_hung_firmware_is_killed_and_the_watchdog_resets_it(make_vm, fake_firmwa
 def test_crashed_firmware_halts_with_its_traceback(make_vm, fake_firmware, monkeypatch):
     monkeypatch.setenv("SIM_TEST_MODE", "crash")
     vm = make_vm(code_root=fake_firmware)
-    vm.run_for(1000)  # crashes at 500 ms, after its last feed at 400
+    with _open(vm.port_symlink) as ser:  # open first: pyserial's open flushes the input
+        vm.run_for(1000)  # crashes at 500 ms, after its last feed at 400
+        seen = _read_until(ser, b">>> ")  # the traceback on the port, then the REPL
     assert "RuntimeError: boom" in vm.last_crash, vm.last_crash
     assert vm.mcu_state == "repl" and vm.resets == [], vm.stats()  # a board's REPL
     assert vm.halt_reason == "the firmware crashed: RuntimeError: boom", vm.halt_reason
+    assert b'\r\nRuntimeError: boom\r\nMicroPython v1.' in seen, seen[-300:]
+    assert seen.endswith(b'Type "help()" for more information.\r\n>>> '), seen[-300:]
     vm.run_for(300)  # the fans keep their last duty; the watchdog bites at 1400
     assert vm.resets == ["watchdog"] and vm.reset_times == [1400], vm.stats()
     assert "RuntimeError: boom" in (vm.state_dir / "mcu.log").read_text()

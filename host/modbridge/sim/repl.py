@@ -455,7 +455,7 @@ class Repl:
         self.busy: str | None = None  # the mode that started the running code
         self.action: str | None = None
         self.dropped = 0  # host bytes dropped (over MAX_PENDING or MAX_CODE)
-        self._esc = 0  # friendly: 1 after ESC, 2 inside a CSI sequence
+        self._esc = 0  # friendly: 1 after ESC, 2 after ESC [, 3 after ESC [ digit
         self._cr = False  # friendly: the last byte was CR (a CRLF's LF is no new line)
         self._window = WINDOW
         self.last_error = ""
@@ -542,12 +542,16 @@ class Repl:
 
     def _friendly(self, c: int) -> None:
         cr, self._cr = self._cr, c == 13
-        if self._esc == 1:  # ESC: a CSI sequence follows '[' (arrows, Home, ...)
+        # escape sequences as MicroPython's readline takes them (arrows, Home, Del):
+        # ESC, '[' or 'O', an optional digit, one final byte; all of it ignored here
+        if self._esc == 1:
             self._esc = 2 if c in (0x5B, 0x4F) else 0
             return
-        if self._esc == 2:  # ignored up to its final byte
-            if 0x40 <= c <= 0x7E:
-                self._esc = 0
+        if self._esc == 2:
+            self._esc = 3 if 0x30 <= c <= 0x39 else 0
+            return
+        if self._esc == 3:
+            self._esc = 0
             return
         empty = not self.line
         if c == 27:

@@ -284,7 +284,7 @@ class VirtualModule:
         self._banner_tail = b""
         # what the MCU does, one McuEvent per change (tests: wait_mcu_event);
         # on_mcu_event(event) hears each as it happens (the CLI prints them)
-        self.mcu_events: collections.deque[McuEvent] = collections.deque(maxlen=1000)
+        self._mcu_events: collections.deque[McuEvent] = collections.deque(maxlen=1000)
         self.on_mcu_event = None
         self._mcu_seq = 0
         self._mcu_cond = threading.Condition()
@@ -501,10 +501,16 @@ class VirtualModule:
     # -- what the MCU does ---------------------------------------------------------
 
     @property
+    def mcu_events(self) -> list[McuEvent]:
+        """The last 1,000 McuEvents, oldest first (a copy)."""
+        with self._mcu_cond:
+            return list(self._mcu_events)
+
+    @property
     def mcu_status(self) -> str:
         """The last change as one line (``"off"`` before the first)."""
         with self._mcu_cond:
-            return self.mcu_events[-1].text if self.mcu_events else "off"
+            return self._mcu_events[-1].text if self._mcu_events else "off"
 
     @property
     def mcu_event_count(self) -> int:
@@ -517,7 +523,7 @@ class VirtualModule:
         end = time.monotonic() + timeout
         with self._mcu_cond:
             while True:
-                for ev in self.mcu_events:
+                for ev in self._mcu_events:
                     if ev.seq > after and ev.kind == kind:
                         return ev
                 left = end - time.monotonic()
@@ -529,7 +535,7 @@ class VirtualModule:
         with self._mcu_cond:
             self._mcu_seq += 1
             ev = McuEvent(self._mcu_seq, self.world.now_ms, kind, why, version)
-            self.mcu_events.append(ev)
+            self._mcu_events.append(ev)
             self._mcu_cond.notify_all()
         log.info("virtual MCU %s: %s", self.uid.hex()[:12], ev.text)
         cb = self.on_mcu_event
