@@ -22,8 +22,9 @@ A fan's verdict (``judge``), first match wins, with the fan model of
 - weak: below the model's floor at the 100 % step (``rpm_floor`` x duty / 100 %);
 - tach implausible: faster at a lower duty by more than the band; below the line from
   0 to the full-speed reading (less the band) at a duty >= ``rpm_check_duty`` (the
-  model: a healthy fan's curve lies on or above it); not slower than full by the band
-  at the lowest step (a reading that does not follow the duty at all).
+  model: a healthy fan's curve lies on or above it); at the lowest step more than
+  halfway from that line to full speed, plus the bands of both readings (a reading
+  that does not follow the duty: real curves start at most at half their full speed).
 
 A healthy fan whose readings are within 1 pulse + 2 % of its speed, with at most one
 reading in any four off by anything, passes (tests/test_selftest_props.py).
@@ -111,7 +112,10 @@ def judge(rpm, duty, flags, res, fan):
         # r0 <= max_rpm (<= 10**6) times duty >> 6 (<= 1023): a small int
         if d >= check and d < d0 and r + band(r, res) < r0 * (d >> 6) // (d0 >> 6):
             return IMPLAUSIBLE, s
-    if duty[3] < d0 and rpm[3] + band(rpm[3], res) > r0:
+    # the lowest step: at most halfway from the line to full speed (an intercept of
+    # up to 50 %), more is a reading that does not follow the duty
+    r = r0 * (duty[3] >> 6) // (d0 >> 6)
+    if duty[3] < d0 and rpm[3] > (r0 + r) // 2 + band(rpm[3], res) + band(r0, res):
         return IMPLAUSIBLE, 3
     return OK, 0
 
