@@ -721,12 +721,12 @@ def test_cli_usage_errors_exit_2(tmp_path):
 
 def test_cli_sim_healthy_end_to_end():
     """A healthy virtual module and GPU, the fans stepped: every check passes, but for
-    the two an unattended virtual run cannot have (no bridge, so no exporter; no event
-    log configured)."""
+    the three an unattended virtual run cannot have (no bridge, so no exporter and no
+    control socket; no event log configured)."""
     res = _cli("--sim", "--active", "--json", "--config", os.devnull)
     d = json.loads(res.output)
     skipped = {c["name"] for c in d["checks"] if c["status"] == D.SKIP}
-    assert skipped == {"exporter", "event_log"}, d
+    assert skipped == {"exporter", "control_socket", "event_log"}, d
     assert d["counts"]["warn"] == 0 and d["counts"]["fail"] == 0, d
     assert res.exit_code == 0 and d["exit_code"] == 0 and d["worst"] == D.PASS
     assert {c["layer"] for c in d["checks"]} == set(D.LAYERS)
@@ -860,3 +860,60 @@ def test_fan_step_waits_on_the_modules_clock():
     out = D.fan_step(link, timeout_s=1000.0, poll_s=0.01, clock=clock, sleep=sleep)
     assert clock() < 1.0 and out["restored"]  # 8 polls, not 1000 s
     assert D.check_fans_active(view(active=out)).status == D.FAIL
+
+
+def _unix_server(path, reply: bytes):
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(reply)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv, t
+
+
+def test_control_socket(tmp_path, monkeypatch):
+    from modbridge.ops import ctlsock
+
+    sock = tmp_path / "control.sock"
+    cfg = _cfg(control_socket=str(sock))
+    app = D.AppFacts()
+    D.probe_control(app, cfg)
+    assert app.control_socket is None
+    assert D.check_control_socket(app).status == D.SKIP  # no bridge, no socket
+    app.bridge_pids = [4242]
+    c = D.check_control_socket(app)
+    assert status_of(c) == D.WARN and "no control socket" in c.detail
+
+    srv, t = _unix_server(sock, b'{"ok": true, "op": "ping"}\n')  # a bridge answering
+    try:
+        app = D.AppFacts()
+        D.probe_control(app, cfg)
+        t.join(5)
+    finally:
+        srv.close()
+    assert app.control_ok and status_of(D.check_control_socket(app)) == D.PASS
+    # the socket file is still there, nobody listens: a stale one
+    app = D.AppFacts()
+    D.probe_control(app, cfg)
+    assert app.control_error_kind == "stale" and D.check_control_socket(app).status == D.SKIP
+    app.bridge_pids = [4242]
+    assert status_of(D.check_control_socket(app)) == D.FAIL  # a bridge runs, yet no answer
+
+    class Refusing:
+        def __init__(self, path, timeout_s):
+            pass
+
+        def ping(self):
+            raise ctlsock.SocketRefused("control.sock: permission denied")
+
+    app = D.AppFacts()
+    D.probe_control(app, cfg, Refusing)
+    c = D.check_control_socket(app)
+    assert status_of(c) == D.WARN and "control_group" in c.hint

@@ -280,6 +280,10 @@ class AppFacts:
     bridge_pids: list = field(default_factory=list)  # running modbridge pids owning GPUs
     journal: list = field(default_factory=list)  # JournalFact
     journal_error: str | None = None
+    control_socket: str | None = None  # the first control socket path that exists
+    control_ok: bool | None = None  # a bridge answered its ping (None: not tried)
+    control_error: str | None = None
+    control_error_kind: str | None = None  # stale, refused, error
 
 
 # ============================================================================ L1 checks
@@ -794,6 +798,54 @@ def check_exporter(app: AppFacts) -> Check:
                  "check `journalctl -u modbridge` for 'metrics on ...' or the error binding "
                  "the port; `[exporter] address`/`port` must match Prometheus' scrape config",
                  target=app.metrics_url)  # fmt: skip
+
+
+def check_control_socket(app: AppFacts) -> Check:
+    """The running bridge's control socket (``modbridge set/config/...`` go through
+    it while the bridge holds the ports) answers a ping."""
+    name = "control_socket"
+    running = bool(app.bridge_pids)
+    where = app.control_socket or ""
+    if app.control_socket is None:
+        if running:
+            return Check("L4", name, WARN, "a bridge runs but no control socket exists: "
+                         "`modbridge set/config/selftest` cannot reach its modules",
+                         "look for the control socket's error in `journalctl -u modbridge`; "
+                         "[bridge] control_socket, RuntimeDirectory=modbridge in the unit")
+        return Check("L4", name, SKIP, "no bridge running, no control socket")
+    if app.control_ok:
+        return Check("L4", name, PASS, f"{where} answers", target=where)
+    kind = app.control_error_kind
+    if kind == "stale" and not running:
+        return Check("L4", name, SKIP, f"{where}: left by a bridge that is not running "
+                     "(harmless: the next start replaces it)", target=where)  # fmt: skip
+    if kind == "refused":
+        return Check("L4", name, WARN, app.control_error or "permission denied",
+                     "add yourself to the socket's group ([bridge] control_group, e.g. "
+                     "`modbridge`) and log in again, or use sudo", target=where)  # fmt: skip
+    return Check("L4", name, FAIL if running else WARN, app.control_error or "no answer",
+                 "`systemctl status modbridge`; a bridge that does not answer its socket "
+                 "is stuck: its log says why", target=where)  # fmt: skip
+
+
+def probe_control(app: AppFacts, cfg, client=None) -> None:
+    """Fill ``app``'s control-socket facts: ping the first socket a client would use."""
+    from modbridge.ops import ctlsock
+
+    paths = ctlsock.client_paths(cfg)
+    if not paths:
+        return
+    app.control_socket = paths[0]
+    try:
+        app.control_ok = (client or ctlsock.Client)(paths[0], timeout_s=2.0).ping()
+        if not app.control_ok:
+            app.control_error, app.control_error_kind = "the bridge did not say ok", "error"
+    except ctlsock.StaleSocket as e:
+        app.control_ok, app.control_error, app.control_error_kind = False, str(e), "stale"
+    except ctlsock.SocketRefused as e:
+        app.control_ok, app.control_error, app.control_error_kind = False, str(e), "refused"
+    except (ctlsock.SocketError, OSError) as e:
+        app.control_ok, app.control_error, app.control_error_kind = False, str(e), "error"
 
 
 def probe_writable_dir(path: Path) -> str | None:
@@ -1410,6 +1462,7 @@ class DoctorEnv:
     lister: Callable | None = None  # serial.tools.list_ports.comports stand-in
     link_factory: Callable | None = None
     privileges: Privileges | None = None
+    control_client: Callable | None = None  # ctlsock.Client stand-in: (path, timeout_s)
 
 
 def judge(views, gpu: GpuFacts, app: AppFacts, privs: Privileges,
@@ -1427,8 +1480,8 @@ def judge(views, gpu: GpuFacts, app: AppFacts, privs: Privileges,
                    check_config(v), check_flash_writes(v), check_pairing(v)]  # fmt: skip
     checks += [check_nvml(gpu), check_driver_version(gpu), check_gpus_visible(gpu),
                check_persistence(gpu), check_power_limit_permission(gpu, privs)]  # fmt: skip
-    checks += [check_exporter(app), check_event_log(app), check_state_dir(app),
-               check_journal(app, gpu)]  # fmt: skip
+    checks += [check_exporter(app), check_control_socket(app), check_event_log(app),
+               check_state_dir(app), check_journal(app, gpu)]  # fmt: skip
     return checks
 
 
@@ -1512,6 +1565,7 @@ def run_doctor(opts: DoctorOptions, env: DoctorEnv | None = None, emit=None) -> 
     state_dir = opts.state_dir or default_state_dir(cfg)
     say("L4: the exporter, event log and state directory")
     app = probe_app(cfg, state_dir, fetch=env.fetch, url=opts.metrics_url)
+    probe_control(app, cfg, env.control_client)
     bridge_views = parse_metrics(app.metrics_text) if app.metrics_ok else []
     keys = KeyStore(opts.keys_dir) if opts.keys_dir else KeyStore.for_config(cfg)
     views = []
