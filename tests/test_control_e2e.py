@@ -112,3 +112,16 @@ def test_through_the_bridge_selftest_and_repl_refused(through_bridge):
     assert o["ok"] == (code == 0) == o["data"]["passed"]
     code, out = _cli("repl", uid, *opts)
     assert code == 1 and "stop the bridge first" in out
+
+
+def test_direct_by_config_name_and_by_id_prefix(direct, tmp_path):
+    port, opts = direct
+    cfg = tmp_path / "modbridge.toml"
+    cfg.write_text(f'[[module]]\nport = "{port}"\nname = "sim0"\n')
+    code, o = _json("config", "get", "sim0", "pid.kp", "--config", str(cfg), *opts)
+    assert code == 0 and o["port"] == port and "pid.kp" in o["data"]["values"], o
+    uid = o["module_id"]
+    code, o = _json("config", "get", uid[:5], "pid.kp", "--config", str(cfg), *opts)
+    assert code == 0 and o["module_id"] == uid
+    code, out = _cli("config", "get", "ffff00", "--config", str(cfg), *opts)
+    assert code == 3 and "no module ffff00 found" in out and uid in out

@@ -905,11 +905,12 @@ def find_port(module_id: str, ports, store, timeout_s: float = FIND_TIMEOUT_S) -
     it, if only one does), among ``ports`` and the auto-discovered ones.
     :class:`TargetNotFound` when none or several match. (``modbridge tune`` too.)"""
     from modbridge.link.discovery import find_modules
-    from modbridge.link.session import LinkError, ModuleLink
+    from modbridge.link.session import LinkError
 
     seen, matches = [], []
     for info in find_modules(list(ports)):
-        link = ModuleLink(info.device, keys=store, heartbeat_period_s=3600.0)
+        # no heartbeat: a module that saw one would count its host as lost afterwards
+        link = quiet_link_class()(info.device, keys=store, heartbeat_period_s=3600.0)
         try:
             link.start(fail_fast=False)
             if link.wait_up(timeout_s):
