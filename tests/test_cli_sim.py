@@ -62,7 +62,7 @@ def _children(pid):
 def test_watch_prints_the_port_and_a_line_per_second():
     r = run("--duration", "5", "--speed", "max", "--watch")
     assert r.exit_code == 0, r.output
-    lines = r.output.splitlines()
+    lines = r.stdout.splitlines()  # the MCU's lines are on stderr
     m = re.match(r"^module 0: (\S+) -> (/dev/pts/\d+) \(uid ([0-9a-f]{24}), ", lines[0])
     assert m and m.group(1).endswith("module-0.tty"), lines[0]
     status = [STATUS.match(line) for line in lines if " event: " not in line][1:]
@@ -76,7 +76,7 @@ def test_watch_prints_the_port_and_a_line_per_second():
 def test_json_lines_parse():
     r = run("--duration", "4", "--speed", "max", "--watch", "--json", "--fault", "dip:1V/1s@1.5s")
     assert r.exit_code == 0, r.output
-    objs = [json.loads(line) for line in r.output.splitlines()]
+    objs = [json.loads(line) for line in r.stdout.splitlines()]
     assert objs[0]["type"] == "module" and objs[0]["pty"].startswith("/dev/pts/"), objs[0]
     status = [o for o in objs if o["type"] == "status"]
     assert [o["t"] for o in status] == [1.0, 2.0, 3.0, 4.0], objs
@@ -99,6 +99,10 @@ def test_json_lines_parse():
     ]
     uv = [o for o in objs if o["type"] == "event" and o["code"] == "under_voltage"]
     assert [o["active"] for o in uv] == [True, False] and uv[0]["value"] < 11400, uv
+    mcu = [o for o in objs if o["type"] == "mcu"]
+    assert [(o["kind"], o["version"]) for o in mcu] == [("running", "0.1.0"), ("off", None)]
+    assert mcu[0]["text"] == "running firmware v0.1.0 (reset cause: power)", mcu
+    assert r.stderr.splitlines()[0].endswith("MCU: running firmware v0.1.0 (reset cause: power)")
 
 
 def test_faults_show_in_the_watch_and_two_modules():
@@ -107,7 +111,7 @@ def test_faults_show_in_the_watch_and_two_modules():
         "--fault", "m1:ntc_open:gpu@2s",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
-    out = r.output
+    out = r.stdout
     assert "module 0: " in out and "module 1: " in out
     assert "   2.0s fault: NTC gpu open on (m1)" in out, out
     last = out.splitlines()[-2:]
@@ -122,7 +126,7 @@ def test_each_module_is_provisioned_and_says_where_its_key_is(tmp_path):
     r = run("--duration", "1", "--speed", "max", "--watch", "--json", "--modules", "2",
             "--state-dir", str(tmp_path / "st"), "--keys-dir", str(kd))  # fmt: skip
     assert r.exit_code == 0, r.output
-    mods = [json.loads(line) for line in r.output.splitlines()[:2]]
+    mods = [json.loads(line) for line in r.stdout.splitlines()[:2]]
     for i, m in enumerate(mods):
         assert m["type"] == "module" and m["key"] == str(kd / f"{m['uid']}.key"), m
         assert m["secret"] == str(tmp_path / "st" / f"module-{i}" / "flash" / "secret.key")
