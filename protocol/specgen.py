@@ -237,7 +237,7 @@ def _constants():
             "largest COBS-encoded frame, without the delimiter",
         ),
         ("MAX_LINE", frame.MAX_LINE, "largest JSON line (bytes before LF)"),
-        ("GAP_MS", frame.GAP_MS, "line silence (ms) that ends an incomplete binary run"),
+        ("GAP_MS", frame._GAP_MS, "line silence (ms) that ends an incomplete binary run"),
         ("CBOR_MAX_DEPTH", cbor.DEFAULT_MAX_DEPTH, "deepest CBOR nesting level (top level = 0)"),
         ("CRC check", "0x%04X" % crc16(b"123456789"), 'CRC-16 of the ASCII bytes "123456789"'),
     )

@@ -122,7 +122,7 @@ def test_constants_quoted_in_prose_match_the_code():
     assert f"`MAX_FRAME` = {frame.MAX_FRAME}" in text
     assert f"`MIN_FRAME` = {frame.MIN_FRAME}" in text
     assert f"`MAX_LINE` = {frame.MAX_LINE}" in text
-    assert f"`GAP_MS` = {frame.GAP_MS} ms" in text
+    assert f"`GAP_MS` = {frame._GAP_MS} ms" in text
     assert f"0x{crc16(b'123456789'):04X}" in text
     assert f"MAX_ENCODED` ({cobs.max_encoded_len(frame.MAX_FRAME)})" in text
     assert f"`MILLI = {C.MILLI}`" in text

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from protocol import catalog as C
 from protocol import frame as F
 
-GAP = F.GAP_MS
+GAP = 100  # F._GAP_MS (a const: not an attribute under MicroPython)
 LINE = b'{"type":"config_get","section":"pid"}\n'
 MASK = 0x3FFFFFFF
 
