@@ -321,7 +321,6 @@ def fan_fields(duties: dict[int, float], current: dict | None = None) -> dict:
 # 0..65535, gains in milli-units) <-> the keys a person types: channels by name
 # (gpu.setpoint), fans by number (fan1.min_duty), values in degC, %, V, A, %/degC.
 
-_CH_INDEX = {name: i for i, name in enumerate(C.CHANNELS)}
 _GAIN_UNITS = {
     "kp": _CATALOG_UNITS["m %/degC"],
     "ki": _CATALOG_UNITS["m %/(degC s)"],
@@ -716,7 +715,6 @@ class Reply:
     name: str
     fields: dict
     telemetry: dict | None = None
-    extra: list = field(default_factory=list)  # further config messages for the same ref
 
 
 # --------------------------------------------------------------------------- targets
@@ -787,7 +785,6 @@ def link_request(link, name: str, fields: dict | None, timeout: float | None,
     by the bridge's control socket (:mod:`modbridge.ops.ctlsock`)."""
     from modbridge.link.session import CommandRefused, LinkError
 
-    before = link.status.telemetry_at
     try:
         msg = link.request(name, fields or None, timeout=timeout)
     except CommandRefused as e:
@@ -805,14 +802,13 @@ def link_request(link, name: str, fields: dict | None, timeout: float | None,
                 merged.update(p)
             reply.fields["values"] = {**(msg.fields.get("values") or {}), **merged}
     if then_telemetry:
+        # the module answers in the loop step that handles the command, before the
+        # tick that applies it: the first telemetry after the answer shows its effect
+        answered = link.status.telemetry_at
         deadline = time.monotonic() + telemetry_wait_s
-        while time.monotonic() < deadline and link.status.telemetry_at == before:
+        while time.monotonic() < deadline and link.status.telemetry_at == answered:
             time.sleep(0.02)
-        # one more: the first may have been on its way before the command took effect
-        first = link.status.telemetry_at
-        while time.monotonic() < deadline and link.status.telemetry_at == first:
-            time.sleep(0.02)
-        if link.status.telemetry_at != before:
+        if link.status.telemetry_at != answered:
             reply.telemetry = dict(link.status.telemetry or {})
     return reply
 
