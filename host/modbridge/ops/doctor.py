@@ -290,9 +290,8 @@ class AppFacts:
 
 
 def _no_reading(layer: str, name: str, view: ModuleView, what: str) -> Check:
-    why = view.error or "no telemetry"
-    return Check(layer, name, SKIP, f"{what}: no reading from the module ({why})",
-                 target=view.label)  # fmt: skip
+    why = "it did not answer: see module_answers" if view.error else "no telemetry from it"
+    return Check(layer, name, SKIP, f"{what}: not read ({why})", target=view.label)
 
 
 def check_ntc(view: ModuleView) -> Check:
