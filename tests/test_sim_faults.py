@@ -15,8 +15,16 @@ import time
 import pytest
 
 from modbridge.sim import GpuLost, Profile
-from modbridge.sim.faults import Fault, FaultSchedule, FaultSpecError, parse_fault
+from modbridge.sim.faults import (
+    Fault,
+    FaultSchedule,
+    FaultSpecError,
+    fan_faults,
+    parse_fault,
+    release_fan_faults,
+)
 from modbridge.sim.fleet import SimFleet
+from modbridge.sim.world import World, WorldError
 from protocol import catalog as C
 from protocol import frame
 
@@ -45,6 +53,10 @@ CONTROLLED = ("gpu", "vram", "mos")
         ("m1:fan_stall:1@0s", Fault("fan_stall", 0, None, 0, module=1)),
         ("telemetry_freeze@30s-60s", Fault("telemetry_freeze", 30000, 60000)),
         ("frozen_telemetry@1min", Fault("telemetry_freeze", 60000)),
+        ("fan_weak:1@10s", Fault("fan_weak", 10000, None, 0, pct=30.0)),
+        ("fan_weak:2/50%@1s-2s", Fault("fan_weak", 1000, 2000, 1, pct=50.0)),
+        ("tach_noise:2@5s", Fault("tach_noise", 5000, None, 1)),
+        ("m0:tach_noise:1/12.5%@0s", Fault("tach_noise", 0, None, 0, module=0, pct=12.5)),
     ],
 )
 def test_good_specs(spec, want):
@@ -75,6 +87,15 @@ def test_good_specs(spec, want):
         ("mcu_reset@5s-6s", "it is an instant"),
         ("mcu_reset:brownout@5s", "reset cause is one of"),
         ("ina_absent:yes@10s", "takes no argument"),
+        ("fan_weak:3@1s", "fan, 1 or 2"),
+        ("fan_weak@1s", "fan, 1 or 2"),
+        ("tach_noise:/10%@1s", "fan, 1 or 2"),
+        ("fan_weak:1/0%@1s", "above 0 and below 100%"),
+        ("fan_weak:1/100%@1s", "above 0 and below 100%"),
+        ("fan_weak:1/30@1s", "level is a percentage"),
+        ("tach_noise:1/95%@1s", "above 0 and below 90%"),
+        ("tach_noise:1/noisy@1s", "level is a percentage"),
+        ("tach_noise:1/@1s", "level is a percentage"),
     ],
 )
 def test_garbage_specs_name_the_problem(spec, words):
@@ -97,6 +118,99 @@ def test_schedule_orders_offs_before_ons_and_checks_module_numbers():
     ]
     with pytest.raises(FaultSpecError, match=r"no module 2 \(modules are 0..1\)"):
         FaultSchedule(["m2:gpu_lost@1s"], n_modules=2)
+
+
+def test_fan_fault_labels():
+    assert parse_fault("fan_weak:2@1s").label() == "fan2 weak (30 % of its RPM)"
+    assert parse_fault("tach_noise:1@1s").label() == "fan1 tach noise (pure noise)"
+    assert parse_fault("tach_noise:1/10%@1s").label() == "fan1 tach noise (10 % jitter and spikes)"
+
+
+# ------------------------------------------------------- fan_weak / tach_noise on a world
+
+
+def _world(seed=1):
+    w = World(seed=seed)
+    w.set_duties(65535, 65535)
+    w.step(20000)
+    w.tach_pulses()
+    return w
+
+
+def _counts(w, seconds, step_ms=100):
+    """Tach pulses per second per fan, exchanges of ``step_ms`` as the runner's."""
+    out = []
+    for _ in range(seconds):
+        got = [0, 0]
+        for _ in range(1000 // step_ms):
+            w.step(step_ms)
+            p = w.tach_pulses()
+            got[0] += p[0]
+            got[1] += p[1]
+        out.append(got)
+    return out
+
+
+def test_fan_weak_reaches_only_its_share_and_moves_less_air():
+    w = _world()
+    twin = _world()
+    ff = fan_faults(w)
+    ff.set_weak(1, 0.3)
+    _counts(w, 30)
+    _counts(twin, 30)
+    assert abs(w.rpm[1] - 900) < 5 and abs(w.rpm[0] - 3000) < 5, w.rpm
+    c = _counts(w, 5)
+    assert all(abs(n - 30) <= 1 and abs(m - 100) <= 1 for m, n in c), c  # 2 pulses/rev
+    assert w._conductances()[0] < twin._conductances()[0]  # less flow, less cooling
+    w.set_duties(32768, 32768)
+    _counts(w, 30)
+    assert abs(w.rpm[1] - 450) < 5, w.rpm  # the share of whatever the duty gives
+    ff.set_weak(1, None)
+    release_fan_faults(w)
+    assert "_fan_target" not in w.__dict__ and "tach_pulses" not in w.__dict__
+    _counts(w, 30)
+    assert abs(w.rpm[1] - 1500) < 5, w.rpm
+
+
+def test_tach_noise_pure_does_not_follow_the_rotor():
+    w = _world(seed=4)
+    fan_faults(w).set_noise(0, True)
+    w.set_duties(0, 65535)  # fan 1 stops: its tach keeps counting noise
+    c = [n for n, _ in _counts(w, 120)]
+    assert all(m == 100 for _, m in _counts(w, 3))  # the other fan's tach is untouched
+    rpm = [n * 30 for n in c]  # 2 pulses/rev over 1 s
+    mean = sum(rpm) / len(rpm)
+    assert 900 < mean < 2100, mean  # about 1,500 RPM on average
+    jumps = [abs(a - b) for a, b in zip(rpm, rpm[1:], strict=False)]
+    assert sorted(jumps)[len(jumps) // 2] > 500, jumps  # no two seconds agree
+    assert w.rpm[0] < 1.0  # the rotor itself stopped
+    twin = _world(seed=4)
+    fan_faults(twin).set_noise(0, True)
+    twin.set_duties(0, 65535)
+    assert [n for n, _ in _counts(twin, 120)] == c  # seeded: the same edges again
+
+
+def test_tach_noise_with_a_level_is_jitter_and_a_spike_every_5s():
+    w = _world(seed=2)
+    fan_faults(w).set_noise(1, True, 0.1)
+    c = [m for _, m in _counts(w, 30)]
+    spikes = [i for i, m in enumerate(c) if m > 115]
+    assert len(spikes) == 6 and all(b - a == 5 for a, b in zip(spikes, spikes[1:], strict=False)), c
+    clean = [m for i, m in enumerate(c) if i not in spikes]
+    assert all(90 <= m <= 110 for m in clean), clean  # 100 pulses/s, within 10 %
+    assert abs(sum(clean) / len(clean) - 100) < 3, clean
+    assert all(m < 140 for m in c), c  # a spike: 3 times one exchange's count
+    fan_faults(w).set_noise(1, False)
+    release_fan_faults(w)
+    assert [m for _, m in _counts(w, 3)] == [100, 100, 100]
+
+
+def test_fan_faults_check_the_fan():
+    w = _world()
+    with pytest.raises(WorldError, match="fan must be 0 or 1"):
+        fan_faults(w).set_weak(2, 0.5)
+    with pytest.raises(WorldError, match="fan must be 0 or 1"):
+        fan_faults(w).set_noise(-1, True)
 
 
 # --------------------------------------------------------------------------- the firmware
@@ -242,6 +356,29 @@ def test_fan_stall(sim):
     assert [e["active"] for e in r.events(C.REASON_FAN_STALL, index=1)] == [True, False]
     t = r.until(70000)  # 100 % ramps down at 5 %/s once the stall is gone
     assert max(_duties(t)) < FLOOR_SENSOR, t
+
+
+def test_fan_weak_reads_too_slow_for_its_duty(sim):
+    r = sim("fan_weak:1@3s-40s")
+    t = r.until(30000)
+    assert t["state"] == C.STATE_FAILSAFE and t["reason"] == C.REASON_TACH_IMPLAUSIBLE, t
+    assert _duties(t) == (65535, 65535) and abs(t["fan1_rpm"] - 900) <= 60, t
+    # raised at the world's settled 30 %, cleared while 100 % is not yet its settled
+    # duty (a slow reading of 900 RPM fits 30 %), raised again at 100 %
+    edges = [e["active"] for e in r.events(C.REASON_TACH_IMPLAUSIBLE, index=0)]
+    assert edges[0] and edges[-1], r.ev
+    assert "_fan_faults" in r.vm.world.__dict__
+    t = r.until(48000)  # healthy again at 40 s: it reaches its RPM and the fault clears
+    assert t["faults"] == 0 and t["fan1_rpm"] > 2000, t  # ramping down from 100 %
+    assert "_fan_faults" not in r.vm.world.__dict__  # the wrappers are off again
+
+
+def test_tach_noise_reaches_the_firmware(sim):
+    r = sim("tach_noise:2@3s")
+    r.until(40000)
+    rpm = [t["fan2_rpm"] for ms, t in r.tel if ms >= 10000]
+    assert len(set(rpm)) > len(rpm) // 2, rpm  # it reads something new every second
+    assert max(rpm) - min(rpm) > 1500, rpm
 
 
 def test_ina226_not_answering_leaves_cooling_alone(sim):
