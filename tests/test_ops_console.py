@@ -224,8 +224,8 @@ def test_cli_usage_errors_exit_2():
 def test_cli_no_module_on_a_missing_port_exits_nonzero_with_a_message(tmp_path):
     r = CliRunner().invoke(cli, ["console", str(tmp_path / "ttyNONE"), "--keys-dir",
                                  str(tmp_path / "keys")])  # fmt: skip
-    assert r.exit_code in (1, 3), r.output
-    assert r.output.startswith("modbridge console: ") and "ttyNONE" in r.output
+    assert r.exit_code == 3, r.output
+    assert r.output.startswith("modbridge console: ") and "ttyNONE: no such port" in r.output
 
 
 # ------------------------------------------------------------------ a virtual module
@@ -346,6 +346,13 @@ def test_status_names_the_module_and_the_heartbeats(session):
     _sim, link, con = session
     text = "\n".join(str(s) for s in con.handle("status").shown)
     assert link.status.module_id in text and "signing on" in text and "heartbeats sent" in text
+
+
+def test_cli_on_a_port_the_link_holds_says_busy_and_exits_1(session, tmp_path):
+    sim, _link, _con = session
+    r = CliRunner().invoke(cli, ["console", sim.port, "--keys-dir", str(tmp_path)], input="")
+    assert r.exit_code == 1, r.output
+    assert r.output.startswith("modbridge console: ") and sim.port in r.output
 
 
 # ------------------------------------------------------------------ the CLI, piped

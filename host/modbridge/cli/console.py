@@ -106,10 +106,8 @@ def console_cmd(target, sim, sim_speed, quiet_telemetry, tel_mode, telemetry_eve
                 port = _resolve(target, keys, config_path)
                 source, period = (lambda: None), K.HEARTBEAT_PERIOD_S
             link = K.open_link(port, keys, heartbeat_source=source, heartbeat_period_s=period)
-        except K.ConsoleError as e:
-            _fail(str(e), 3 if "no module" in str(e) else 1)
-        except ModbridgeError as e:
-            _fail(str(e), getattr(e, "exit_code", 3) if "no module" in str(e) else 1)
+        except ModbridgeError as e:  # NoModule, TargetNotFound: 3; a busy port: 1
+            _fail(str(e), getattr(e, "exit_code", 1))
         con = K.Console(link, telemetry=tel_mode, telemetry_every_s=telemetry_every)
         if sys.stdin.isatty():
             _interactive(con)

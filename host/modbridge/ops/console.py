@@ -55,9 +55,16 @@ _NO_REPLY = ("heartbeat",)
 
 
 class ConsoleError(ModbridgeError):
-    """The console cannot start (no module, busy port); the message says what to do."""
+    """The console cannot start (a busy port, no permission); the message says what
+    to do (exit 1)."""
 
     exit_code = 1
+
+
+class NoModule(ConsoleError):
+    """No such port, or no module answers on it (exit 3)."""
+
+    exit_code = 3
 
 
 @dataclass
@@ -319,6 +326,8 @@ def open_link(port: str, keys, heartbeat_source=None,
     when the port cannot be opened or no module answers."""
     from modbridge.link.session import LinkError
 
+    if not os.path.exists(port):
+        raise NoModule(f"{port}: no such port (is the module plugged in? `modbridge list`)")
     link = link_class()(port, keys=keys, link_id=LINK_ID, heartbeat_period_s=heartbeat_period_s,
                         heartbeat_source=heartbeat_source)  # fmt: skip
     try:
@@ -329,7 +338,7 @@ def open_link(port: str, keys, heartbeat_source=None,
     if not link.wait_up(up_timeout_s):
         why = link.status.last_error or f"no hello within {up_timeout_s:g} s"
         link.stop()
-        raise ConsoleError(f"{port}: no module answered: {why}")
+        raise NoModule(f"{port}: no module answered: {why}")
     return link
 
 
