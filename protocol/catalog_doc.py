@@ -118,21 +118,29 @@ DOCS = {
     ("cal_write", "model"): "sh: Steinhart-Hart; beta; poly: correction only",
     ("cal_write", "coeffs"): "sh: [A, B, C]; beta: [beta, r0_ohm, t0_mc]; poly: [c0, c1, ...]",
     ("cal_write", "correction"): "polynomial correction in degC, lowest order first",
-    "selftest_report": "Result of a self-test, sent when it finishes (about 9 s after the ack).",
+    "selftest_report": (
+        "Result of a self-test, sent when it finishes: 15-30 s after the ack with healthy "
+        "fans, at most 60 s (4 steps of at most 15 s)."
+    ),
     ("selftest_report", "ref"): "seq of the selftest it answers",
     ("selftest_report", "passed"): "every part passed",
-    ("selftest_report", "fan1_rpm"): "fan 1 RPM at each duty step",
-    ("selftest_report", "fan2_rpm"): "fan 2 RPM at each duty step",
-    ("selftest_report", "fans_ok"): "per fan: tach followed duty",
+    ("selftest_report", "fan1_rpm"): "fan 1 settled RPM at each duty step",
+    ("selftest_report", "fan2_rpm"): "fan 2 settled RPM at each duty step",
+    ("selftest_report", "fans_ok"): "per fan: settled at every step, as its fan model expects",
     ("selftest_report", "channels_ok"): "per NTC channel: valid and in range",
     ("selftest_report", "power_monitor_ok"): "INA226 answered, 12 V in range",
     ("selftest_report", "v_in"): "12 V input during the test",
-    ("selftest_report", "text"): "summary for a human",
+    ("selftest_report", "text"): (
+        "summary for a human: the failed parts, a fan with why (stalled, weak, tach "
+        "implausible, untested) at which duty"
+    ),
     "reboot": "Acknowledge, then reset the MCU.",
     "repl": "Acknowledge, then hand the port back to the MicroPython REPL.",
     "selftest": (
-        "Burn-in style self-test: fans 100/75/50/25 % with the tach checked, every "
-        "channel range-checked, the INA226 read. Acked at once; selftest_report follows."
+        "Burn-in style self-test: fans 100/75/50/25 % (the safety floor still applies), "
+        "each step held until the tach readings agree, each fan judged against its fan "
+        "model (docs/firmware.md 'Self-test'); every channel range-checked, the INA226 "
+        "read. Acked at once; selftest_report follows."
     ),
     "pair": (
         "Provision the 32-byte signing secret. Signed with the old secret, or unsigned "
