@@ -164,7 +164,7 @@ def _parse_set(cmd: str, rest: list[str], hysteresis):
 
 
 @click.command("set", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, required=True)
+@click.argument("args", nargs=-1, required=True, metavar="MODULE WHAT VALUE...")
 @click.option("--hysteresis", type=float, default=None,
               help="With `curve`: degC a falling temperature must drop before the duty does.")
 @_target_options
@@ -193,7 +193,7 @@ def set_cmd(args, hysteresis, sim, direct, socket_path, config_path, keys_dir, a
 
 
 @config_group.command("get")
-@click.argument("args", nargs=-1)
+@click.argument("args", nargs=-1, metavar="MODULE [SECTION]")
 @_target_options
 def config_get_cmd(args, sim, direct, socket_path, config_path, keys_dir, as_json):
     """Show MODULE's running config [SECTION], in degC, % and V.
@@ -211,7 +211,7 @@ def config_get_cmd(args, sim, direct, socket_path, config_path, keys_dir, as_jso
 
 
 @config_group.command("set")
-@click.argument("args", nargs=-1, required=True)
+@click.argument("args", nargs=-1, required=True, metavar="MODULE KEY=VALUE...")
 @_target_options
 def config_set_cmd(args, sim, direct, socket_path, config_path, keys_dir, as_json):
     """Change MODULE's running config: KEY=VALUE ... in display units, all or nothing.
@@ -231,7 +231,7 @@ def config_set_cmd(args, sim, direct, socket_path, config_path, keys_dir, as_jso
 
 
 @config_group.command("save")
-@click.argument("args", nargs=-1)
+@click.argument("args", nargs=-1, metavar="MODULE")
 @_target_options
 def config_save_cmd(args, sim, direct, socket_path, config_path, keys_dir, as_json):
     """Write MODULE's running config to its flash (nothing written when unchanged)."""
@@ -244,7 +244,7 @@ def config_save_cmd(args, sim, direct, socket_path, config_path, keys_dir, as_js
 
 
 @config_group.command("reset")
-@click.argument("args", nargs=-1)
+@click.argument("args", nargs=-1, metavar="MODULE")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @_target_options
 def config_reset_cmd(args, yes, sim, direct, socket_path, config_path, keys_dir, as_json):
@@ -267,7 +267,7 @@ def config_reset_cmd(args, yes, sim, direct, socket_path, config_path, keys_dir,
 
 def _simple(name: str, op, doc: str):
     @click.command(name)
-    @click.argument("args", nargs=-1)
+    @click.argument("args", nargs=-1, metavar="MODULE")
     @_target_options
     def cmd(args, sim, direct, socket_path, config_path, keys_dir, as_json):
         module, rest = _split(name, args, sim)
