@@ -16,7 +16,7 @@ from protocol.message import Message
 
 # Default answer timeouts (SPEC 10: at least 1 s; more for flash and sampling).
 REQUEST_TIMEOUT_S = 1.0
-REQUEST_TIMEOUTS = {"config_save": 3.0, "config_reset": 3.0, "cal_read": 5.0, "selftest": 20.0}
+REQUEST_TIMEOUTS = {"config_save": 3.0, "config_reset": 3.0, "cal_read": 5.0, "selftest": 75.0}
 # Requests answered by something other than ack; selftest is acked first, then reported.
 FINAL_REPLY = {
     "hello_request": "hello",
