@@ -37,7 +37,7 @@ def test_example_file_sets_every_bridge_and_exporter_key():
     assert cfg.tick_s == 0.5 and cfg.exporter_port == 9659 and cfg.on_exit == "restore"
     assert cfg.policy == PolicyConfig()  # the example shows the defaults
     assert [m.gpu for m in cfg.modules] == [UUID_A, "00000000:00:07.0"]
-    assert cfg.ports() == ["/dev/gpu_module0"]
+    assert cfg.ports() == ["/dev/modbridge/by-path/pci-0000:00:14.0-usb-0:1.2:1.0"]
 
 
 def test_every_policy_key_appears_in_the_example():

@@ -309,6 +309,6 @@ def test_systemd_analyze_security_offline(tmp_path):
     if res.returncode != 0 and m is None:
         pytest.skip(f"systemd-analyze security --offline does not run here: {res.stderr[:200]}")
     assert m, res.stdout[-500:]
-    # 10 is an unhardened root service (examples/modbridge.service scores 8.9 on
+    # 10 is an unhardened root service (the old examples/modbridge.service scored 8.9 on
     # systemd 252); this unit scored 2.4 there. "OK" is below 5.
     assert float(m.group(1)) < 5.0, res.stdout[-2000:]
