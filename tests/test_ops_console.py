@@ -23,7 +23,7 @@ from modbridge.ops import console as K
 from protocol import catalog as C
 from protocol.message import Message
 
-SPEED = 5.0  # world time 5x: the module's 5 s host timeout is 1 s of wall time
+SPEED = 2.0  # world time 2x: the module's 5 s host timeout is 2.5 s of wall time
 
 
 # ------------------------------------------------------------------ without a module
@@ -287,8 +287,8 @@ def test_heartbeats_keep_the_module_hosted(session):
     sent = link.heartbeats_sent
     seen = set()
     first = link.status.telemetry_seq
-    # 3 s of wall time is 15 s of the module's: three times its host timeout
-    deadline = time.monotonic() + 3.0
+    # 3.5 s of wall time is 7 s of the module's: longer than its host timeout
+    deadline = time.monotonic() + 3.5
     while time.monotonic() < deadline:
         seen.add((link.status.telemetry or {}).get("state"))
         time.sleep(0.05)
@@ -314,6 +314,27 @@ def test_a_signed_command_is_signed_and_acked(session):
     assert _module_lines(res.shown, "nack")
 
 
+def test_a_command_without_a_key_says_to_pair_and_reads_stay_open(session):
+    sim, link, con = session
+    path = sim.keys.find(link.status.module_id)
+    away = path.with_name(path.name + ".away")
+    path.rename(away)
+    try:
+        link.refresh_hello()  # the link reloads the key at every hello
+        assert link.key_error is not None
+        con.pending()
+        res = con.handle("fan_mode mode=auto")
+        assert [s.kind for s in res.shown] == ["error"], res.shown  # not sent: no ack, no nack
+        assert "not paired" in res.shown[0].text and "modbridge pair" in res.shown[0].text
+        assert _module_lines(con.handle("config_get section=pid").shown, "config")
+        assert "no key" in "\n".join(str(s) for s in con.handle("status").shown)
+    finally:
+        away.rename(path)
+        link.refresh_hello()
+    assert link.key_error is None
+    assert _module_lines(con.handle("fan_mode mode=auto").shown, "ack")
+
+
 def test_firmware_json_console_after_ctrl_c_twice(session):
     """What a person at picocom does: Ctrl-C twice, a pause, a JSON line. The bytes
     go through the link's port as typed (no 0x00 flush); the module answers the line
@@ -323,7 +344,7 @@ def test_firmware_json_console_after_ctrl_c_twice(session):
     link._write(b"\x03")
     time.sleep(0.1)
     link._write(b"\x03")
-    time.sleep(0.3)  # 1.5 s of the module's time: longer than GAP_MS
+    time.sleep(0.3)  # 0.6 s of the module's time: longer than GAP_MS
     link._write(b'{"type":"config_get","section":"pid"}\n')
     got = []
     assert _wait(lambda: got.extend(i for i in _drain(link) if i.ok and i.name == "config") or got)
