@@ -437,10 +437,19 @@ def test_garbage_never_raises_and_mpremote_gets_in_afterwards(chunks):
         (b"x = 1 + \\", True),
         (b"iffy = 3", False),
         (b'd = {"a": [1,', True),
+        (b"while(1):", True),
+        (b"(]", True),  # each kind of bracket counted on its own, as MicroPython does
+        (b'x = "a\\"b"', False),  # an escaped quote inside a string
     ],
 )
 def test_continue_with_input(src, expect):
     assert R.continue_with_input(src) is expect
+
+
+@given(st.binary(max_size=200))
+def test_continue_with_input_takes_any_bytes(src):
+    assert R.continue_with_input(src) in (True, False)
+    assert R.continue_with_input(src + b"\\") is True  # a trailing backslash continues
 
 
 # --------------------------------------------------------------------------- the real interpreter

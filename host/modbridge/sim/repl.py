@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import select
 import signal
 import subprocess
@@ -69,7 +70,7 @@ REQ_EXEC, REQ_SINGLE = ord("X"), ord("S")
 MSG_VERSION, MSG_DONE, MSG_RESET = ord("V"), ord("D"), ord("R")
 DONE_OK, DONE_ERROR, DONE_EXIT = 0, 1, 2
 
-_COMPOUND = (b"if", b"while", b"for", b"try", b"with", b"def", b"class", b"async")
+_COMPOUND = re.compile(rb"(if|while|for|try|with|def|class|async)(?![A-Za-z0-9_])")
 
 
 class ReplError(ModbridgeError):
@@ -95,10 +96,9 @@ def continue_with_input(src: bytes) -> bool:
     """
     if not src:
         return False
-    first = src.split(None, 1)[0] if src.split() else b""
-    word = first.split(b":")[0].split(b"(")[0]
-    compound = src.startswith(b"@") or word in _COMPOUND
-    depth = 0
+    compound = src.startswith(b"@") or _COMPOUND.match(src) is not None
+    brackets = {b"(": 0, b"[": 0, b"{": 0}
+    closing = {b")": b"(", b"]": b"[", b"}": b"{"}
     quote = b""  # b"", b"'", b'"', b"'''", b'"""'
     i, n = 0, len(src)
     while i < n:
@@ -117,14 +117,14 @@ def continue_with_input(src: bytes) -> bool:
         elif c == b"\\" and quote and i + 1 < n and src[i + 1 : i + 2] in (b"'", b'"', b"\\"):
             i += 1
         elif not quote:
-            if c in b"([{":
-                depth += 1
-            elif c in b")]}":
-                depth -= 1
+            if c in brackets:
+                brackets[c] += 1
+            elif c in closing:
+                brackets[closing[c]] -= 1
         i += 1
     if len(quote) == 3:
         return True
-    if depth > 0 and not quote:
+    if any(v > 0 for v in brackets.values()) and not quote:
         return True
     if src.endswith(b"\\"):
         return True
