@@ -77,11 +77,12 @@ def console_cmd(target, sim, sim_speed, quiet_telemetry, tel_mode, telemetry_eve
     """A JSON-lines session with a module: type messages, see what it answers.
 
     TARGET is a serial port, a module id (or a unique prefix) or a [[module]] name.
-    Lines are JSON objects in display units ({"type":"fan_mode","mode":"manual",
-    "duty1":40}) or a name with key=value pairs (fan_mode mode=manual duty1=40);
-    `help` lists the messages. Commands are signed with this host's key for the
-    module; signed heartbeats keep it HOSTED while the console runs. Ctrl-C cancels
-    a line, Ctrl-D quits. Reads a pipe too (lines in, replies out).
+    Lines are JSON objects in display units
+    ({"type":"fan_mode","mode":"manual","duty1":40}) or a name with key=value pairs
+    (fan_mode mode=manual duty1=40); `help` lists the messages. Commands are signed
+    with this host's key for the module; signed heartbeats keep it HOSTED while the
+    console runs. Ctrl-C cancels a line, Ctrl-D quits. Reads a pipe too (lines in,
+    replies out).
 
     Exit 0 at the end of input or `quit`; 1 runtime error; 2 usage; 3 no module.
     """
