@@ -112,10 +112,13 @@ def test_garbage_lines_get_a_clear_message_and_nothing_is_sent(line, says):
     assert link.sent == [] and res.sent is None
 
 
-def test_heartbeats_are_the_consoles_business():
+def test_heartbeats_and_pairing_are_not_typed():
     link = FakeLink()
     res = K.Console(link).handle('{"type":"heartbeat","gpu_temp":60}')
     assert "sends signed heartbeats itself" in str(res.shown[0]) and link.sent == []
+    res = K.Console(link).handle("pair key=" + "00" * 32)
+    assert "use `modbridge pair <port>`" in str(res.shown[0]) and link.sent == []
+    assert "pair" not in K.command_names() and "heartbeat" not in K.command_names()
 
 
 def test_blank_lines_comments_and_console_words():

@@ -51,7 +51,12 @@ TELEMETRY_EVERY_S = 10.0  # a compact telemetry line at most this often (and on 
 SPLIT_WAIT_S = 0.1  # after a config reply: the rest of a section split in frames
 HISTORY_NAME = "console_history"
 COMMANDS = ("help", "status", "telemetry", "quit")  # the console's own words
-_NO_REPLY = ("heartbeat",)
+# Messages the console does not send for a person, and why (nothing is sent).
+_NOT_TYPED = {
+    "heartbeat": "the console sends signed heartbeats itself",
+    "pair": "use `modbridge pair <port>`: it also stores the new key, which this "
+    "console would keep signing without",
+}
 
 
 class ConsoleError(ModbridgeError):
@@ -109,8 +114,9 @@ def history_path(environ=None) -> Path:
 
 
 def command_names() -> list[str]:
-    """The messages a person may send (host -> module, heartbeats excepted)."""
-    return [m[C.M_NAME] for m in C.MESSAGES if m[C.M_DIR] == C.H2D and m[C.M_NAME] not in _NO_REPLY]
+    """The messages a person may send (host -> module, but heartbeats and pair)."""
+    names = [m[C.M_NAME] for m in C.MESSAGES if m[C.M_DIR] == C.H2D]
+    return [n for n in names if n not in _NOT_TYPED]
 
 
 def _unit(fdef) -> str:
@@ -426,10 +432,8 @@ class Console:
             return Result([Shown("error", f"{e}; `help` lists the messages")])
         except (ProtocolError, ValueError) as e:
             return Result([Shown("error", f"{e}; nothing sent (`help {_typed_name(s)}`)")])
-        if name in _NO_REPLY:
-            return Result([Shown("error", "the console sends signed heartbeats itself every "
-                                 f"{getattr(self.link, 'heartbeat_period_s', 1):g} s; "
-                                 "nothing sent")])  # fmt: skip
+        if name in _NOT_TYPED:
+            return Result([Shown("error", f"{name}: {_NOT_TYPED[name]}; nothing sent")])
         return self._send(name, fields)
 
     def _help(self, args) -> Result:
