@@ -47,19 +47,13 @@ except ImportError:  # CPython
 # freeze as big ints, whose arithmetic allocates on the MCU (tests/test_frozen_ints.py)
 STEPS = tuple([65535, 49151, 32768, 16384])
 STEP_MAX_MS = const(15000)  # a step not settled by then is reported unsettled
-STALL_RPM = const(100)  # the fan driver's "turning again" threshold
+_STALL_RPM = const(100)  # the fan driver's "turning again" threshold
 _DUTY_BAND = const(1311)  # 2 %: an applied duty that moved more starts a step's readings again
-TEMP_MIN_MC = -20000
-TEMP_MAX_MC = 120000
-V_MIN_MV = 10800  # 12 V -10 %
-V_MAX_MV = 13200  # 12 V +10 %
-# verdicts (judge): index into WHY
-OK = const(0)
-UNSETTLED = const(1)
-UNTESTED = const(2)
-STALLED = const(3)
-WEAK = const(4)
-IMPLAUSIBLE = const(5)
+_TEMP_MIN_MC = const(-20000)
+_TEMP_MAX_MC = const(120000)
+_V_MIN_MV = const(10800)  # 12 V -10 %
+_V_MAX_MV = const(13200)  # 12 V +10 %
+# judge's verdicts, by index
 WHY = ("ok", "tach implausible (unsettled)", "untested (duty moved)", "stalled", "weak",
        "tach implausible")  # fmt: skip
 
@@ -78,46 +72,40 @@ def agree(buf, n):
     return a[-1] - a[0], a[(len(a) - 1) // 2]
 
 
-def _first(bits):
-    for s in range(4):
-        if bits >> s & 1:
-            return s
-    return -1
-
-
 def judge(rpm, duty, flags, res, fan):
-    """(verdict, step) of one fan: its settled ``rpm`` and applied ``duty`` per step,
-    ``flags`` bit s: step s unsettled, bit 4 + s: its duty moved (the safety floor);
-    ``res`` RPM per tach pulse; ``fan`` gives ``min_duty``, ``rpm_floor`` and
-    ``model`` (see the module docstring)."""
+    """(verdict, step) of one fan, the verdict an index into ``WHY``: its settled
+    ``rpm`` and applied ``duty`` per step, ``flags`` bit s: step s unsettled, bit 4 + s:
+    its duty moved (the safety floor); ``res`` RPM per tach pulse; ``fan`` gives
+    ``min_duty``, ``rpm_floor`` and ``model`` (see the module docstring)."""
+    u = flags & ~(flags >> 4) & 15  # unsettled, the duty still
+    b = u or flags & 15
+    if b:
+        s = 0
+        while not b >> s & 1:
+            s += 1
+        return 1 if u else 2, s
     r0 = rpm[0]
-    d0 = duty[0]
-    s = _first(flags & ~(flags >> 4))
-    if s >= 0:
-        return UNSETTLED, s
-    s = _first(flags)
-    if s >= 0:
-        return UNTESTED, s
+    d0 = duty[0] >> 6
     for s in range(4):
-        if rpm[s] < STALL_RPM and duty[s] >= fan.min_duty:
-            return STALLED, s
-    if r0 < fan.rpm_floor * (d0 >> 6) // 1024:
-        return WEAK, 0
-    check = fan.model[3]  # device.floors.FM_RPM_CHECK_DUTY
+        if rpm[s] < _STALL_RPM and duty[s] >= fan.min_duty:
+            return 3, s
+    if r0 < fan.rpm_floor * d0 // 1024:
+        return 4, 0
     for s in range(1, 4):
         r = rpm[s]
         d = duty[s]
+        # faster at a lower duty; below the line from 0 to full (r0 <= max_rpm <= 10**6
+        # times duty >> 6 <= 1023: a small int) from the model's rpm_check_duty up
         if d < duty[s - 1] and r > rpm[s - 1] + band(rpm[s - 1], res):
-            return IMPLAUSIBLE, s
-        # r0 <= max_rpm (<= 10**6) times duty >> 6 (<= 1023): a small int
-        if d >= check and d < d0 and r + band(r, res) < r0 * (d >> 6) // (d0 >> 6):
-            return IMPLAUSIBLE, s
+            return 5, s
+        line = r0 * (d >> 6) // d0
+        if fan.model[3] <= d < duty[0] and r + band(r, res) < line:
+            return 5, s
     # the lowest step: at most halfway from the line to full speed (an intercept of
     # up to 50 %), more is a reading that does not follow the duty
-    r = r0 * (duty[3] >> 6) // (d0 >> 6)
-    if duty[3] < d0 and rpm[3] > (r0 + r) // 2 + band(rpm[3], res) + band(r0, res):
-        return IMPLAUSIBLE, 3
-    return OK, 0
+    if d < duty[0] and r > (r0 + line) // 2 + band(r, res) + band(r0, res):
+        return 5, 3
+    return 0, 0
 
 
 class SelfTest:
@@ -129,21 +117,20 @@ class SelfTest:
         self.n_fans = n_fans
         self.n = 0  # readings of this step so far
         self.buf = [[0] * 4 for _ in range(n_fans)]  # the last 4 readings per fan
-        self.rpm = [[0] * len(STEPS) for _ in range(n_fans)]
-        self.applied = [[0] * len(STEPS) for _ in range(n_fans)]
+        self.rpm = [[0] * 4 for _ in range(n_fans)]
+        self.applied = [[0] * 4 for _ in range(n_fans)]
         self.flags = [0] * n_fans  # judge's: unsettled and duty-moved steps
         self.res = [0] * n_fans
         self.verdicts = None
-        self.ch_ok = None
+        self.failed = None
+        self.ch_ok = []
         self.pm_ok = False
         self.v_in = 0
         self.done = False
 
     def duty(self, now_ms):
         """Duty requested for this tick (-1 when finished)."""
-        if self.done:
-            return -1
-        return STEPS[self.step]
+        return -1 if self.done else STEPS[self.step]
 
     def update(self, now_ms, app):
         """Advance; returns True once, when the report is ready."""
@@ -174,77 +161,61 @@ class SelfTest:
                 self.applied[i][s] = f.duty
             self.res[i] = res = 60000 // (f.pulses_per_rev * w)  # RPM of one pulse
             self.buf[i][k] = f.rpm
-            spread, self.rpm[i][s] = agree(self.buf[i], n)
-            if n < 3 or spread > band(self.rpm[i][s], res):
+            spread, r = agree(self.buf[i], n)
+            self.rpm[i][s] = r
+            if n < 3 or spread > band(r, res):
                 moving |= 1 << i
         if moving and ticks_diff(now_ms, self.step_t0) < STEP_MAX_MS:
             return False
         for i in range(nf):
-            if moving >> i & 1:
-                self.flags[i] |= 1 << s
+            self.flags[i] |= (moving >> i & 1) << s
         if s == 0:
             bad = app.ntc_open | app.ntc_short
-            self.ch_ok = []
             for i in range(len(app.temps)):
                 t = app.temps[i]
-                self.ch_ok.append(not bad & (1 << i) and TEMP_MIN_MC <= t <= TEMP_MAX_MC)
-            self.pm_ok = (not app.pm_fault) and V_MIN_MV <= app.pm[0] <= V_MAX_MV
-            self.v_in = app.pm[0]
+                self.ch_ok.append(not bad >> i & 1 and _TEMP_MIN_MC <= t <= _TEMP_MAX_MC)
+            self.v_in = v = app.pm[0]
+            self.pm_ok = not app.pm_fault and _V_MIN_MV <= v <= _V_MAX_MV
         self.step = s + 1
         self.step_t0 = now_ms
         self.n = 0
-        if self.step < len(STEPS):
+        if s < 3:
             return False
         self.done = True
-        self.verdicts = [
-            judge(self.rpm[i], self.applied[i], self.flags[i], self.res[i], fans[i])
-            for i in range(nf)
-        ]
-        app.events.push(
-            C.REASON_SELFTEST,
-            C.SEV_INFO if self.passed() else C.SEV_ALARM,
-            True,
-            -1,
-            1 if self.passed() else 0,
-            app.sup.state,
-            app.sup.state,
-        )
-        return True
-
-    def fan_ok(self, i):
-        return self.verdicts is not None and self.verdicts[i][0] == OK
-
-    def passed(self):
-        fans = all(self.fan_ok(i) for i in range(self.n_fans))
-        return fans and all(self.ch_ok or [False]) and self.pm_ok
-
-    def report(self):
-        fans_ok = [self.fan_ok(i) for i in range(self.n_fans)]
-        failed = []
-        for i in range(self.n_fans):
-            if not fans_ok[i]:
-                v, s = self.verdicts[i]
+        self.verdicts = []
+        self.failed = failed = []
+        for i in range(nf):
+            v, s = judge(self.rpm[i], self.applied[i], self.flags[i], self.res[i], fans[i])
+            self.verdicts.append((v, s))
+            if v:
                 t = "fan%d %s at %d%%" % (
                     i + 1,
                     WHY[v],
                     (self.applied[i][s] * 100 + 32767) // 65535,
                 )
-                if v > UNTESTED:
+                if v > 2:
                     t += ": %d rpm" % self.rpm[i][s]
                 failed.append(t)
-        for i, ok in enumerate(self.ch_ok or []):
-            if not ok:
+        for i in range(len(self.ch_ok)):
+            if not self.ch_ok[i]:
                 failed.append(C.CHANNELS[i])
         if not self.pm_ok:
             failed.append("ina226")
+        st = app.sup.state
+        ok = 0 if failed else 1
+        app.events.push(C.REASON_SELFTEST, C.SEV_INFO if ok else C.SEV_ALARM, True, -1, ok, st, st)
+        return True
+
+    def report(self):
+        f = self.failed
         return {
             "ref": self.ref,
-            "passed": not failed,
+            "passed": not f,
             "fan1_rpm": self.rpm[0],
             "fan2_rpm": self.rpm[1] if self.n_fans > 1 else [],
-            "fans_ok": fans_ok,
-            "channels_ok": self.ch_ok or [],
+            "fans_ok": [v[0] == 0 for v in self.verdicts],
+            "channels_ok": self.ch_ok,
             "power_monitor_ok": self.pm_ok,
             "v_in": self.v_in,
-            "text": (("failed: " + ", ".join(failed)) if failed else "all parts passed")[:96],
+            "text": (("failed: " + ", ".join(f)) if f else "all parts passed")[:96],
         }

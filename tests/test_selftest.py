@@ -17,6 +17,14 @@ from protocol import frame
 DUAL = True
 MPY_TIMEOUT = 600
 
+# judge's verdicts, by their words
+OK = ST.WHY.index("ok")
+UNSETTLED = ST.WHY.index("tach implausible (unsettled)")
+UNTESTED = ST.WHY.index("untested (duty moved)")
+STALLED = ST.WHY.index("stalled")
+WEAK = ST.WHY.index("weak")
+IMPLAUSIBLE = ST.WHY.index("tach implausible")
+
 SIM = floors.FAN_MODELS["sim"]  # floor 1,500 RPM at 100 %, checked from 20 %
 PWM4 = floors.FAN_MODELS["pwm4"]  # floor 400 RPM at 100 %, checked from 50 %
 
@@ -110,29 +118,29 @@ def test_judge_verdicts_in_order():
     f = Fan(SIM)
     d = list(ST.STEPS)
     ok = [3000, 2250, 1500, 750]
-    assert ST.judge(ok, d, 0, 30, f) == (ST.OK, 0)
+    assert ST.judge(ok, d, 0, 30, f) == (OK, 0)
     # unsettled comes first, a step whose duty moved is untested (not the fan's fault)
-    assert ST.judge(ok, d, 1 << 2, 30, f) == (ST.UNSETTLED, 2)
-    assert ST.judge(ok, d, (1 << 3) | (16 << 3), 30, f) == (ST.UNTESTED, 3)
-    assert ST.judge(ok, d, (1 << 1) | (1 << 3) | (16 << 1), 30, f) == (ST.UNSETTLED, 3)
-    assert ST.judge([0, 0, 0, 0], d, 0, 30, f) == (ST.STALLED, 0)
-    assert ST.judge([3000, 2250, 1500, 0], d, 0, 30, f) == (ST.STALLED, 3)
-    assert ST.judge([1400, 1050, 700, 350], d, 0, 30, f) == (ST.WEAK, 0)
-    assert ST.judge([1400, 1050, 700, 350], d, 0, 30, Fan(PWM4)) == (ST.OK, 0)
+    assert ST.judge(ok, d, 1 << 2, 30, f) == (UNSETTLED, 2)
+    assert ST.judge(ok, d, (1 << 3) | (16 << 3), 30, f) == (UNTESTED, 3)
+    assert ST.judge(ok, d, (1 << 1) | (1 << 3) | (16 << 1), 30, f) == (UNSETTLED, 3)
+    assert ST.judge([0, 0, 0, 0], d, 0, 30, f) == (STALLED, 0)
+    assert ST.judge([3000, 2250, 1500, 0], d, 0, 30, f) == (STALLED, 3)
+    assert ST.judge([1400, 1050, 700, 350], d, 0, 30, f) == (WEAK, 0)
+    assert ST.judge([1400, 1050, 700, 350], d, 0, 30, Fan(PWM4)) == (OK, 0)
     # faster at a lower duty by more than the band
-    assert ST.judge([3000, 3300, 1500, 750], d, 0, 30, f) == (ST.IMPLAUSIBLE, 1)
-    assert ST.judge([3000, 3200, 1500, 750], d, 0, 30, f) == (ST.OK, 0)  # within it
+    assert ST.judge([3000, 3300, 1500, 750], d, 0, 30, f) == (IMPLAUSIBLE, 1)
+    assert ST.judge([3000, 3200, 1500, 750], d, 0, 30, f) == (OK, 0)  # within it
     # below the line from 0 to full (less the band) at a checked duty
-    assert ST.judge([3000, 2250, 1200, 600], d, 0, 30, f) == (ST.IMPLAUSIBLE, 2)
-    assert ST.judge([3000, 2250, 1400, 700], d, 0, 30, f) == (ST.OK, 0)
+    assert ST.judge([3000, 2250, 1200, 600], d, 0, 30, f) == (IMPLAUSIBLE, 2)
+    assert ST.judge([3000, 2250, 1400, 700], d, 0, 30, f) == (OK, 0)
     # pwm4 checks the line from 50 % only: 25 % may sag
-    assert ST.judge([3000, 2250, 1500, 500], d, 0, 30, Fan(PWM4)) == (ST.OK, 0)
-    assert ST.judge([3000, 2250, 1500, 500], d, 0, 30, f) == (ST.IMPLAUSIBLE, 3)
+    assert ST.judge([3000, 2250, 1500, 500], d, 0, 30, Fan(PWM4)) == (OK, 0)
+    assert ST.judge([3000, 2250, 1500, 500], d, 0, 30, f) == (IMPLAUSIBLE, 3)
     # a reading that does not follow the duty at all (a frozen or noise reading)
-    assert ST.judge([2000, 2000, 2000, 2000], d, 0, 30, Fan(PWM4)) == (ST.IMPLAUSIBLE, 3)
+    assert ST.judge([2000, 2000, 2000, 2000], d, 0, 30, Fan(PWM4)) == (IMPLAUSIBLE, 3)
     # every step floored to 100 %: nothing to compare, the fan is fine
     full = [65535] * 4
-    assert ST.judge([2900, 3000, 2950, 3000], full, 0, 30, f) == (ST.OK, 0)
+    assert ST.judge([2900, 3000, 2950, 3000], full, 0, 30, f) == (OK, 0)
 
 
 # --------------------------------------------------------------------------- the test
