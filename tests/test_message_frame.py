@@ -556,6 +556,22 @@ def test_stream_mixed_with_blank_lines_crlf_and_noise():
         assert dec.errors["noise"] == 2 and dec.error_total() == 2
 
 
+def test_stream_text_lines_are_trimmed_of_spaces_and_control_bytes():
+    # a Ctrl-C typed before a line, a BEL or ESC after it: trimmed like spaces
+    # (SPEC section 8); inside the line they stay, and a JSON error says so
+    for junk in (b"", b"\x03", b"\x03 ", b"\r\t\x1b"):
+        dec = F.StreamDecoder(accept=C.H2D)
+        items = dec.feed(junk + b'{"type":"config_get"}' + b"\x07\x1b \r\n")
+        assert [it.name for it in items if it.ok] == ["config_get"], (junk, items)
+        assert dec.error_total() == 0
+    dec = F.StreamDecoder(accept=C.H2D)
+    items = dec.feed(b'{"type":"config_get"\x03}\n')
+    assert [it.kind for it in items] == ["undecodable"]
+    # DEL (a backspace key) is not a control byte: the line is noise
+    items = dec.feed(b'\x7f{"type":"config_get"}\n')
+    assert [it.kind for it in items] == ["noise"]
+
+
 def test_stream_code_byte_newline():
     # minor 1 and a seq without zero bytes push the first 0x00 to raw[9], the value
     # of "reason": the COBS code byte is 0x0A, the same as a newline

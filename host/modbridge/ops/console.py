@@ -31,6 +31,7 @@ editing, history and tab completion, or reads a pipe.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -50,6 +51,7 @@ UP_TIMEOUT_S = 5.0
 TELEMETRY_EVERY_S = 10.0  # a compact telemetry line at most this often (and on changes)
 SPLIT_WAIT_S = 0.1  # after a config reply: the rest of a section split in frames
 HISTORY_NAME = "console_history"
+INBOX_MAX = 4096  # messages kept for the screen while nobody looks (over an hour of telemetry)
 COMMANDS = ("help", "status", "telemetry", "quit")  # the console's own words
 # Messages the console does not send for a person, and why (nothing is sent).
 _NOT_TYPED = {
@@ -316,10 +318,16 @@ def link_class():
     class ConsoleLink(ModuleLink):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            self.inbox: queue.Queue = queue.Queue()
+            self.inbox: queue.Queue = queue.Queue(INBOX_MAX)
 
         def _dispatch(self, item, now):
-            self.inbox.put(item)
+            while True:  # nobody reading (a pipe that waits): the oldest go
+                try:
+                    self.inbox.put_nowait(item)
+                    break
+                except queue.Full:
+                    with contextlib.suppress(queue.Empty):
+                        self.inbox.get_nowait()
             super()._dispatch(item, now)
 
     return ConsoleLink
