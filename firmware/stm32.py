@@ -75,6 +75,7 @@ TRIM = (
     ("MICROPY_PY_CMATH", 0, "no complex math"),
     ("MICROPY_PY_MATH_SPECIAL_FUNCTIONS", 0, "erf/gamma unused (calibration uses log/exp)"),
     ("MICROPY_PY_MATH_FACTORIAL", 0, "unused"),
+    ("MICROPY_PY_BUILTINS_COMPLEX", 0, "no complex numbers (fixed point; cmath is off already)"),
     ("MICROPY_PY_RANDOM", 0, "unused (the signing nonce comes from os.urandom where present)"),
     ("MICROPY_PY_PLATFORM", 0, "unused"),
     ("MICROPY_PY_COLLECTIONS_DEQUE", 0, "ring buffers are preallocated arrays"),
