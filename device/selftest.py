@@ -18,7 +18,9 @@ A fan's verdict (``judge``), first match wins, with the fan model of
 ``device.floors`` (``min_spin``, ``rpm_check_duty``, ``rpm_floor``):
 
 - tach implausible (unsettled): a step did not settle (pure noise on the tach line);
-- stalled: below ``STALL_RPM`` at a step whose duty is at least ``min_duty``;
+- untested (duty moved): a step did not settle while the safety floor moved its duty
+  (not the fan's fault, but the test does not pass);
+- stalled: below 100 RPM at a step whose duty is at least ``min_duty``;
 - weak: below the model's floor at the 100 % step (``rpm_floor`` x duty / 100 %);
 - tach implausible: faster at a lower duty by more than the band; below the line from
   0 to the full-speed reading (less the band) at a duty >= ``rpm_check_duty`` (the
@@ -27,7 +29,9 @@ A fan's verdict (``judge``), first match wins, with the fan model of
   that does not follow the duty: real curves start at most at half their full speed).
 
 A healthy fan whose readings are within 1 pulse + 2 % of its speed, with at most one
-reading in any four off by anything, passes (tests/test_selftest_props.py).
+reading in any four off by anything, passes (tests/test_selftest_props.py). The text
+names each failed part, a fan as ``fan2 stalled at 100%: 0 rpm`` (96 characters at
+most).
 Integers only; the object is made by the ``selftest`` command and dropped with its
 report (``device.app`` forgets this module then).
 """
