@@ -119,8 +119,8 @@ DOCS = {
     ("cal_write", "coeffs"): "sh: [A, B, C]; beta: [beta, r0_ohm, t0_mc]; poly: [c0, c1, ...]",
     ("cal_write", "correction"): "polynomial correction in degC, lowest order first",
     "selftest_report": (
-        "Result of a self-test, sent when it finishes: 15-30 s after the ack with healthy "
-        "fans, at most 60 s (4 steps of at most 15 s)."
+        "Result of a self-test, sent when it finishes: 30-40 s after the ack with healthy "
+        "fans, at most 60 s (4 steps of at most 15 s, or 10 RPM windows if longer)."
     ),
     ("selftest_report", "ref"): "seq of the selftest it answers",
     ("selftest_report", "passed"): "every part passed",

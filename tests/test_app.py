@@ -432,7 +432,7 @@ def test_selftest_passes_with_healthy_parts():
     hal, app = boot()
     seq = cmd(hal, "selftest")
     assert answer(hal, app, seq)[0].name == "ack"
-    run(app, hal, 20000)
+    run(app, hal, 30000)
     r = by_name(hal.take(), "selftest_report")[0].fields
     assert r["passed"] and r["text"] == "all parts passed", r
     for rpm in (r["fan1_rpm"], r["fan2_rpm"]):
@@ -461,13 +461,13 @@ def test_selftest_is_loaded_for_the_test_only():
     seq = cmd(hal, "selftest")
     assert answer(hal, app, seq)[0].name == "ack"
     assert "device.selftest" in sys.modules and app.selftest is not None
-    run(app, hal, 20000)
+    run(app, hal, 30000)
     assert by_name(hal.take(), "selftest_report")[0].fields["passed"]
     assert app.selftest is None
     assert "device.selftest" not in sys.modules and "selftest" not in device.__dict__
     seq = cmd(hal, "selftest")  # and it loads again
     assert answer(hal, app, seq)[0].name == "ack"
-    run(app, hal, 20000)
+    run(app, hal, 30000)
     assert by_name(hal.take(), "selftest_report")[0].fields["passed"]
 
 
@@ -480,7 +480,7 @@ def test_selftest_reports_the_failed_part():
     busy = cmd(hal, "selftest")
     nack, _ = answer(hal, app, busy)
     assert nack.fields["code"] == C.ERR_BUSY
-    run(app, hal, 20000)
+    run(app, hal, 30000)
     rep = by_name(hal.take(), "selftest_report")
     assert len(rep) == 1, rep
     r = rep[0].fields

@@ -5,9 +5,12 @@ and is named.
 Healthy, as the fan model (device/floors.py) defines it: at 100 % at least the model's
 ``rpm_nominal``, and from the model's ``rpm_check_duty`` up its RPM curve on or above
 the line from 0 to full speed (here: a line with an intercept of 0..50 % of full).
-The fan moves towards a new duty's RPM by a fraction (50..100 %) of the way per RPM
-window. The tolerance (device/selftest.py): each reading within 1 tach pulse + 2 % of
-the speed, and at most one reading in any four off by anything (a spike or a dropout).
+The fan runs at 20..100 % of its full speed when the test starts (the firmware never
+drives it below ``min_duty``) and moves towards a new duty's RPM by a fraction of the
+way per second: 30..100 % (a time constant up to 2.8 s; the simulated fans have 0.8 to
+2.5 s) with RPM windows of 0.5 or 1 s, 40..100 % (up to 2 s) with 2 s windows. The
+tolerance (device/selftest.py): each reading within 1 tach pulse + 2 % of the speed,
+and at most one reading in any six off by anything (a spike or a dropout).
 """
 
 from __future__ import annotations
@@ -55,15 +58,15 @@ class App:
 def tach(draw, curve_full=None):
     """One fan's tach: (model, ppr, window, full, intercept %, approach %, noise). The
     window is the module's (``_window``): the self-test reads each fan once per window
-    of the slowest, so the one-in-four of its readings is that of both fans alike."""
+    of the slowest, so the one-in-six of its readings is that of both fans alike."""
     model = draw(st.sampled_from(MODELS))
     ppr = draw(st.sampled_from([1, 2, 4]))
     window = 1000
     nominal = floors.FAN_MODELS[model][floors.FM_RPM_NOMINAL]
     full = draw(curve_full(model, ppr, window) if curve_full else st.integers(nominal, 20000))
     intercept = draw(st.integers(0, 50))
-    approach = draw(st.integers(50, 100))
-    start = draw(st.integers(0, 100))  # % of full at the start of the test
+    approach = draw(st.integers(30, 100))  # % of the way per second (see run)
+    start = draw(st.integers(20, 100))  # % of full at the start: never below min_duty
     outlier_pct = draw(st.integers(0, 30))
     rnd = draw(st.randoms(use_true_random=False))
     return model, ppr, window, full, intercept, approach, start, outlier_pct, rnd
@@ -72,7 +75,9 @@ def tach(draw, curve_full=None):
 def run(tachs, curves, window=1000):
     """Run a SelfTest on fans with these tachs and RPM windows of ``window`` ms;
     ``curves[i](duty)`` the true RPM."""
-    tachs = [t[:2] + (window,) + t[3:] for t in tachs]
+    # 2 s windows: 10 of them a step, for a time constant up to 2 s (40 % a second)
+    tachs = [t[:2] + (window,) + t[3:5] + (max(t[5], 40 if window > 1000 else 0),) + t[6:]
+             for t in tachs]  # fmt: skip
     fans = [Fan(t[0], t[1], t[2]) for t in tachs]
     app = App(fans)
     speed = [t[3] * t[6] // 100 for t in tachs]
@@ -80,7 +85,7 @@ def run(tachs, curves, window=1000):
     k = [0, 0]
     test = ST.SelfTest(0, 1)
     t = 0
-    while t < 4 * ST.STEP_MAX_MS + 10000:
+    while t < 4 * max(ST.STEP_MAX_MS, 10 * window) + 10000:
         t += 100
         d = test.duty(t)
         for i, f in enumerate(fans):
@@ -89,11 +94,12 @@ def run(tachs, curves, window=1000):
             if t % window:
                 continue
             target = curves[i](d)
-            speed[i] += (target - speed[i]) * approach // 100
+            left = (1.0 - approach / 100.0) ** (window / 1000.0)  # of the way, after a window
+            speed[i] = target + int((speed[i] - target) * left)
             res = 60000 // (ppr * window)
             jitter = res + speed[i] * 2 // 100
             reading = speed[i] + rnd.randint(-jitter, jitter)
-            if k[i] - last_outlier[i] >= 4 and rnd.randint(1, 100) <= outlier_pct:
+            if k[i] - last_outlier[i] >= 6 and rnd.randint(1, 100) <= outlier_pct:
                 last_outlier[i] = k[i]
                 reading = rnd.randint(0, 2 * full + 1000)
             f.rpm = max(0, reading)

@@ -11,8 +11,8 @@
     fan_weak:1@10s              fan 1 reaches only 30 % of the RPM its duty gives (a
                                 worn bearing, a blocked or wrong fan); fan_weak:1/50%@10s
     tach_noise:2@10s            fan 2's tach is pure noise: its rotor's edges are lost
-                                and random bursts of edges arrive instead (a broken tach
-                                wire picking up the PWM); tach_noise:2/10%@10s: a working
+                                and edges at a random rate arrive instead (a broken tach
+                                wire picking up interference); tach_noise:2/10%@10s: a working
                                 tach with noise: each exchange's count off by up to 10 %
                                 and, every 5 s, a spike of extra edges
     ina_absent@10s              the INA226 stops answering (NAKs its address)
@@ -32,6 +32,7 @@ raises ``FaultSpecError`` (a ``ValueError``) naming the spec and what is wrong.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -72,6 +73,8 @@ _MODULE = re.compile(r"^m([0-9]+):(.*)$")
 _PCT = re.compile(r"^([0-9]+(?:\.[0-9]*)?)%$")
 WEAK_PCT = 30.0  # fan_weak without a level: 30 % of the RPM
 NOISE_SPIKE_MS = 5000  # tach_noise with a level: one spike of edges this often
+NOISE_SLOT_MS = 500  # pure tach noise: its edge rate changes this often
+NOISE_RPM = (200.0, 9000.0)  # pure tach noise: the RPM its edge rate reads as
 
 
 class FaultSpecError(ValueError):
@@ -212,11 +215,12 @@ class FanFaults:
     such fault is left on, ``fan_faults`` takes the wrappers off again.
 
     Noise is seeded from the world's seed (``<seed>:tach``): the same exchanges give
-    the same edges. Pure noise: the rotor's edges are dropped; every 100 ms of world
-    time a burst of 0..100 edges arrives with probability 0.1 (on average 1,500 RPM
-    at 2 pulses/rev, a reading that jumps by about that much from one second to the
-    next). Jitter ``j``: each exchange's count times a factor in ``1 +- j`` (fractions
-    carried over), and once every ``NOISE_SPIKE_MS`` three times the count extra.
+    the same edges. Pure noise: the rotor's edges are dropped; edges arrive at a rate
+    drawn anew every ``NOISE_SLOT_MS`` of world time, log-uniform between the edge
+    rates of ``NOISE_RPM`` (200..9,000 RPM at the world's pulses/rev: below any glitch
+    filter, never silent), so one second's reading says nothing about the next. Jitter
+    ``j``: each exchange's count times a factor in ``1 +- j`` (fractions carried
+    over), and once every ``NOISE_SPIKE_MS`` three times the count extra.
     """
 
     def __init__(self, world):
@@ -225,7 +229,8 @@ class FanFaults:
         self.noise: list[float | None | bool] = [False, False]  # False off, None pure
         self._rng = random.Random(f"{getattr(world, 'seed', 0)}:tach")
         self._last_ms = world.now_ms
-        self._slot_ms = [0, 0]  # pure noise: world ms not yet turned into bursts
+        self._slot_ms = [0, 0]  # pure noise: world ms left at the current rate
+        self._rate = [0.0, 0.0]  # pure noise: edges per ms
         self._carry = [0.0, 0.0]  # jitter: fractional edges carried over
         self._spike = [0, 0]  # jitter: the NOISE_SPIKE_MS period of the last spike
         self._target = world._fan_target
@@ -260,8 +265,19 @@ class FanFaults:
             if mode is False:
                 continue
             if mode is None:  # pure noise
-                slots, self._slot_ms[i] = divmod(self._slot_ms[i] + dt, 100)
-                out[i] = sum(rng.randint(0, 100) for _ in range(slots) if rng.random() < 0.1)
+                x = self._carry[i]
+                left = dt
+                while left > 0:
+                    if self._slot_ms[i] <= 0:
+                        self._slot_ms[i] = NOISE_SLOT_MS
+                        lo, hi = (math.log(r * self.world._ppr / 60000.0) for r in NOISE_RPM)
+                        self._rate[i] = math.exp(rng.uniform(lo, hi))
+                    part = min(left, self._slot_ms[i])
+                    x += self._rate[i] * part
+                    self._slot_ms[i] -= part
+                    left -= part
+                out[i] = int(x)
+                self._carry[i] = x - out[i]
                 continue
             x = out[i] * (1.0 + rng.uniform(-mode, mode)) + self._carry[i]
             n = int(x)
