@@ -280,7 +280,7 @@ def _simple(name: str, op, doc: str):
     return cmd
 
 
-selftest_cmd = _simple("selftest", ctl.selftest, """Run MODULE's self-test (about 9-20 s):
+selftest_cmd = _simple("selftest", ctl.selftest, """Run MODULE's self-test (30-40 s, at most 75 s):
     fans stepped down with the tach checked, every channel, the 12 V input. Exit 1 when
     it fails.""")
 reboot_cmd = _simple("reboot", ctl.reboot, "Restart MODULE's firmware.")

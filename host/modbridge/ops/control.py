@@ -1252,9 +1252,14 @@ def _step_labels(n: int) -> list[str]:
     return [f"step {i + 1}" for i in range(n)]
 
 
-def selftest(t: Target, timeout_s: float = 30.0) -> Outcome:
+def selftest(t: Target, timeout_s: float | None = None) -> Outcome:
     """``selftest``: fans stepped down with the tach checked, channels, 12 V input;
-    ``failed`` when the module says it did not pass."""
+    ``failed`` when the module says it did not pass. It takes 30-40 s on healthy fans
+    (each step waits until the tach settles), at most the link's selftest timeout."""
+    from modbridge.link.requests import REQUEST_TIMEOUTS
+
+    if timeout_s is None:
+        timeout_s = REQUEST_TIMEOUTS["selftest"]
     reply = t.request("selftest", timeout=timeout_s)
     o = _outcome(t, "selftest", "selftest", reply, "selftest")
     if o.status == "refused":

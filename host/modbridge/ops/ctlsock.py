@@ -58,7 +58,7 @@ READ_TIMEOUT_S = 2.0  # a client has this long to send its request line
 WRITE_TIMEOUT_S = 2.0
 MODULE_WAIT_S = 1.0  # a second request to a busy module waits this long, then busy
 MAX_CLIENTS = 8
-MAX_TIMEOUT_S = 60.0  # the longest request timeout a client may ask for
+MAX_TIMEOUT_S = 120.0  # the longest request timeout a client may ask for (selftest: 75 s)
 CLIENT_EXTRA_S = 5.0  # the client waits the request's timeout plus this
 #: What the socket forwards (reads and the control commands); never ``pair`` (a key
 #: on a socket) nor ``heartbeat`` (the bridge's own).
@@ -489,7 +489,7 @@ class BridgeControl:
         lock = self._lock(link.port)
         if not lock.acquire(timeout=MODULE_WAIT_S):
             return _error("busy", f"{link.port}: another control request to this module is "
-                                  "running (a selftest takes up to 20 s): try again")  # fmt: skip
+                                  "running (a selftest takes up to 75 s): try again")  # fmt: skip
         try:
             reply = self.bridge.forward(link.port, name, fields, timeout,
                                         bool(req.get("telemetry")))  # fmt: skip
