@@ -63,7 +63,7 @@ FAKE_BOARD = ("fakes", "fakehal", "mpcompat")  # tests/<name>.py
 BOARD = "pyboard_v11"  # an STM32 board (boards.BOARDS)
 SIZE_MARCH = "armv7m"
 HEAP_LO_KB = 8
-HEAP_HI_KB = 512
+HEAP_HI_KB = 1024  # the source deployment compiles device/config.py on demand: > 512 KB
 RUN_TIMEOUT_S = 120
 TELEMETRY_EVERY_TICK_MS = 100  # = control.period_ms of the default config
 
@@ -186,6 +186,10 @@ def run() -> dict:
         for name in FAKE_BOARD:
             _compile(TESTS_DIR / f"{name}.py", harness / f"{name}.mpy")
         _compile(BENCH_DIR / f"{MPY_SCRIPT}.py", harness / f"{MPY_SCRIPT}.mpy")
+        # The host's signer, for the bench's signed heartbeats: protocol/sign_host.py
+        # is host code that no board deploys, so it joins the harness as a top-level
+        # module (it imports protocol.sign and protocol.errors from the firmware).
+        _compile(REPO_ROOT / "protocol" / "sign_host.py", harness / "sign_host.mpy")
 
         # what `modbridge flash` deploys, compiled for the host and for an STM32
         fw_mpy = tmp / "fw_mpy"
