@@ -886,7 +886,7 @@ class Bridge:
     def control_entries(self) -> list[tuple[str, str | None, list[str]]]:
         """``(port, module id, [[module]] names)`` of every link."""
         out = []
-        for port, link in self.links.items():
+        for port, link in list(self.links.items()):  # a socket thread: a copy
             mid = link.status.module_id
             names = [m.name for m in self.config.modules if getattr(m, "name", None) and (
                 (m.module_id and m.module_id == mid) or _same_port(m.port, port))]
