@@ -273,3 +273,22 @@ def test_open_sim_maps_module_i_to_gpu_i_with_distinct_uuids():
         parse({"module": [{"gpu": m.gpu, "port": m.port} for m in mappings]})  # valid
     finally:
         fleet.stop()
+
+
+def test_load_given_or_default_prefers_the_given_file_then_the_defaults(tmp_path, monkeypatch):
+    from modbridge import config as cfgmod
+
+    given = tmp_path / "given.toml"
+    given.write_text("[bridge]\ntick_s = 2.0\n")
+    default = tmp_path / "default.toml"
+    monkeypatch.setattr(cfgmod, "DEFAULT_PATHS", (tmp_path / "absent.toml", default))
+    assert cfgmod.load_given_or_default(None) is None  # no file anywhere: caller's defaults
+    default.write_text("[bridge]\ntick_s = 3.0\n")
+    assert cfgmod.load_given_or_default(None).tick_s == 3.0
+    assert cfgmod.load_given_or_default(given).tick_s == 2.0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[bridge]\ntick_s = 0\n")
+    with pytest.raises(cfgmod.ConfigFileError):
+        cfgmod.load_given_or_default(bad)
+    with pytest.raises(cfgmod.ConfigFileError, match="no such file"):
+        cfgmod.load_given_or_default(tmp_path / "missing.toml")

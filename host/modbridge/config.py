@@ -299,6 +299,13 @@ def find_default() -> Path | None:
     return None
 
 
+def load_given_or_default(path: str | Path | None) -> BridgeConfig | None:
+    """The config at ``path``, else the first default file that exists, else None (no
+    file: the caller's defaults). Raises :class:`ConfigFileError` like :func:`load`."""
+    found = path if path is not None else find_default()
+    return load(found) if found is not None else None
+
+
 def match_gpu(spec: str, uuid: str, pci_bus_id: str) -> bool:
     """Does a mapping's ``gpu`` (UUID or PCI bus id, any domain width) name this GPU?"""
     s = spec.lower()

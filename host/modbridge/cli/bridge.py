@@ -156,10 +156,7 @@ def _load_config(path: str | None):
     from modbridge import config as cfgmod
 
     try:
-        if path is not None:
-            return cfgmod.load(path)
-        found = cfgmod.find_default()
-        return cfgmod.load(found) if found is not None else cfgmod.BridgeConfig()
+        return cfgmod.load_given_or_default(path) or cfgmod.BridgeConfig()
     except cfgmod.ConfigFileError as e:
         for problem in e.problems:
             click.echo(f"{e.path}: {problem}", err=True)

@@ -46,8 +46,7 @@ def _resolve(target: str, keys, config_path: str | None) -> str:
     from modbridge import config as cfgmod
 
     try:
-        path = config_path or cfgmod.find_default()
-        cfg = cfgmod.load(path) if path is not None else None
+        cfg = cfgmod.load_given_or_default(config_path)
     except cfgmod.ConfigFileError as e:
         _fail(str(e), 2)
     mid, port = resolve_name(target, cfg)

@@ -55,8 +55,7 @@ def _config(cmd: str, config_path):
     from modbridge import config as cfgmod
 
     try:
-        path = config_path or cfgmod.find_default()
-        return cfgmod.load(path) if path is not None else cfgmod.BridgeConfig()
+        return cfgmod.load_given_or_default(config_path) or cfgmod.BridgeConfig()
     except cfgmod.ConfigFileError as e:
         _die(cmd, e, EXIT_USAGE)
 

@@ -54,8 +54,7 @@ def _key_store(keys_dir: str | None, config_path: str | None = None):
     if keys_dir is not None:
         return KeyStore(keys_dir)
     try:
-        path = config_path or cfgmod.find_default()
-        cfg = cfgmod.load(path) if path is not None else None
+        cfg = cfgmod.load_given_or_default(config_path)
     except cfgmod.ConfigFileError as e:
         _fail(e)
     return KeyStore.for_config(cfg)

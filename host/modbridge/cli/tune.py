@@ -607,8 +607,7 @@ def _gpu_feed(gpu_id, config_path, module_id):
 
     if gpu_id is None and module_id is not None:
         try:
-            path = config_path or cfgmod.find_default()
-            cfg = cfgmod.load(path) if path is not None else None
+            cfg = cfgmod.load_given_or_default(config_path)
         except cfgmod.ConfigFileError:
             cfg = None
         for m in getattr(cfg, "modules", None) or ():

@@ -1488,10 +1488,7 @@ def _load_config(path):
     from modbridge import config as cfgmod
 
     try:
-        if path is not None:
-            return cfgmod.load(path)
-        found = cfgmod.find_default()
-        return cfgmod.load(found) if found is not None else cfgmod.BridgeConfig()
+        return cfgmod.load_given_or_default(path) or cfgmod.BridgeConfig()
     except cfgmod.ConfigFileError as e:
         raise DoctorError(f"{e.path}: invalid config ({'; '.join(map(str, e.problems))}); "
                           "`modbridge config validate` lists the problems") from None
