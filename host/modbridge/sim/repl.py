@@ -73,6 +73,20 @@ DONE_OK, DONE_ERROR, DONE_EXIT = 0, 1, 2
 _COMPOUND = re.compile(rb"(if|while|for|try|with|def|class|async)(?![A-Za-z0-9_])")
 
 
+def _read_available(fd: int, limit: int | None = None) -> bytes:
+    """What a non-blocking ``fd`` holds now (at most ``limit`` bytes): reads until it
+    would block, hits end of file or fails."""
+    out = b""
+    while limit is None or len(out) < limit:
+        try:
+            chunk = os.read(fd, 65536 if limit is None else limit - len(out))
+        except OSError:  # BlockingIOError (nothing more), InterruptedError, EIO
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
 class ReplError(ModbridgeError):
     """The REPL's interpreter could not be started (the message says why)."""
 
@@ -366,33 +380,13 @@ class Interpreter:
     def read_stdout(self, n: int = 65536) -> bytes:
         if self.proc is None:
             return b""
-        out = b""
-        while len(out) < n:
-            try:
-                chunk = os.read(self.stdout_fd, n - len(out))
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
-            if not chunk:
-                break
-            out += chunk
-        return out
+        return _read_available(self.stdout_fd, n)
 
     def messages(self) -> list[tuple[int, bytes]]:
         """Whole control messages that arrived (kind, payload)."""
         if self.proc is None:
             return []
-        while True:
-            try:
-                chunk = os.read(self._ctl_r, 65536)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
-            if not chunk:
-                break
-            self._ctl_buf += chunk
+        self._ctl_buf += _read_available(self._ctl_r)
         out = []
         buf = self._ctl_buf
         while len(buf) >= 5:
