@@ -8,6 +8,8 @@ Pure: time is injected; the module is a ModuleStatus as its link would fill it.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from modbridge.gpu.base import GpuSample
 from modbridge.model import ModuleStatus
@@ -293,3 +295,19 @@ def test_an_open_gpu_ntc_raises_warn_and_lowers_the_limit_end_to_end():
         r.vm.world_fault("ntc_open", "gpu", False)
         wait_for(lambda: r.events("power_limit", action="restore"), 30, "original limit back")
         assert r.gpu.power_limit_w() == ORIGINAL_W
+
+
+@given(over=st.floats(min_value=1e-9, max_value=100.0),
+       limit=st.floats(min_value=0.5, max_value=60.0))
+def test_a_reported_stale_time_is_past_the_limit_it_exceeded(over, limit):
+    """The stale time in a decision's values is in whole ms: rounded up, so a frame
+    frozen a hair past ``stale_telemetry_s`` never reads as equal to it (round() did)."""
+    from modbridge.policy.freshness import TelemetryFreshness
+
+    fresh = TelemetryFreshness(PolicyConfig(stale_telemetry_s=limit))
+    m = ModuleStatus(port="/dev/x")
+    m.telemetry_seq, m.telemetry = 7, {"uptime_s": 100}
+    assert fresh.stale_s(1000.0, m) is None  # first sight: progress noted
+    stale = fresh.stale_s(1000.0 + limit + over, m)
+    if stale is not None:  # frozen > limit in floating point
+        assert stale > limit and stale - (limit + over) < 0.0011

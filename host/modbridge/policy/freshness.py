@@ -5,6 +5,7 @@ not advance: byte-identical frames are silence). docs/policy.md, "Blind spots".
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from modbridge.model import ModuleStatus
@@ -55,7 +56,9 @@ class TelemetryFreshness:
             frozen = now - seen[1]
             if frozen > limit and (worst is None or frozen > worst):
                 worst = frozen
-        return None if worst is None else round(worst, 3)
+        # whole ms, rounded up: frozen a hair past the limit is reported past it (round()
+        # made 3.0002 s into 3.0, a stale time equal to the limit it had exceeded)
+        return None if worst is None else math.ceil(worst * 1000) / 1000
 
     def judge(self, now: float, module: ModuleStatus, age_s: float | None,
               first_at: float) -> Silence:  # fmt: skip
