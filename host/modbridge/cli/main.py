@@ -327,6 +327,7 @@ def _register_commands() -> None:
     from modbridge.cli import console as cli_console
     from modbridge.cli import control as cli_control
     from modbridge.cli import doctor as cli_doctor
+    from modbridge.cli import health as cli_health
     from modbridge.cli import record as cli_record
     from modbridge.cli import sim as cli_sim
     from modbridge.cli import tune as cli_tune
@@ -339,6 +340,7 @@ def _register_commands() -> None:
     cli_calibrate.register(main)
     cli_doctor.register(main)
     cli_record.register(main)
+    cli_health.register(main)
 
 
 _register_commands()
