@@ -8,7 +8,12 @@ body), with no socket in sight (server.py puts it on HTTP).
 
 The same methods, paths, negotiation, filters and gzip as prometheus_client's
 ``make_wsgi_app``; :func:`_fast_format` says which negotiated formats the Renderer
-writes.
+writes. Two paths are not metrics: ``/healthz`` (liveness: the bridge loop still
+builds snapshots, the newest younger than :data:`LIVE_MAX_AGE_S`) and ``/readyz``
+(readiness: a first snapshot exists, so a scrape has something to show). Readiness
+does not look at the modules or the GPUs: a module in trouble must stay scraped
+(its alerts come from these metrics), never be taken out of a Service
+(docs/metrics.md, "Health endpoints").
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ from modbridge.exporter.walk import SnapshotSource
 # (prometheus_client's gzip.compress default) 6.7 KB in ~2 ms. 1.3-1.7 KB per 15 s
 # scrape is nothing to a network; the 0.5-1.9 ms would be most of a scrape's CPU.
 GZIP_LEVEL = 1
+
+# /healthz fails once the newest snapshot is older than this: the loop ticks every
+# [bridge] tick_s (at most 10 s, config.py), so three of the longest ticks missed is
+# a loop that stopped, not a slow one. ModbridgeExporterStale pages at 10 s for 1m;
+# a liveness failure restarts the container (the journal restores the limits).
+LIVE_MAX_AGE_S = 30.0
+_HEALTH_HEADERS = [("Content-Type", "text/plain; charset=utf-8")]
 
 
 _LEGACY_METRIC = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -125,7 +137,11 @@ class Endpoint:
         source: SnapshotSource,
         process_metrics: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        live_max_age_s: float = LIVE_MAX_AGE_S,
     ):
+        self._source = source
+        self._clock = clock
+        self.live_max_age_s = live_max_age_s
         extra = _add_process_collectors(CollectorRegistry()) if process_metrics else None
         self.renderer = Renderer(source, clock, extra)
         self.registry = make_registry(source, process_metrics, clock)
@@ -143,7 +159,11 @@ class Endpoint:
             body = f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()
             return 405, [("Allow", "OPTIONS,GET")], body
         if path == "/favicon.ico":
-            return 200, [], b""  # for browsers; any other path is /metrics
+            return 200, [], b""  # for browsers; any other path but these is /metrics
+        if path == "/healthz":
+            return self._healthz()
+        if path == "/readyz":
+            return self._readyz()
         got = self._negotiated.get((accept, accept_encoding))
         if got is None:
             encoder, content_type = exposition.choose_encoder(accept or "")
@@ -164,3 +184,26 @@ class Endpoint:
             headers.append(("Content-Encoding", "gzip"))
             return 200, headers, self._gzip.compress(parts)
         return 200, headers, b"".join(parts)
+
+    def _healthz(self) -> tuple[int, list[tuple[str, str]], bytes]:
+        """Liveness: 200 while the newest snapshot is younger than ``live_max_age_s``
+        (the bridge loop is alive), else 503 with the reason."""
+        snap = self._source()
+        if snap is None:
+            return 503, _HEALTH_HEADERS, b"not live: no snapshot yet\n"
+        age = self._clock() - snap.taken_at
+        if age > self.live_max_age_s:
+            body = (
+                f"not live: the newest snapshot is {age:.1f} s old "
+                f"(limit {self.live_max_age_s:g} s): the bridge loop is not ticking\n"
+            )
+            return 503, _HEALTH_HEADERS, body.encode()
+        return 200, _HEALTH_HEADERS, f"ok: snapshot {max(0.0, age):.1f} s old\n".encode()
+
+    def _readyz(self) -> tuple[int, list[tuple[str, str]], bytes]:
+        """Readiness: 200 once the bridge has a snapshot (the exporter answering this
+        is the other half). Module and GPU health are the metrics' business, not
+        this: a sick module must stay in the Service so that its alerts can fire."""
+        if self._source() is None:
+            return 503, _HEALTH_HEADERS, b"not ready: no snapshot yet\n"
+        return 200, _HEALTH_HEADERS, b"ready\n"
