@@ -304,24 +304,36 @@ def list_cmd(ports, backend, config_path, as_json, timeout):
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: modules and gpus.")
 @click.option("--timeout", default=READY_TIMEOUT_S, show_default=True,
               help="Seconds to wait for every module's first telemetry.")  # fmt: skip
-def status_cmd(ports, backend, config_path, module_id, as_json, timeout, **sim):
+@click.option(
+    "--direct",
+    is_flag=True,
+    help="Open the ports even if a running bridge's control socket answers.",
+)
+@click.option(
+    "--control-socket",
+    "socket_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The running bridge's control socket (default: the config's "
+    "control_socket, $RUNTIME_DIRECTORY, /run/modbridge, the state dir).",
+)
+def status_cmd(ports, backend, config_path, module_id, as_json, timeout, direct, socket_path,
+               **sim):  # fmt: skip
     """One-shot view: each module's telemetry, its GPU, and its policy level.
 
-    Never writes a power limit (the policy runs as a dry run). Exit 1 if a module's
-    link did not come up.
+    While `modbridge run` holds the ports, its last tick through its control socket
+    (unless --port, --sim or --direct). Never writes a power limit (the policy runs
+    as a dry run). Exit 1 if a module's link did not come up.
     """
     from modbridge import bridge as br
     from modbridge.cli import monitor
 
-    with _setup(config_path, ports, backend, **sim) as s:
-        s.config.dry_run = True  # status only looks
-        b = _start_bridge(s)
-        try:
-            if b.wait_ready(timeout) and s.fleet is not None:
-                wait_settled(b, timeout)
-            rep = br.report(b.tick())
-        finally:
-            b.stop("status")
+    rep = None
+    if not (direct or ports or sim["sim"]):
+        rep = bridge_report(_load_config(config_path), socket_path,
+                            lambda m: click.echo(f"note: {m}", err=True))  # fmt: skip
+    if rep is None:
+        rep = one_shot_report(config_path, ports, backend, timeout, **sim)
     if module_id is not None:
         rep["modules"] = [m for m in rep["modules"] if m["module_id"] == module_id]
         if not rep["modules"]:
@@ -333,6 +345,47 @@ def status_cmd(ports, backend, config_path, module_id, as_json, timeout, **sim):
             click.echo(line)
     if not all(m["link_up"] for m in rep["modules"]):
         sys.exit(EXIT_RUNTIME)
+
+
+def one_shot_report(config_path, ports, backend, timeout, **sim) -> dict:
+    """``status``'s own look: open the ports (or ``--sim``), wait up to ``timeout``
+    for every module, one tick as a dry run, the report."""
+    from modbridge import bridge as br
+
+    with _setup(config_path, ports, backend, **sim) as s:
+        s.config.dry_run = True  # status only looks
+        b = _start_bridge(s)
+        try:
+            if b.wait_ready(timeout) and s.fleet is not None:
+                wait_settled(b, timeout)
+            return br.report(b.tick())
+        finally:
+            b.stop("status")
+
+
+def bridge_report(config, socket_path=None, note=None) -> dict | None:
+    """The running bridge's ``status --json`` document over its control socket
+    (:func:`modbridge.ops.ctlsock.client_paths`: ``socket_path``, else the default
+    places), or None when no bridge answers (a stale socket is a ``note``). A bridge
+    that refuses this user is an error (exit 1): its ports are not ours to open."""
+    from modbridge.ops import ctlsock
+
+    for path in ctlsock.client_paths(config, socket_path):
+        try:
+            reply = ctlsock.Client(path).call({"op": "report"})
+        except ctlsock.SocketRefused as e:
+            _fail(e, EXIT_RUNTIME)
+        except ctlsock.SocketError as e:
+            if note is not None:
+                note(f"{e}" if isinstance(e, ctlsock.StaleSocket) else
+                     f"{path}: {e}; opening the ports directly")  # fmt: skip
+            continue
+        if reply.get("ok") and isinstance(reply.get("report"), dict):
+            return reply["report"]
+        if note is not None:  # an older bridge without the report op
+            note(f"{path}: the bridge cannot report ({reply.get('message')}); "
+                 "opening the ports directly")  # fmt: skip
+    return None
 
 
 def _settled(link) -> bool:

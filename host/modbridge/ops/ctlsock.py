@@ -17,8 +17,12 @@ Protocol: one JSON object per connection, one line (at most
     -> {"ok": false, "error": "unknown_module", "message": "..."}
 
 ``op`` (default ``request``) may also be ``ping`` (is a bridge there), ``modules``
-(the bridge's modules) or ``resolve`` (which module ``module`` names). Fields and
-replies are in wire units (the catalog's); :mod:`modbridge.ops.control` converts.
+(the bridge's modules), ``resolve`` (which module ``module`` names), ``telemetry``
+(a module's last frame) or ``report`` (what ``modbridge status --json`` prints,
+:func:`modbridge.bridge.report` of the last tick's snapshot, plus ``bridge``: pid,
+ticks, the snapshot's age; ``modbridge status`` and ``modbridge healthcheck`` ask for
+it: docs/schedulers.md). Fields and replies are in wire units (the catalog's);
+:mod:`modbridge.ops.control` converts.
 
 The server never slows the bridge loop: it runs in its own threads (one accepting,
 sleeping in ``select`` with a wake-up pipe, no poll; one per connection, at most
@@ -448,10 +452,38 @@ class BridgeControl:
         with self._guard:
             return self._locks.setdefault(port, threading.Lock())
 
+    def report(self) -> dict:
+        """``bridge.report()`` of the last tick's snapshot (built on this thread: the
+        loop is never waited for, nor does it wait), ages as of now, plus ``bridge``:
+        its pid, ticks so far, ``snapshot_age_s`` (a loop that stopped ticking shows
+        here, docs/schedulers.md) and ``tick_s``."""
+        from modbridge.bridge import report
+
+        b = self.bridge
+        snap = b.snapshot()
+        for attempt in range(3):  # the I/O thread may grow a counter dict under us
+            try:
+                now = b.clock()
+                rep = report(snap, now)
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+        rep["bridge"] = {
+            "pid": os.getpid(),
+            "ticks": b.ticks,
+            "snapshot_age_s": max(0.0, now - snap.taken_at),
+            "tick_s": getattr(b.config, "tick_s", None),
+            "dry_run": bool(getattr(b.config, "dry_run", False)),
+        }
+        return rep
+
     def __call__(self, req: dict) -> dict:
         op = req.get("op", "request")
         if op == "ping":
             return {"ok": True, "bridge": {"pid": os.getpid(), "modules": len(self.bridge.links)}}
+        if op == "report":
+            return {"ok": True, "report": self.report()}
         if op == "modules":
             return {"ok": True, "modules": [
                 {"port": p, "module_id": mid, "names": names,
@@ -472,8 +504,8 @@ class BridgeControl:
             t = link.status.telemetry
             return {**head, "telemetry": dict(t) if t else None}
         if op != "request":
-            return _error("bad_request", f"op: one of request, ping, modules, resolve, "
-                                         f"telemetry, got {sanitize(str(op))!r}")  # fmt: skip
+            return _error("bad_request", "op: one of request, ping, modules, resolve, "
+                          f"telemetry, report, got {sanitize(str(op))!r}")  # fmt: skip
         name = req.get("name")
         fields = req.get("fields") or {}
         if name not in ALLOWED:
