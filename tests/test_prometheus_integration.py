@@ -13,96 +13,24 @@ whole test takes about 25 s, at most 90 s).
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
+from promstack import PROMETHEUS, PROMETHEUS_MISSING, Deadline, free_port, get, query, ready, stop
 from test_packaging_monitoring import ALERTS, dashboard, dashboard_exprs
 
 from modbridge.tools.mpy import MicroPythonMissing, micropython_path
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="prometheus not found: apt-get install prometheus"
-)
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason=PROMETHEUS_MISSING)
 
 SIM_SPEED = 4
 STALL = "fan_stall:1@45s-120s"  # world time: ~11 s of wall time after the module boots
 SHORT_FOR = "2s"
 BUDGET_S = 50.0  # the test's waits, after the fixtures' (20 s + 15 s at most)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen, name: str) -> None:
-    """SIGTERM (the bridge restores its power limits), then SIGKILL after 10 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    assert proc.returncode is not None, f"{name} is still running"
-
-
-class Deadline:
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-    def wait(self, what: str, check, every: float = 0.5, proc=None, log=None):
-        """Call ``check`` until it returns something true; fail naming ``what`` when
-        the budget runs out, or at once when ``proc`` has exited (with ``log``'s end)."""
-        last = None
-        while True:
-            try:
-                result = check()
-            except (OSError, ValueError) as e:  # not up yet, a bad answer
-                result, last = None, e
-            if result:
-                return result
-            died = proc is not None and proc.poll() is not None
-            if died or self.left() <= 0:
-                tail = log.read_text(errors="replace")[-3000:] if log else ""
-                state = f"it exited with {proc.returncode}" if died else f"last error: {last}"
-                pytest.fail(f"gave up waiting for {what} ({state})\n{tail}")
-            time.sleep(every)
-
-
-def _get(port: int, path: str, **params):
-    url = f"http://127.0.0.1:{port}{path}"
-    if params:
-        url += "?" + urllib.parse.urlencode(params)
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
-def _ready(port: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as r:
-        return r.status == 200
-
-
-def _query(port: int, expr: str) -> list[dict]:
-    body = _get(port, "/api/v1/query", query=expr)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
 
 
 @pytest.fixture
@@ -131,7 +59,7 @@ def bridge(tmp_path):
         )
         yield int(found.group(1)), err
     finally:
-        _stop(proc, "modbridge run --sim")
+        stop(proc, "modbridge run --sim")
 
 
 @pytest.fixture
@@ -156,7 +84,7 @@ def prometheus(tmp_path, bridge):
         "    static_configs:\n"
         f"      - targets: ['127.0.0.1:{metrics_port}']\n"
     )
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "prometheus.log"
     with open(log, "w") as logf:
         proc = subprocess.Popen(
@@ -166,10 +94,10 @@ def prometheus(tmp_path, bridge):
             stdout=logf, stderr=subprocess.STDOUT, cwd=tmp_path,
         )  # fmt: skip
     try:
-        Deadline(15).wait("Prometheus to be ready", lambda: _ready(port), proc=proc, log=log)
+        Deadline(15).wait("Prometheus to be ready", lambda: ready(port), proc=proc, log=log)
         yield port
     finally:
-        _stop(proc, "prometheus")
+        stop(proc, "prometheus")
 
 
 def _dashboard_expr_for_api(expr: str) -> str:
@@ -186,38 +114,38 @@ def test_prometheus_scrapes_the_sim_and_fires_the_fan_stall_alert(bridge, promet
     # the module's and the GPU's series arrive
     modules = deadline.wait(
         "module temperature series",
-        lambda: _query(port, 'modbridge_module_temperature_celsius{job="modbridge"}'),
+        lambda: query(port, 'modbridge_module_temperature_celsius{job="modbridge"}'),
     )
     module = modules[0]["metric"]["module"]
     assert {m["metric"]["channel"] for m in modules} == {"gpu", "vram", "mos", "amb"}
     assert all(m["metric"]["instance"].startswith("127.0.0.1:") for m in modules)
     gpus = deadline.wait("GPU temperature series",
-                         lambda: _query(port, "modbridge_gpu_temperature_celsius"))  # fmt: skip
+                         lambda: query(port, "modbridge_gpu_temperature_celsius"))  # fmt: skip
     gpu = gpus[0]["metric"]["gpu"]
     assert gpu.startswith("GPU-") and 0 < float(gpus[0]["value"][1]) < 120
-    fans = _query(port, "modbridge_module_fan_speed_rpm")
+    fans = query(port, "modbridge_module_fan_speed_rpm")
     assert {f["metric"]["fan"] for f in fans} == {"1", "2"}
 
     # the dashboard's correlation join pairs this module with its GPU
     panel = next(p for p in dashboard()["panels"] if p["title"] == "Module NTC vs GPU temperature")
     diff = next(t for t in panel["targets"] if t["refId"] == "C")
     [pair] = deadline.wait("the NTC - GPU difference",
-                           lambda: _query(port, _dashboard_expr_for_api(diff["expr"])))  # fmt: skip
+                           lambda: query(port, _dashboard_expr_for_api(diff["expr"])))  # fmt: skip
     assert (pair["metric"]["module"], pair["metric"]["gpu"]) == (module, gpu)
     assert -30 < float(pair["value"][1]) < 30
 
     # before the stall (world time < 40 s: ~1 frame a second) and past the fans' spin-up
     # at boot, the alert is quiet (neither firing nor pending)
     def frames():
-        result = _query(port, "modbridge_module_frames_total")
+        result = query(port, "modbridge_module_frames_total")
         return float(result[0]["value"][1]) if result else 0.0
 
     if deadline.wait("10 frames", lambda: frames() >= 10) and frames() < 35:
-        assert _query(port, 'ALERTS{alertname="ModbridgeFanStalled"}') == []
+        assert query(port, 'ALERTS{alertname="ModbridgeFanStalled"}') == []
 
     # after it: fan 1 of this module, firing, with its annotations
     def firing(name):
-        alerts = _get(port, "/api/v1/alerts")["data"]["alerts"]
+        alerts = get(port, "/api/v1/alerts")["data"]["alerts"]
         return [a for a in alerts
                 if a["labels"]["alertname"] == name and a["state"] == "firing"]  # fmt: skip
 
@@ -231,11 +159,11 @@ def test_prometheus_scrapes_the_sim_and_fires_the_fan_stall_alert(bridge, promet
                               lambda: firing("ModbridgePowerLimitLowered"))  # fmt: skip
     assert (lowered["labels"]["module"], lowered["labels"]["gpu"]) == (module, gpu)
     assert float(lowered["value"]) < float(
-        _query(port, "modbridge_gpu_power_limit_original_watts")[0]["value"][1]
+        query(port, "modbridge_gpu_power_limit_original_watts")[0]["value"][1]
     )
 
     # every rule evaluated on real data without an error (a many-to-many join, say)
-    groups = _get(port, "/api/v1/rules")["data"]["groups"]
+    groups = get(port, "/api/v1/rules")["data"]["groups"]
     rules = [r for g in groups for r in g["rules"]]
     assert len(rules) == len(re.findall(r"^\s+- alert: ", ALERTS.read_text(), re.M))
     bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
@@ -244,7 +172,7 @@ def test_prometheus_scrapes_the_sim_and_fires_the_fan_stall_alert(bridge, promet
     # and so does every dashboard query, the module and GPU panels with data
     empty = []
     for where, expr in dashboard_exprs(dashboard()):
-        result = _query(port, _dashboard_expr_for_api(expr))  # asserts "success"
+        result = query(port, _dashboard_expr_for_api(expr))  # asserts "success"
         if not result:
             empty.append(where)
     for must in ("Module NTC channels", "GPU temperatures and thresholds", "Fan speed",
