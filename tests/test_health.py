@@ -240,7 +240,9 @@ def _fleet(doc: dict, n: int) -> dict:
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(n=st.integers(1, 6), data=st.data())
 def test_any_module_made_critical_or_silent_is_unhealthy_and_named(sim_doc, n, data):
     doc = _fleet(sim_doc, n)
@@ -262,7 +264,9 @@ def test_any_module_made_critical_or_silent_is_unhealthy_and_named(sim_doc, n, d
     assert m["module_id"][:12] in v.summary(10_000)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(n=st.integers(1, 6), data=st.data())
 def test_healthy_values_stay_healthy(sim_doc, n, data):
     doc = _fleet(sim_doc, n)
@@ -275,12 +279,16 @@ def test_healthy_values_stay_healthy(sim_doc, n, data):
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
     max_leaves=20,
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_garbage_is_a_report_error_never_a_crash(sim_doc, data):
     doc = copy.deepcopy(sim_doc)
