@@ -401,7 +401,6 @@ def _watch(src, actor, judging, as_json, interval, heartbeat, start_grace, count
                 verdict = _verdict(src, *judging)
             except ModbridgeError as e:  # a document we cannot read: never act on it
                 log.error("healthcheck: %s", e)
-                click.echo(f"modbridge healthcheck: {e}", err=True)
                 verdict = None
             if verdict is not None:
                 key = verdict.key()
@@ -425,8 +424,8 @@ def _watch(src, actor, judging, as_json, interval, heartbeat, start_grace, count
                     except ModbridgeError as e:
                         failures += 1
                         wait = min(BACKOFF_MAX_S, interval * 2 ** min(failures, 8))
-                        log.error("healthcheck: cannot tell the scheduler: %s", e)
-                        click.echo(f"modbridge healthcheck: {e}; again in {wait:g} s", err=True)
+                        log.error("healthcheck: cannot tell the scheduler: %s; again in %g s",
+                                  e, wait)  # fmt: skip
                     else:
                         failures = 0
                         told_key, told_at = key, now
