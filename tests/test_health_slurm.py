@@ -266,6 +266,21 @@ def _tools():
         pytest.skip("a single-node Slurm here runs slurmd as root")
 
 
+def _snippet(program: Path, interval: int) -> str:
+    """packaging/slurm/slurm.conf.modbridge with this test's program and interval."""
+    out = []
+    for line in (REPO / "packaging" / "slurm" / "slurm.conf.modbridge").read_text().splitlines():
+        if line.startswith("HealthCheckProgram="):
+            line = f"HealthCheckProgram={program}"
+        elif line.startswith("HealthCheckInterval="):
+            line = f"HealthCheckInterval={interval}"
+        if line and not line.startswith("#"):
+            out.append(line)
+    assert [x.split("=")[0] for x in out] == ["HealthCheckProgram", "HealthCheckInterval",
+                                              "HealthCheckNodeState"], out  # fmt: skip
+    return "\n".join(out)
+
+
 class RealSlurm:
     """munged, slurmctld and slurmd for one node (this host's short name) in ``d``."""
 
@@ -303,12 +318,10 @@ class RealSlurm:
             MpiDefault=none
             ReturnToService=2
             SlurmdTimeout=30
-            HealthCheckProgram={health_program}
-            HealthCheckInterval={interval}
-            HealthCheckNodeState=ANY
+            {{snippet}}
             NodeName={self.node} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN
             PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
-        """))  # fmt: skip
+        """).replace("{snippet}", _snippet(health_program, interval)))  # fmt: skip
         self.env = {**os.environ, "SLURM_CONF": str(self.conf),
                     "PATH": "/usr/sbin:/usr/bin:" + os.environ["PATH"]}  # fmt: skip
 
@@ -421,3 +434,29 @@ def test_real_slurm_drains_on_critical_and_resumes_on_recovery(real_slurm):
     wait_for(lambda: _runs(s) >= n + 2, 30, "two more health checks")
     st = slurm.parse_show_node(node(), s.node)
     assert st.drained and st.reason == "admin: bad DIMM", st
+
+
+# ------------------------------------------------------------------ NHC
+
+
+@pytest.mark.parametrize("level, dies", [("NORMAL", False), ("CRITICAL", True)])
+def test_the_nhc_check_dies_with_the_first_line_on_unhealthy(tmp_path, level, dies):
+    if shutil.which("bash") is None:
+        pytest.skip("no bash (NHC is bash)")
+    doc = tmp_path / "status.json"
+    doc.write_text(_doc(level))
+    nhc = REPO / "packaging" / "slurm" / "modbridge.nhc"
+    script = (f'die() {{ echo "DIE $1 $2"; }}; MODBRIDGE_CMD={MODBRIDGE}; source {nhc}; '
+              f'check_modbridge -t 30 -a "--input {doc}"; echo "rc=$?"')  # fmt: skip
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    if dies:
+        assert res.stdout == (
+            "DIE 1 check_modbridge:  unhealthy: module b9bddcc21aff..: "
+            "CRITICAL (critical_temp)\nrc=1\n"
+        ), res.stdout + res.stderr
+    else:
+        assert res.stdout == "rc=0\n", res.stdout + res.stderr
+    res = subprocess.run(["bash", "-c", f"die() {{ echo \"DIE $1 $2\"; }}; source {nhc}; "
+                          "MODBRIDGE_CMD=/nonexistent/modbridge check_modbridge"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.stdout.startswith("DIE 1 check_modbridge:  /nonexistent/modbridge not found")
