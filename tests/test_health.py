@@ -192,6 +192,17 @@ def test_unpaired_gpu_no_module_and_a_stalled_bridge(sim_doc):
     assert health.judge({**stalled, "bridge": {"snapshot_age_s": 0.3}}).healthy
 
 
+def test_a_module_not_paired_yet_defers_the_unpaired_gpu(sim_doc):
+    # a report taken between the module's hello and the bridge's next tick
+    doc = copy.deepcopy(sim_doc)
+    doc["modules"][0].update(gpu=None, policy=None)
+    v = health.judge(doc)
+    assert v.healthy and {w.code for w in v.warnings} == {"module_pending", "gpu_unpaired"}, v
+    doc["modules"][0]["policy"] = copy.deepcopy(sim_doc["modules"][0]["policy"])  # paired: none
+    v = health.judge(doc)
+    assert not v.healthy and v.reason == "GpuWithoutModule", v
+
+
 def test_warn_standalone_and_boot_are_healthy_but_reported(sim_doc):
     doc = copy.deepcopy(sim_doc)
     m = doc["modules"][0]

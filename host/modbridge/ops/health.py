@@ -19,7 +19,8 @@ cooling fit for new jobs?
   its fans at a fault floor instead of regulating. The firmware debounces these
   (a stall is called after 3 s of a quiet tach), so a FAILSAFE seen is not a glitch.
 - ``gpu_unpaired``: the bridge sees a GPU that no module cools (``ignore_gpus`` lists
-  those a site cools otherwise).
+  those a site cools otherwise). Not while a module is not paired yet (a report from
+  before the bridge's first tick with it: it may be that GPU's).
 
 Reported but **healthy**: the policy's WARN (one fan stalled with the other turning,
 under-voltage, a sensor disagreeing, an early warning: the bridge already caps the
@@ -209,7 +210,9 @@ def _module(m: dict, i: int, silent_after_s: float, problems, warnings) -> str |
         find("module_warn", "WARN (" + (", ".join(reasons) or "no reason given") + ")", warnings)
     if state in ("STANDALONE", "BOOT"):
         find("module_" + state.lower(), f"{state} {reason or ''}".strip(), warnings)
-    if uuid is None:
+    if policy is None:  # in the report before the bridge's first tick with it
+        find("module_pending", "not paired yet (the bridge's next tick pairs it)", warnings)
+    elif uuid is None:
         find("module_without_gpu", "cools no GPU the bridge sees", warnings)
     return uuid
 
@@ -236,6 +239,8 @@ def judge(report: dict, silent_after_s: float = SILENT_AFTER_S, ignore_gpus=(),
         uuid = _module(m, i, silent_after_s, problems, warnings)
         if uuid:
             cooled.add(uuid)
+    # a module not paired yet may be the one for a GPU that has none so far
+    pending = any(w.code == "module_pending" for w in warnings)
     ignored = set(ignore_gpus)
     for i, g in enumerate(gpus):
         _obj(g, f"gpus[{i}]", optional=False)
@@ -243,8 +248,8 @@ def judge(report: dict, silent_after_s: float = SILENT_AFTER_S, ignore_gpus=(),
         if uuid is None or uuid in cooled or uuid in ignored:
             continue
         what = ", ".join(str(g[k]) for k in ("name", "pci_bus_id") if g.get(k))
-        problems.append(Finding("gpu_unpaired", f"GPU {uuid}" + (f" ({what})" if what else "")
-                                + " is paired with no module", None, uuid))  # fmt: skip
+        text = f"GPU {uuid}" + (f" ({what})" if what else "") + " is paired with no module"
+        (warnings if pending else problems).append(Finding("gpu_unpaired", text, None, uuid))
     order = list(PROBLEMS)
     problems.sort(key=lambda p: order.index(p.code))
     return Verdict(not problems, problems, warnings, len(modules), len(gpus))
