@@ -228,3 +228,96 @@ class Bridge:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# --------------------------------------------------------------------------- a fleet
+
+REPO = Path(__file__).resolve().parent.parent
+PROM_DIR = REPO / "packaging" / "prometheus"
+FLEET_DIR = PROM_DIR / "fleet"
+_FOR = re.compile(r"^(\s+for:) \S+$", re.M)
+
+
+def shorten_for(rules: str, short: str) -> str:
+    """``rules`` (an alert rule file's text) with every ``for:`` set to ``short``."""
+    n_alerts = len(re.findall(r"^\s+- alert: ", rules, re.M))
+    rules, n = _FOR.subn(rf"\1 {short}", rules)
+    assert n == n_alerts, "every alert rule has a for: line to shorten"
+    return rules
+
+
+class FleetStack:
+    """The loopback fleet of packaging/prometheus/fleet: per host a Prometheus made
+    from host-prometheus.yml (external and target labels host/rack, ../alerts.yml and
+    host_rules.yml) scraping that host's bridge, and a global Prometheus made from
+    global-prometheus.yml federating them all (its match[] and honor_labels as
+    shipped, one target per host Prometheus labelled host/rack) with fleet_rules.yml
+    and fleet_alerts.yml. Intervals shortened to ``interval`` (the bridges' scrapes
+    to ``scrape_interval``, default the same) and every ``for:`` to ``short_for``.
+
+    ``hosts`` maps a host name to (rack, bridge target "127.0.0.1:port")."""
+
+    def __init__(self, workdir: Path, hosts: dict[str, tuple[str, str]], *,
+                 interval: str = "1s", scrape_interval: str | None = None,
+                 short_for: str = "2s"):  # fmt: skip
+        import yaml  # PyYAML: a dev dependency, only the fleet needs it
+
+        self.workdir = Path(workdir)
+        alerts = shorten_for((PROM_DIR / "alerts.yml").read_text(), short_for)
+        host_rules = (FLEET_DIR / "host_rules.yml").read_text()
+        self.hosts: dict[str, Prometheus] = {}
+        self.racks = {host: rack for host, (rack, _t) in hosts.items()}
+        for host, (rack, target) in hosts.items():
+            doc = yaml.safe_load((FLEET_DIR / "host-prometheus.yml").read_text())
+            labels = {"host": host, "rack": rack}
+            doc["global"].update(scrape_interval=interval, evaluation_interval=interval,
+                                 external_labels=labels)  # fmt: skip
+            doc["rule_files"] = ["alerts.yml", "host_rules.yml"]
+            [job] = doc["scrape_configs"]
+            scrape = scrape_interval or interval
+            job.update(scrape_interval=scrape, scrape_timeout=scrape)
+            job["static_configs"] = [{"targets": [target], "labels": labels}]
+            self.hosts[host] = Prometheus(
+                self.workdir / f"prom-{host}", yaml.safe_dump(doc),
+                {"alerts.yml": alerts, "host_rules.yml": host_rules}, name=f"prom-{host}",
+            )  # fmt: skip
+        doc = yaml.safe_load((FLEET_DIR / "global-prometheus.yml").read_text())
+        doc["global"].update(scrape_interval=interval, evaluation_interval=interval)
+        [job] = doc["scrape_configs"]
+        job.update(scrape_interval=interval, scrape_timeout=interval)
+        job["static_configs"] = [
+            {"targets": [f"127.0.0.1:{p.port}"], "labels": {"host": h, "rack": self.racks[h]}}
+            for h, p in self.hosts.items()
+        ]
+        self.global_ = Prometheus(
+            self.workdir / "prom-global", yaml.safe_dump(doc),
+            {"fleet_rules.yml": (FLEET_DIR / "fleet_rules.yml").read_text(),
+             "fleet_alerts.yml": shorten_for((FLEET_DIR / "fleet_alerts.yml").read_text(),
+                                             short_for)},
+            name="prom-global",
+        )  # fmt: skip
+
+    def all(self) -> list[Prometheus]:
+        return [*self.hosts.values(), self.global_]
+
+    def start(self, deadline: Deadline | None = None) -> FleetStack:
+        deadline = deadline or Deadline(READY_S)
+        try:
+            for p in self.all():
+                p.start()
+            for p in self.all():
+                p.wait_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for p in self.all():
+            p.stop()
+
+    def __enter__(self) -> FleetStack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
