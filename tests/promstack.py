@@ -253,12 +253,13 @@ class FleetStack:
     global-prometheus.yml federating them all (its match[] and honor_labels as
     shipped, one target per host Prometheus labelled host/rack) with fleet_rules.yml
     and fleet_alerts.yml. Intervals shortened to ``interval`` (the bridges' scrapes
-    to ``scrape_interval``, default the same) and every ``for:`` to ``short_for``.
+    to ``scrape_interval``, one for all or {host: interval}, default ``interval``)
+    and every ``for:`` to ``short_for``.
 
     ``hosts`` maps a host name to (rack, bridge target "127.0.0.1:port")."""
 
     def __init__(self, workdir: Path, hosts: dict[str, tuple[str, str]], *,
-                 interval: str = "1s", scrape_interval: str | None = None,
+                 interval: str = "1s", scrape_interval: str | dict[str, str] | None = None,
                  short_for: str = "2s"):  # fmt: skip
         import yaml  # PyYAML: a dev dependency, only the fleet needs it
 
@@ -274,7 +275,8 @@ class FleetStack:
                                  external_labels=labels)  # fmt: skip
             doc["rule_files"] = ["alerts.yml", "host_rules.yml"]
             [job] = doc["scrape_configs"]
-            scrape = scrape_interval or interval
+            scrape = (scrape_interval.get(host) if isinstance(scrape_interval, dict)
+                      else scrape_interval) or interval  # fmt: skip
             job.update(scrape_interval=scrape, scrape_timeout=scrape)
             job["static_configs"] = [{"targets": [target], "labels": labels}]
             self.hosts[host] = Prometheus(
