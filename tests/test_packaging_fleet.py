@@ -588,3 +588,15 @@ def test_global_config_federates_with_honor_labels():
     hosts = [s["labels"]["host"] for s in job["static_configs"]]
     assert len(hosts) == len(set(hosts))
     assert doc["rule_files"] == [FLEET_RULES.name, FLEET_ALERTS.name]
+
+
+def test_readme_names_every_file_rule_and_alert():
+    text = (FLEET / "README.md").read_text(encoding="utf-8")
+    for path in FLEET.iterdir():
+        if path.name != "README.md":
+            assert f"`{path.name}`" in text, path.name
+    for r in rules_of(HOST_RULES, "record"):
+        assert f"`{r['record']}`" in text, r["record"]
+    for r in fleet_alerts():
+        assert f"`{r['alert']}`" in text, r["alert"]
+        assert f"| {r['for']}" in text or f"/ {r['for']}" in text, (r["alert"], r["for"])
