@@ -214,6 +214,44 @@ def test_warn_standalone_and_boot_are_healthy_but_reported(sim_doc):
     assert "WARN (fan_stall)" in v.summary()
 
 
+def test_the_report_op_never_waits_for_the_loop():
+    """The control socket's report is the last snapshot's, built on the socket's
+    thread: with the tick lock held (a tick running) it still answers, and it never
+    ticks."""
+    import threading
+
+    from modbridge.config import BridgeConfig
+    from modbridge.model import BridgeSnapshot
+
+    class Busy:
+        config, ticks, links = BridgeConfig(), 7, {}
+
+        def __init__(self):
+            self._tick_lock = threading.Lock()
+            self._tick_lock.acquire()
+
+        def clock(self):
+            return 100.0
+
+        def snapshot(self):
+            return BridgeSnapshot(taken_at=90.0, backend="virtual")
+
+        def tick(self):
+            raise AssertionError("the report op must not tick")
+
+        def control_link(self, module):
+            from types import SimpleNamespace
+
+            return SimpleNamespace(status=SimpleNamespace(module_id=module), port="/dev/m0")
+
+    r = ctlsock.BridgeControl(Busy())({"op": "report"})
+    assert r["ok"] and r["report"]["modules"] == [] and r["report"]["backend"] == "virtual"
+    assert r["report"]["bridge"]["snapshot_age_s"] == 10.0 and r["report"]["bridge"]["ticks"] == 7
+    assert health.judge(r["report"]).reason == "NoModule"
+    bad = ctlsock.BridgeControl(Busy())({"op": "nope", "module": "x"})
+    assert not bad["ok"] and "report" in bad["message"]
+
+
 # ------------------------------------------------------------------ hypothesis
 
 BREAKS = {

@@ -76,7 +76,7 @@ def parse_show_node(text: str, name: str) -> NodeState:
     r = re.search(r"(?:^|\s)Reason=(.*?)(?=\s+[A-Z][A-Za-z]*=|$)", line)
     if r is not None:
         reason = _REASON_STAMP.sub("", r.group(1)).strip() or None
-        if reason in ("(null)", "None"):
+        if reason == "(null)":
             reason = None
     return NodeState(name, m.group(1), reason)
 
