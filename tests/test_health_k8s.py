@@ -41,6 +41,7 @@ class FakeApi:
         }
         self.requests: list[tuple[str, str, str | None, object]] = []
         self.fail_next = 0  # answer 500 to this many requests
+        self.garbage_next = 0  # answer 200 with a JSON list (not a node) to this many
         self.conflicts = 0  # answer 409 to this many node PATCHes (after a concurrent edit)
         self.lock = threading.Lock()
         api = self
@@ -90,6 +91,9 @@ class FakeApi:
         if self.fail_next:
             self.fail_next -= 1
             return self._status(500, "InternalError", "etcd is having a bad day")
+        if self.garbage_next:
+            self.garbage_next -= 1
+            return 200, ["not", "a", "node"]
         base = f"/api/v1/nodes/{NODE}"
         if path not in (base, base + "/status"):
             return self._status(404, "NotFound", f'nodes "{path.rsplit("/", 1)[-1]}" not found')
@@ -263,6 +267,14 @@ def test_watch_lives_through_api_errors_and_updates_on_change_only(api, tmp_path
               "--count", "3", "--heartbeat", "1", "--start-grace", "0", timeout=60)  # fmt: skip
     assert res.returncode == 0 and len(api.patches("/status")) >= 3
     assert api.taints().count(TAINT) == 1
+    # an answer that is not a node: logged, retried, the watch goes on
+    api.garbage_next = 1
+    doc.write_text(_doc())
+    res = cli("healthcheck", "--kubernetes", "--node", NODE, "--api-server", api.url,
+              "--token-file", str(api.token_file), "--input", str(doc), "--watch", "1",
+              "--count", "2", "--start-grace", "0", timeout=60)  # fmt: skip
+    assert res.returncode == 0 and "the answer is not a JSON object" in res.stderr, res.stderr
+    assert api.condition()["status"] == "False" and TAINT not in api.taints()
     # garbage in the file: logged, never acted on, the watch goes on
     doc.write_text("{not json")
     n = len(api.requests)

@@ -421,7 +421,9 @@ def _watch(src, actor, judging, as_json, interval, heartbeat, start_grace, count
                 elif due:
                     try:
                         action = actor.act(verdict)
-                    except ModbridgeError as e:
+                    except Exception as e:  # noqa: BLE001 - a sidecar outlives any answer
+                        if not isinstance(e, ModbridgeError):
+                            log.exception("healthcheck: unexpected error telling the scheduler")
                         failures += 1
                         wait = min(BACKOFF_MAX_S, interval * 2 ** min(failures, 8))
                         log.error("healthcheck: cannot tell the scheduler: %s; again in %g s",

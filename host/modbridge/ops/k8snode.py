@@ -131,9 +131,12 @@ class Client:
             raise KubeError(f"{method} {path}: cannot reach the API server {self.base}: "
                             f"{why}") from None  # fmt: skip
         try:
-            return json.loads(raw) if raw else {}
+            obj = json.loads(raw) if raw else {}
         except ValueError:
             raise KubeError(f"{method} {path}: the answer is not JSON") from None
+        if not isinstance(obj, dict):
+            raise KubeError(f"{method} {path}: the answer is not a JSON object")
+        return obj
 
 
 def _node_path(node: str, sub: str = "") -> str:
