@@ -439,6 +439,19 @@ def test_base_renders_validates_and_keeps_the_invariants():
 
 
 @needs_kubectl
+@pytest.mark.parametrize("where", ["base", *(f"overlays/{o}" for o in OVERLAYS)])
+def test_the_rendered_config_passes_modbridge_config_validate(where, tmp_path):
+    (cm,) = _by_kind(rendered(K8S / where), "ConfigMap")
+    f = tmp_path / "modbridge.toml"
+    f.write_text(cm["data"]["modbridge.toml"])
+    done = subprocess.run(
+        [sys.executable, "-m", "modbridge", "config", "validate", str(f)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and ": ok" in done.stdout, done.stdout + done.stderr
+
+
+@needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_overlay_renders_validates_and_keeps_the_invariants(overlay):
     path = K8S / "overlays" / overlay
