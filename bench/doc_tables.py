@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.json"
-DOCS = ("docs/safety.md", "docs/boards.md", "docs/metrics.md")
+DOCS = ("docs/safety.md", "docs/boards.md", "docs/metrics.md", "docs/fleet.md")
 ROW = re.compile(r"^\| `([a-z0-9_]+)` \| ([-0-9.]+) \|$")
 # (doc, section title): rows with more columns after the value, in that section only
 SECTIONS = (("docs/firmware.md", "Budget on ARM"),)
