@@ -16,11 +16,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from e2e_helpers import wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,16 +33,6 @@ BRIDGE_START_S = 40.0
 def cli(*args, input=None, env=None, timeout=90):
     return subprocess.run([MODBRIDGE, *args], capture_output=True, text=True, input=input,
                           timeout=timeout, env=env)  # fmt: skip
-
-
-def wait_for(pred, timeout: float, what: str, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @contextmanager
