@@ -114,8 +114,7 @@ def test_global_query_returns_both_hosts_gpus(fleet):
     assert all(0 < float(g["value"][1]) < 120 for g in gpus)
     # the hosts' own `up` is federated too, and the global's federation job is up
     # (waited for: a scrape that times out on a loaded machine, the host's or the
-    # federation's, leaves that
-    # host's series stale until the next one)
+    # federation's, leaves that host's series stale until the next one)
     fleet.wait(
         "both hosts' own up",
         lambda: (
