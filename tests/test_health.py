@@ -142,7 +142,8 @@ def test_both_fans_stalled_through_the_bridge_is_critical_and_unhealthy():
         def critical():
             rep = bridge_report(sock)
             m = rep["modules"][0]
-            return rep if m["policy"]["level"] == "CRITICAL" and m["state"] == "FAILSAFE" else None
+            level = (m.get("policy") or {}).get("level")  # no policy yet: not paired yet
+            return rep if level == "CRITICAL" and m["state"] == "FAILSAFE" else None
 
         rep = wait_for(critical, 60, "CRITICAL and FAILSAFE on both fans stalled")
         v = health.judge(rep)
