@@ -112,3 +112,20 @@ def test_the_status_line_says_why_a_module_is_in_failsafe():
     assert "FAILSAFE(sensor_open)" in line
     line = monitor.status_line(_rep("HOSTED", "host_ok"), clock=lambda: 0)
     assert "HOSTED " in line and "host_ok" not in line
+
+
+def test_a_reader_that_goes_away_is_not_a_failure():
+    """`modbridge ... | head -1`: the pipe's reader closes before the command writes;
+    the command ends quietly with 0, no traceback (click alone exits 1)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "modbridge"
+    for args in (["config", "example"], ["--help"], ["frame", "decode", "00"]):
+        proc = subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)  # fmt: skip
+        proc.stdout.close()  # the reader is gone before the first line is written
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 or args[0] == "frame", (args, proc.returncode, err)
+        assert b"Traceback" not in err and b"BrokenPipe" not in err, (args, err)

@@ -174,6 +174,23 @@ def test_node_name_from_slurmd_and_dry_run(fake):
     assert fake.updates() == [] and fake.node()["state"] == "IDLE"
 
 
+def test_dry_run_never_fails_on_the_scheduler(fake, tmp_path):
+    """A dry run changes nothing and its exit code is the verdict's alone: scontrol
+    missing or failing (a machine without Slurm, `--sim`) is said, not an error."""
+    for env in ({**fake.env, "PATH": str(tmp_path / "empty")},
+                {**fake.env, "FAKE_SLURM_FAIL": "1"}):  # fmt: skip
+        res = cli("healthcheck", "--slurm", "--node", "gpu01", "--input", "-", "--dry-run",
+                  "--json", input=_doc(), env=env)  # fmt: skip
+        out = json.loads(res.stdout)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert out["action"]["action"] == "unknown" and "state is unknown" in out["action"][
+            "message"], out
+        res = cli("healthcheck", "--slurm", "--node", "gpu01", "--input", "-", "--dry-run",
+                  input=_doc("CRITICAL"), env=env)  # fmt: skip
+        assert res.returncode == 1 and "would drain: modbridge: " in res.stdout, res.stdout
+    assert fake.updates() == [] and fake.node()["state"] == "IDLE"
+
+
 def test_scontrol_missing_or_failing_is_a_clear_error(fake, tmp_path):
     env = {**fake.env, "PATH": str(tmp_path / "empty")}
     res = cli("healthcheck", "--slurm", "--node", "gpu01", "--input", "-",

@@ -471,9 +471,10 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
             **sim):  # fmt: skip
     """The service: modules + GPUs + policy + power limits + Prometheus exporter.
 
-    SIGTERM, SIGINT, SIGHUP or SIGQUIT: the power limits go back (per on_exit) and
-    the exit code is 0. Originals are journaled in --state-dir before every write; a
-    GPU found below its journaled original is restored at start.
+    SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 or any other signal that would
+    end the process: the power limits go back (per on_exit) and the exit code is 0.
+    Originals are journaled in --state-dir before every write; a GPU found below its
+    journaled original is restored at start.
     """
     from modbridge import bridge as br
     from modbridge.cli import monitor
@@ -653,9 +654,10 @@ def config_validate(file):
 def config_example():
     """Print an example config file with every key (examples/modbridge.toml)."""
     try:
-        click.echo(EXAMPLE_CONFIG.read_text(encoding="utf-8"), nl=False)
+        text = EXAMPLE_CONFIG.read_text(encoding="utf-8")
     except OSError as e:
         _fail(f"cannot read {EXAMPLE_CONFIG}: {e} (see docs/bridge.md)", EXIT_RUNTIME)
+    click.echo(text, nl=False)  # a closed stdout is not a read error (cli.main._Main)
 
 
 def register(group):

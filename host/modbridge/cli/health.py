@@ -137,6 +137,12 @@ class Actor:
         if self.kind == "slurm":
             from modbridge.ops import slurm
 
+            if self.dry_run:  # read-only: a missing scontrol is no failure
+                try:
+                    scontrol = slurm.Scontrol(self.scontrol_path)
+                except slurm.SlurmError:
+                    scontrol = None
+                return slurm.apply(verdict, self.node, scontrol, True).as_dict()
             return slurm.apply(verdict, self.node, slurm.Scontrol(self.scontrol_path),
                                self.dry_run).as_dict()  # fmt: skip
         if self.kind == "kubernetes":

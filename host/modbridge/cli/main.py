@@ -12,7 +12,21 @@ from modbridge import __version__
 from modbridge.errors import ModbridgeError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The top-level group. A reader that goes away (``modbridge status | head -1``) is
+    not a failure: click exits 1 on EPIPE after muting the streams; that case exits 0
+    here, quietly, as ``head``'s writer should (every command, one exit code)."""
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except SystemExit as e:
+            if e.code == 1 and isinstance(sys.stdout, click.utils.PacifyFlushWrapper):
+                raise SystemExit(0) from None
+            raise
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="modbridge")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:

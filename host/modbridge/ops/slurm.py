@@ -84,7 +84,7 @@ def parse_show_node(text: str, name: str) -> NodeState:
 @dataclasses.dataclass
 class Action:
     node: str
-    action: str  # drained, updated, resumed, left, none
+    action: str  # drained, updated, resumed, left, none; unknown (a dry run without scontrol)
     message: str
     before: str | None = None  # the node's state before
     ok: bool = True
@@ -132,10 +132,24 @@ def drain_reason(verdict) -> str:
     return f"{REASON_PREFIX} {verdict.summary(REASON_MAX - len(REASON_PREFIX) - 1)}"
 
 
-def apply(verdict, node: str, scontrol: Scontrol, dry_run: bool = False) -> Action:
+def apply(verdict, node: str, scontrol: Scontrol | None, dry_run: bool = False) -> Action:
     """Drain ``node`` for an unhealthy ``verdict``, resume it for a healthy one if the
-    drain was ours; leave anyone else's drain or down alone."""
-    st = scontrol.show(node)
+    drain was ours; leave anyone else's drain or down alone.
+
+    A dry run changes nothing and never fails on the scheduler: it reads the node's
+    state when it can (``scontrol`` None: not installed) and otherwise says what it
+    would do whatever that state is."""
+    if dry_run:
+        try:
+            if scontrol is None:
+                raise SlurmError("scontrol not found on PATH")
+            st = scontrol.show(node)
+        except SlurmError as e:
+            why = f"would drain: {drain_reason(verdict)}" if not verdict.healthy else (
+                "would resume it if modbridge had drained it")
+            return Action(node, "unknown", f"{node}: {why} (its state is unknown: {e})")
+    else:
+        st = scontrol.show(node)
     before = st.state + (f" ({st.reason})" if st.reason else "")
     verb = "would " if dry_run else ""
     if not verdict.healthy:
