@@ -84,6 +84,10 @@ class FileGpuBackend(GpuBackend):
         self.gpu = FileGpu(path)
         self.attempts = 0
 
+    def owner_key(self, uuid):
+        """The GPU is the file: bridges on one file exclude each other machine-wide."""
+        return f"{uuid}.file-{os.path.realpath(self.gpu.path)}"
+
     def devices(self):
         st = self.gpu.read()
         return [GpuInfo(0, st["uuid"], "FileGPU", "00000000:00:06.0")] if st["present"] else []

@@ -324,7 +324,7 @@ def test_run_when_another_bridge_owns_the_gpu_exits_1_naming_it(fake_nvml, tmp_p
 
     from modbridge.actuator.gpulock import GpuLock
 
-    with GpuLock(tmp_path / "state", H200):
+    with GpuLock(tmp_path / "state", H200, key=f"{H200}.test-{os.getpid()}"):
         res = run("run", "--port", "/dev/ttyUSB0", "--no-metrics", "--once")
     assert res.exit_code == 1
     assert f"owned by another modbridge (pid {os.getpid()}" in res.output

@@ -555,7 +555,7 @@ def test_restore_of_a_gpu_owned_by_a_bridge_is_busy_for_both_journals(tmp_path):
 
     gpu, lim, _, _ = build("both", VirtualBackend, tmp_path)
     lim.apply(490.0, "fan_stall", level=WARN)
-    with GpuLock(tmp_path / "state", gpu.uuid):
+    with GpuLock(tmp_path / "state", gpu.uuid, key=f"{gpu.uuid}.test-{os.getpid()}"):
         rows = restore_journaled(VirtualBackend([gpu]), tmp_path / "state")
     assert [(r.get("actuator", "power"), r["action"]) for r in rows] == [
         ("power", "busy"), ("clocks", "busy")]  # fmt: skip

@@ -23,6 +23,7 @@ from modbridge.gpu.fake_nvml import FakeNvml
 from modbridge.gpu.nvml import NvmlBackend
 
 UUID = "GPU-5e1f0c2a-7b3d-4c8e-9a61-2d0f4b8e7c13"  # the fake NVML's H200 (700 W default)
+TEST_KEY = f"{UUID}.test-{os.getpid()}"  # machine-wide lock name: this run's own
 
 
 @pytest.fixture
@@ -117,12 +118,12 @@ def test_default_state_dir_order(tmp_path):
 
 
 def test_lock_is_exclusive_names_the_owner_and_goes_with_it(tmp_path):
-    a = GpuLock(tmp_path, UUID).acquire()
+    a = GpuLock(tmp_path, UUID, key=TEST_KEY).acquire()
     with pytest.raises(GpuBusy, match=f"pid {os.getpid()}") as e:
-        GpuLock(tmp_path, UUID).acquire()
+        GpuLock(tmp_path, UUID, key=TEST_KEY).acquire()
     assert e.value.pid == os.getpid() and e.value.uuid == UUID
     a.release()
-    with GpuLock(tmp_path, UUID) as b:
+    with GpuLock(tmp_path, UUID, key=TEST_KEY) as b:
         assert b.held
     assert not b.held
 
@@ -377,7 +378,7 @@ def test_restore_journaled_refused_and_busy(tmp_path):
     assert (row["action"], row["ok"]) == ("refused", False) and "root" in row["message"]
     assert LimitJournal(state).uuids() == [FILE_UUID]  # kept: not restored
     gpu.update(read_only=False)
-    with GpuLock(state, FILE_UUID):
+    with GpuLock(state, FILE_UUID, key=TEST_KEY):
         (row,) = restore_journaled(FileGpuBackend(gpu.path), state)
     assert row["action"] == "busy" and "pid" in row["message"]
     assert gpu.limit_w == 455.0

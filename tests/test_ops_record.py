@@ -443,7 +443,7 @@ def test_record_reads_real_gpus_only_and_ignores_a_running_bridges_lock(tmp_path
 
     state = tmp_path / "state"
     uuid = NvmlBackend(nvml=FakeNvml()).devices()[0].uuid
-    held = GpuLock(state, uuid).acquire()  # "the service"
+    held = GpuLock(state, uuid, key=f"{uuid}.test-{os.getpid()}").acquire()  # "the service"
     master, slave = pty.openpty()
     try:
         out = tmp_path / "r.csv"

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable
 from modbridge.actuator import Actuator, ClockFractions, make_actuator
 from modbridge.actuator.gpulock import GpuLock
 from modbridge.actuator.journal import LimitJournal
-from modbridge.actuator.power import SIGNALS
+from modbridge.actuator.power import SIGNALS, signal_name
 from modbridge.config import BridgeConfig, ModuleMapping, match_gpu
 from modbridge.errors import ModbridgeError
 from modbridge.exporter.eventlog import EventLog
@@ -256,7 +256,9 @@ class Bridge:
         try:
             self.journal.ensure()
             for info in infos:
-                self.locks[info.uuid] = GpuLock(self.state_dir, info.uuid).acquire()
+                self.locks[info.uuid] = GpuLock(
+                    self.state_dir, info.uuid, key=self.backend.owner_key(info.uuid)
+                ).acquire()
         except ModbridgeError:
             self._release_locks()
             raise
@@ -413,13 +415,15 @@ class Bridge:
                 log.exception("restoring the power limit of %s failed", lim.uuid)
 
     def install_signal_handlers(self, signals=SIGNALS) -> Callable:
-        """SIGTERM/SIGINT/SIGHUP/SIGQUIT: :meth:`request_stop` (the caller's
-        :meth:`stop` restores the limits and the process exits 0). A second signal
+        """Any signal that would end the process (SIGTERM, SIGINT, SIGHUP, SIGQUIT,
+        SIGUSR1, SIGUSR2...: :data:`~modbridge.actuator.power.SIGNALS`):
+        :meth:`request_stop` (the caller's :meth:`stop` restores the limits and the
+        process exits 0). A second signal
         before that: restore now and exit 128 + n. Main thread only; returns a function
         putting the old ones back."""
 
         def handler(signum, frame):
-            name = signal.Signals(signum).name
+            name = signal_name(signum)
             if self._stop.is_set():
                 self.restore_limits(f"signal {name} (second)")
                 raise SystemExit(128 + signum)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
+
+from modbridge.errors import ModbridgeError
 
 
 def fsync_dir(path: Path) -> None:
@@ -26,12 +29,9 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
-    fd = os.open(
-        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode
-    )
+    fd = create_new(tmp, mode)
     try:
         try:
-            os.fchmod(fd, mode)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -44,3 +44,74 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
             tmp.unlink()
         raise
     fsync_dir(path.parent)
+
+
+# ------------------------------------------------------------------ trusted directories
+#
+# The state, keys and control-socket directories are written by a bridge that runs as
+# root. A directory another user can write (or owns) lets that user plant a symlink
+# where the bridge is about to create a file, and make root truncate or chmod a file
+# of their choosing. So, as ssh's StrictModes does for ~/.ssh: such a directory is
+# refused, with the command that fixes it; files are created with O_EXCL|O_NOFOLLOW.
+
+
+class UnsafeDirectory(ModbridgeError):
+    """A directory the bridge would write in is writable or owned by someone else."""
+
+    exit_code = 1
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
+def check_private_dir(path, what: str = "directory") -> Path:
+    """Refuse (:class:`UnsafeDirectory`) ``path`` unless it is a directory owned by root
+    or this user that neither group nor others can write, in a chain of parents that
+    only root or this user can change (a parent others can write must be sticky, like
+    /tmp). Symlinks are resolved first; the real path is returned."""
+    path = Path(path)
+    real = Path(os.path.realpath(path))
+    chain = [real, *real.parents]
+    for i, d in enumerate(chain):
+        try:
+            st = os.stat(d)
+        except OSError as e:
+            raise UnsafeDirectory(f"cannot check the {what} {path}: {d}: {e.strerror or e}") from e
+        shown = f"{path}" if i == 0 and d == path else f"{d} (for {path})"
+        if i == 0 and not stat.S_ISDIR(st.st_mode):
+            raise UnsafeDirectory(f"the {what} {shown} is not a directory")
+        if not _trusted_owner(st.st_uid):
+            raise UnsafeDirectory(
+                f"the {what} {shown} is owned by uid {st.st_uid}, neither root nor this user "
+                f"(uid {os.geteuid()}): it could redirect what the bridge writes. "
+                f"Fix: `chown {os.geteuid()} {d}`, or choose another directory"
+            )
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and (i == 0 or not st.st_mode & stat.S_ISVTX):
+            raise UnsafeDirectory(
+                f"the {what} {shown} can be written by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}): they could plant links in it. "
+                f"Fix: `chmod go-w {d}`"
+            )
+    return real
+
+
+def ensure_private_dir(path, mode: int = 0o700, what: str = "directory") -> Path:
+    """Create ``path`` (and parents, ``mode``) if needed, then :func:`check_private_dir`.
+    OSError from mkdir is left to the caller (its message says which directory)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=mode)
+    return check_private_dir(path, what)
+
+
+def create_new(path, mode: int = 0o600, flags: int = os.O_WRONLY) -> int:
+    """``os.open`` a file that must not exist yet, never through a symlink
+    (O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC); ``mode`` whatever the umask."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd

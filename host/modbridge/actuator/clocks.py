@@ -380,4 +380,5 @@ def restore_journaled_clocks(backend: GpuBackend, state_dir, dry_run=False, log=
     def blank():
         return {"actuator": "clocks", "original": None}
 
-    return restore_each(journal, state_dir, "clocks", log, restore_one, blank)
+    return restore_each(journal, state_dir, "clocks", log, restore_one, blank,
+                        backend.owner_key)

@@ -31,6 +31,8 @@ default limit and constraints (docs/bridge.md, "Power limits").
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import math
@@ -41,7 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modbridge.errors import ModbridgeError
-from modbridge.fsutil import atomic_write, fsync_dir  # noqa: F401 - fsync_dir re-exported
+from modbridge.fsutil import (  # noqa: F401 - fsync_dir re-exported
+    UnsafeDirectory,
+    atomic_write,
+    create_new,
+    ensure_private_dir,
+    fsync_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +86,37 @@ def file_name(uuid: str) -> str:
     return uuid
 
 
+def state_dir_error(path, e: OSError, doing: str = "use") -> JournalError:
+    """A JournalError for an OSError on the state directory, saying what to do."""
+    hint = {
+        errno.ENOSPC: f"Free space on its file system (`df {path}`)",
+        errno.EDQUOT: "Raise the quota or free space",
+        errno.EROFS: "It is on a read-only file system: give --state-dir DIR",
+    }.get(e.errno, "Run as the service user (root, with StateDirectory=modbridge), "
+          "or give --state-dir DIR")  # fmt: skip
+    return JournalError(f"cannot {doing} the state directory {path}: {e.strerror or e}. {hint}")
+
+
 def ensure_dir(path: Path, mode: int = 0o700) -> Path:
-    """Create ``path`` (and parents) if needed; JournalError saying what to do."""
+    """Create ``path`` (and parents) if needed and check that only root or this user can
+    write it (:func:`modbridge.fsutil.check_private_dir`: UnsafeDirectory) and that a
+    file can be created in it (never through a link); JournalError saying what to do."""
+    path = Path(path)
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=mode)
-        if not path.is_dir():
-            raise NotADirectoryError(f"{path} is not a directory")
+        ensure_private_dir(path, mode, what="state directory")
         probe = path / f".probe-{os.getpid()}"
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.close(fd)
-        os.unlink(probe)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(probe)  # a left-over (or planted link): removed, never followed
+        fd = create_new(probe)
+        try:
+            os.write(fd, b"\n")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
-        raise JournalError(
-            f"cannot use the state directory {path}: {e.strerror or e}. Run as the service "
-            "user (root, with StateDirectory=modbridge), or give --state-dir DIR"
-        ) from e
+        raise state_dir_error(path, e) from e
+    except UnsafeDirectory as e:
+        raise JournalError(str(e)) from e
     return path
 
 

@@ -60,7 +60,33 @@ SKIP_BAND_W = 1.0  # a target within this of the current limit is not written
 ON_EXIT = ("restore", "keep")
 BACKOFF_FIRST_S = 1.0  # a refused write or restore is tried again after this...
 BACKOFF_MAX_S = 300.0  # ...doubling up to this, until one works
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _ending_signals() -> tuple[int, ...]:
+    """Every signal whose default action ends the process and that a handler can
+    catch: TERM, INT, QUIT, USR1, USR2, ALRM, the timers, XCPU, PWR, IO, the realtime
+    ones, and HUP (the bridge does not reload: it stops like TERM). Not the faults of
+    the process itself (SEGV, BUS, FPE, ILL, TRAP, SYS, ABRT: Python cannot go on after
+    them; the journal covers them, as it covers SIGKILL), nor PIPE and XFSZ (Python
+    ignores them: the write fails instead)."""
+    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+             "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGPWR", "SIGIO", "SIGSTKFLT")  # fmt: skip
+    sigs = [getattr(signal, n) for n in names if hasattr(signal, n)]
+    if hasattr(signal, "SIGRTMIN"):
+        sigs += [signal.Signals(n) if n in (signal.SIGRTMIN, signal.SIGRTMAX) else n
+                 for n in range(signal.SIGRTMIN, signal.SIGRTMAX + 1)]  # fmt: skip
+    return tuple(dict.fromkeys(sigs))
+
+
+SIGNALS = _ending_signals()  # every one restores the limits like SIGTERM (docs/bridge.md)
+
+
+def signal_name(signum: int) -> str:
+    """``SIGTERM``; a realtime signal as ``SIGRTMIN+3``."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
 
 
 @dataclass
@@ -590,10 +616,10 @@ class PowerLimiter(ActuatorBase):
 
 
 def install_signal_handlers(limiters, signals=SIGNALS):
-    """Close every limiter (restoring, unless on_exit="keep") on SIGTERM/SIGINT/SIGHUP/
-    SIGQUIT, then
-    exit with 128 + the signal number; and at interpreter exit. Main thread only.
-    Returns a function that puts the previous handlers back."""
+    """Close every limiter (restoring, unless on_exit="keep") on any of :data:`SIGNALS`
+    (every signal that would end the process), then exit with 128 + the signal number;
+    and at interpreter exit. Main thread only. Returns a function that puts the previous
+    handlers back."""
     limiters = list(limiters)
 
     def close_all(reason):
@@ -604,7 +630,7 @@ def install_signal_handlers(limiters, signals=SIGNALS):
                 _log.exception("closing the power limiter of %s failed", limiter.uuid)
 
     def handler(signum, frame):
-        close_all(f"signal {signal.Signals(signum).name}")
+        close_all(f"signal {signal_name(signum)}")
         raise SystemExit(128 + signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in signals}
@@ -618,12 +644,14 @@ def install_signal_handlers(limiters, signals=SIGNALS):
     return uninstall
 
 
-def restore_each(journal, state_dir, event_kind, log, restore_one, blank=dict) -> list[dict]:
+def restore_each(journal, state_dir, event_kind, log, restore_one, blank=dict,
+                 owner_key=None) -> list[dict]:  # fmt: skip
     """``modbridge restore``'s loop over one journal: every GPU locked first (a GPU
     owned by a running bridge is ``busy``: its own stop restores it), then
     ``restore_one(uuid, sink, events)`` returns its row; ``sink`` collects the
     actuator's events into ``events`` and forwards them to ``log``. ``blank()`` gives
-    the keys a ``busy`` row has too."""
+    the keys a ``busy`` row has too; ``owner_key(uuid)`` the machine-wide lock's name
+    (the backend's, :mod:`modbridge.actuator.gpulock`)."""
     from modbridge.actuator.gpulock import GpuBusy, GpuLock
 
     out = []
@@ -636,7 +664,7 @@ def restore_each(journal, state_dir, event_kind, log, restore_one, blank=dict) -
                 (log.write(event_kind, **{k: v for k, v in ev.items() if k != "event"})
                  if hasattr(log, "write") else log(ev))  # fmt: skip
 
-        lock = GpuLock(state_dir, uuid)
+        lock = GpuLock(state_dir, uuid, key=owner_key(uuid) if owner_key else None)
         try:
             lock.acquire()
         except GpuBusy as e:
@@ -689,4 +717,5 @@ def restore_journaled(backend: GpuBackend, state_dir, dry_run=False, log=None) -
     def blank():
         return {"original_w": None, "before_w": None, "after_w": None}
 
-    return restore_each(journal, state_dir, "power_limit", log, restore_one, blank)
+    return restore_each(journal, state_dir, "power_limit", log, restore_one, blank,
+                        backend.owner_key)

@@ -167,6 +167,13 @@ class GpuBackend(abc.ABC):
 
     name = "abstract"
 
+    def owner_key(self, uuid: str) -> str:
+        """The name under which ``uuid`` is owned machine-wide, whatever the state dir
+        (:mod:`modbridge.actuator.gpulock`): the UUID for a real GPU. A simulated GPU
+        lives in one world (a process, a file): its backend adds what tells that world
+        apart, so unrelated test bridges never share a name."""
+        return uuid
+
     @abc.abstractmethod
     def devices(self) -> list[GpuInfo]:
         """GPUs visible to this backend."""

@@ -22,6 +22,7 @@ LibraryNotFound -> GpuDriverNotLoaded; anything else -> GpuError with NVML's str
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -177,6 +178,13 @@ class NvmlBackend(GpuBackend):
 
     def devices(self) -> list[GpuInfo]:
         return [d.info for d in self._devices.values()]
+
+    def owner_key(self, uuid: str) -> str:
+        """The UUID (machine-wide) with the real ``pynvml``; a stand-in binding (a
+        :class:`~modbridge.gpu.fake_nvml.FakeNvml`) is a GPU of this process only."""
+        if getattr(self._nv, "__name__", None) == "pynvml":
+            return uuid
+        return f"{uuid}.fake-{os.getpid()}-{id(self._nv):x}"
 
     def _device(self, uuid: str) -> _Device:
         dev = self._devices.get(uuid)

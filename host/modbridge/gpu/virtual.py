@@ -9,6 +9,7 @@ and heat (modbridge.sim.gpu).
 
 from __future__ import annotations
 
+import os
 import time
 
 from modbridge.gpu.base import (
@@ -62,6 +63,11 @@ class VirtualBackend(GpuBackend):
 
     def devices(self) -> list[GpuInfo]:
         return list(self._infos)
+
+    def owner_key(self, uuid: str) -> str:
+        """A virtual GPU lives in this process: its key is the object's (two bridges
+        of one process on one VirtualGPU still exclude each other)."""
+        return f"{uuid}.sim-{os.getpid()}-{id(self._gpus.get(uuid)):x}"
 
     def _gpu(self, uuid):
         gpu = self._gpus.get(uuid)
