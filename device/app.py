@@ -652,13 +652,15 @@ class App:
             self._unauth_ms = now
             st = self.sup.state
             self.events.push(C.REASON_UNAUTHORIZED, C.SEV_WARNING, True, auth, ref_type, st, st)
-        if auth == sign.AUTH_REPLAY:
+        field = None
+        if auth == sign.AUTH_REPLAY:  # the host's clock went back: it must jump ahead
+            field = "ts"
             why = "replayed: timestamp not newer than this link's last"
         elif auth == sign.AUTH_NONE:
             why = "needs a signature" if self.paired else "module not paired: run modbridge pair"
         else:
             why = "bad signature"
-        self.nack(ref, ref_type, C.ERR_UNAUTHORIZED, None, why)
+        self.nack(ref, ref_type, C.ERR_UNAUTHORIZED, field, why)
 
     def handle(self, msg):
         t = msg.type

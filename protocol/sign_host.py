@@ -82,10 +82,19 @@ class Signer:
     ``link_id & 7``, so two senders to one module need different links. ``clock()``
     returns the current timestamp in 10 us units since 2015-01-01 UTC (default: from
     ``time.time_ns()``); :meth:`next_ts` never repeats or goes back, whatever the clock
-    does. ``last_ts`` is the last timestamp used (0 before the first).
+    does. ``last_ts`` is the last timestamp used (0 before the first): set it higher
+    (a value kept from an earlier run) and the signer continues from there.
+
+    ``reserve`` (None: nothing kept): a callable ``reserve(ts) -> ceiling`` that
+    records, durably, that timestamps up to ``ceiling`` (>= ``ts``) may be used, and
+    returns the ceiling. :meth:`next_ts` calls it before it returns a timestamp above
+    the last ceiling, so a timestamp is never used before it is on record and a
+    process restarted after a crash or a clock step back continues above it (the
+    MAVLink 2 rule: the timestamp persists and never goes back). ``reserved`` is the
+    ceiling (0 before the first call).
     """
 
-    def __init__(self, key, link_id=0, clock=None):
+    def __init__(self, key, link_id=0, clock=None, reserve=None):
         if not isinstance(link_id, int) or isinstance(link_id, bool) or not 0 <= link_id <= 255:
             raise ValueError("link_id must be an integer 0..255, got %r" % (link_id,))
         self._mac = _host_mac(key)
@@ -93,14 +102,19 @@ class Signer:
         self.clock = clock or _default_clock
         self.nonce = None
         self.last_ts = 0
+        self.reserve = reserve
+        self.reserved = 0
 
     def next_ts(self):
-        """A timestamp greater than every one this signer returned: max(clock, last+1)."""
+        """A timestamp greater than every one this signer returned: max(clock, last+1),
+        on record with ``reserve`` (if any) before it is returned."""
         ts = self.clock()
         if ts <= self.last_ts:
             ts = self.last_ts + 1
         if ts > TS_MAX:
             raise SigningError("timestamp past 2**48 - 1: check the signer's clock")
+        if self.reserve is not None and ts > self.reserved:
+            self.reserved = self.reserve(ts)
         self.last_ts = ts
         return ts
 

@@ -125,7 +125,7 @@ from modbridge.link.errors import (  # noqa: F401 - re-exported
 )
 from modbridge.link.heartbeat import HEARTBEAT, checked_fields, heartbeat_fields
 from modbridge.link.io import LinkIO
-from modbridge.link.keys import PAIRING_WINDOW_S, KeyStore, KeyStoreError
+from modbridge.link.keys import PAIRING_WINDOW_S, KeyStore, KeyStoreError, check_uid
 from modbridge.link.port import (  # noqa: F401 - re-exported
     BACKOFF_JITTER,
     BACKOFF_MAX_S,
@@ -144,6 +144,7 @@ from modbridge.link.requests import (  # noqa: F401 - re-exported
     ref_type,
 )
 from modbridge.link.requests import REQUEST_TIMEOUTS as _REQUEST_TIMEOUTS
+from modbridge.link.stamps import TS_SUFFIX, Reservation
 from modbridge.link.supervise import Episodes, supervised
 from modbridge.model import UNPLUG_DEBOUNCE_S, ModuleStatus, silence_timeout_s  # noqa: F401
 from modbridge.sanitize import sanitize
@@ -152,7 +153,8 @@ from protocol import catalog as C
 from protocol.errors import ProtocolError
 from protocol.frame import encode_frame
 from protocol.message import Message, lookup
-from protocol.sign import NONCE_LEN, SIG_LEN, TS_LEN, TS_UNIX_EPOCH, Signer
+from protocol.sign import NONCE_LEN, SIG_LEN, TS_LEN, TS_MAX, TS_UNIX_EPOCH, Signer
+from protocol.sign_host import TS_PER_S
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +170,10 @@ RECENT_EVENTS = 32
 OUT_QUEUE_MAX = 1024  # bytes waiting in the port's output queue: the module is not reading
 DEFAULT_MAX_FRAME = 512  # until the module's hello says otherwise
 LINK_ID = 0  # the bridge's signing link id (one link per module: exclusive open)
+# A refusal for a stale signing timestamp (the host's clock went back further than the
+# kept reservation covers): jump this far ahead, doubling per refusal up to the max.
+TS_JUMP_MIN = 60 * TS_PER_S
+TS_JUMP_MAX = 2**20 * TS_PER_S  # ~12 days a step
 
 # link states
 DOWN = "down"  # port closed (not opened yet, or lost): reopening with backoff
@@ -192,6 +198,15 @@ _TIOCOUTQ = getattr(termios, "TIOCOUTQ", None) if termios is not None else None
 _INT_ZERO = bytes(4)  # the ioctl's int argument (pyserial's TIOCM_zero_str)
 
 
+def stale_timestamp(nack: Message) -> bool:
+    """Whether an ``unauthorized`` NACK refuses a signature's timestamp as not newer
+    than the link's last (SPEC 14.1: ``field`` ``ts``; firmware before that field
+    says so in its ``text``, "replayed: ..."), not the signature itself."""
+    f = nack.fields
+    text = f.get("text")
+    return f.get("field") == "ts" or (isinstance(text, str) and text.startswith("replayed"))
+
+
 class HostSigner(Signer):
     """:class:`protocol.sign.Signer` with the trailer's HMAC-SHA256 from OpenSSL's
     SHA-256 states of the key's two pads, computed once (RFC 2104: each MAC is then a
@@ -199,8 +214,8 @@ class HostSigner(Signer):
     digest looked up by name as ``hmac.digest`` does each call): the same trailer
     bytes (a test holds them equal), a heartbeat a second per module signed cheaper."""
 
-    def __init__(self, key, link_id=0, clock=None):
-        super().__init__(key, link_id=link_id, clock=clock)
+    def __init__(self, key, link_id=0, clock=None, reserve=None):
+        super().__init__(key, link_id=link_id, clock=clock, reserve=reserve)
         secret = bytes(key)
         if len(secret) > _SHA256_BLOCK:
             secret = hashlib.sha256(secret).digest()
@@ -295,6 +310,13 @@ class ModuleLink:
         self._nonce_stale = False  # a boot banner: wait for the new hello before signing
         self._auth_rehello = False  # a refused heartbeat asked for a fresh nonce already
         self._hb_nonces: dict[int, bytes] = {}  # seq -> nonce of the last signed heartbeats
+        self._hb_ts: dict[int, int] = {}  # seq -> timestamp of the last signed heartbeats
+        # the signing timestamp kept on disk beside the module's key (link/stamps.py)
+        self.stamps: Reservation | None = None
+        self._stamps_uid: str | None = None
+        self._ts_step = TS_JUMP_MIN  # the next jump ahead after a stale-timestamp refusal
+        self._jumped_to = 0  # the timestamp the last jump went to (refusals below: older)
+        self.ts_jumps = 0  # jumps ahead made (the module refused a stale timestamp)
         self._key_error_shown: str | None = None  # the last_error the key situation set
 
         self._ser = None
@@ -371,6 +393,7 @@ class ModuleLink:
         else:
             self._close()
         self._set_state(STOPPED)
+        self._settle_stamps()  # nothing is signed any more: keep the last one used
         self._fail_pending(LinkDown(f"{self.port}: link stopped"))
 
     def __enter__(self) -> ModuleLink:
@@ -419,6 +442,8 @@ class ModuleLink:
         except CommandRefused as e:
             if e.code != C.ERR_UNAUTHORIZED:
                 raise
+            if stale_timestamp(e.nack):  # our clock went back: jump ahead until taken
+                return self._ahead_of_stale(name, fields, timeout)
             if self.nonce == used:  # no new hello meanwhile: did the module reboot?
                 try:
                     self._exchange("hello_request", None, None, None)
@@ -427,6 +452,21 @@ class ModuleLink:
                 if self.nonce == used:
                     raise self._unauthorized(name, e.nack) from None
         return self._exchange(name, fields, timeout, self._need_signer(name))
+
+    def _ahead_of_stale(self, name: str, fields: dict | None, timeout: float | None):
+        """``name`` was refused for a stale timestamp: jump ahead (doubling) and send
+        it again until the module takes it (at most ~45 days ahead in 16 tries)."""
+        for _ in range(16):
+            self._timestamp_behind(None)
+            try:
+                return self._exchange(name, fields, timeout, self._need_signer(name))
+            except CommandRefused as e:
+                if e.code != C.ERR_UNAUTHORIZED or not stale_timestamp(e.nack):
+                    if e.code == C.ERR_UNAUTHORIZED:
+                        raise self._unauthorized(name, e.nack) from None
+                    raise
+                nack = e.nack
+        raise self._unauthorized(name, nack)
 
     def request_with_key(self, name: str, fields: dict | None, key: bytes | None,
                          timeout: float | None = None):  # fmt: skip
@@ -446,6 +486,8 @@ class ModuleLink:
 
     def use_key(self, key: bytes) -> None:
         """Sign with ``key`` from now on (after ``pair`` changed the module's secret)."""
+        if self.stamps is None and self.status.module_id:  # first pairing: the key
+            self._load_stamps(self.status.module_id)  # file is there now
         signer = self._make_signer(key)
         with self._wlock:
             self._key = bytes(key)
@@ -474,14 +516,74 @@ class ModuleLink:
         return signer
 
     def _make_signer(self, key: bytes) -> Signer:
-        signer = HostSigner(bytes(key), link_id=self.link_id, clock=_signer_clock)
+        stamps = self.stamps
+        signer = HostSigner(bytes(key), link_id=self.link_id, clock=_signer_clock,
+                            reserve=stamps.reserve if stamps is not None else None)  # fmt: skip
         signer.nonce = self.nonce
         return signer
+
+    def _load_stamps(self, uid: str) -> None:
+        """Keep module ``uid``'s signing timestamps in ``<uid>.ts`` beside its key file,
+        and continue above the one kept there (link/stamps.py). Not with the lock."""
+        if self._stamps_uid == uid:
+            return
+        try:
+            key_path = self.keys.find(uid)
+            stem = check_uid(uid)
+        except KeyStoreError:
+            return
+        if key_path is None:
+            return
+        stamps = Reservation(key_path.with_name(stem + TS_SUFFIX))
+        floor = stamps.load()
+        with self._wlock:
+            self._last_ts = max(self._last_ts, floor)
+            self.stamps, self._stamps_uid = stamps, uid
+
+    def _settle_stamps(self) -> None:
+        """A clean stop: the kept timestamp becomes the last one used."""
+        stamps = self.stamps
+        if stamps is not None:
+            with self._wlock:  # no frame is signed meanwhile; one signed later reserves
+                stamps.settle(self._last_ts)
+                if self._signer is not None:
+                    self._signer.reserved = min(self._signer.reserved, stamps.ceiling)
+
+    def _timestamp_behind(self, sent_ts: int | None) -> None:
+        """The module refused our timestamp as not newer than the last it accepted on
+        our link (the clock went back further than the kept reservation covers, or
+        the file was lost): jump ahead, doubling per refusal. A refusal of a frame
+        sent before the last jump (``sent_ts``) is old news: nothing to do."""
+        with self._wlock:
+            if sent_ts is not None and sent_ts <= self._jumped_to:
+                return
+            step = self._ts_step
+            self._jumped_to = min(max(self._last_ts, _signer_clock()) + step, TS_MAX - 1)
+            self._last_ts = self._jumped_to
+            self._ts_step = min(step * 2, TS_JUMP_MAX)
+        self.ts_jumps += 1
+        uid = sanitize(self.status.module_id or "?")
+        msg = (
+            f"{self.port}: module {uid} refused our signing timestamp as not newer than "
+            f"the last it accepted: this host's clock went back (or another sender uses "
+            f"link {self.link_id}); the key is fine, no need to re-pair: timestamps "
+            f"jumped {step // TS_PER_S} s ahead"
+        )
+        if "ts behind" not in self._logged:  # once per link: the jumps are counted
+            self._logged.add("ts behind")
+            log.warning("%s", msg)
 
     def _unauthorized(self, name: str, nack: Message, unsigned: bool = False) -> Unauthorized:
         uid = sanitize(self.status.module_id or "?")
         if unsigned:
             hint = "the module needs a signed command (is it paired? `modbridge pair`)"
+        elif stale_timestamp(nack):
+            hint = (
+                f"module {uid} refuses our signing timestamps as not newer than the last "
+                f"it accepted, even {self._ts_step // TS_PER_S} s ahead: another sender "
+                f"uses link {self.link_id}, or this host's clock went far back; the key "
+                "is fine: power-cycle the module (a new boot forgets its timestamps)"
+            )
         else:
             try:
                 raw = self.status.module_id or "?"
@@ -884,8 +986,11 @@ class ModuleLink:
             return
         self.heartbeats_sent += 1
         self._hb_nonces[seq] = signer.nonce  # a refusal names the seq: which nonce was it?
+        self._hb_ts[seq] = signer.last_ts
         if len(self._hb_nonces) > 16:
             del self._hb_nonces[next(iter(self._hb_nonces))]
+        if len(self._hb_ts) > 16:
+            del self._hb_ts[next(iter(self._hb_ts))]
 
     # -- receiving -------------------------------------------------------------------
     def _dispatch(self, item, now: float) -> None:
@@ -1032,6 +1137,8 @@ class ModuleLink:
             why = None if key is not None else not_paired_text(self.port, uid)
         except KeyStoreError as e:
             key, why = None, sanitize(f"module {sanitize(uid)}: {e}", None)
+        if key is not None:
+            self._load_stamps(uid)
         if key is not None and paired is False and f"unpaired {uid}" not in self._logged:
             self._logged.add(f"unpaired {uid}")
             log.warning(
@@ -1043,6 +1150,7 @@ class ModuleLink:
         with self._wlock:
             if nonce != self.nonce:
                 self._auth_rehello = False
+                self._ts_step = TS_JUMP_MIN  # a new boot: its links' last are cleared
             self.signing_supported = True
             self.nonce = bytes(nonce)
             if key is None:
@@ -1069,9 +1177,13 @@ class ModuleLink:
         if msg.name == "nack" and f.get("code") == C.ERR_UNAUTHORIZED:
             if ref_type(msg) == C.T_HEARTBEAT:
                 used = self._hb_nonces.pop(ref, None)
+                sent_ts = self._hb_ts.pop(ref, None)
                 if used is not None and used != self.nonce:
                     return  # signed over a nonce replaced since: it crossed a reset
                 self.auth_refusals += 1
+                if stale_timestamp(msg):  # the key is right, our timestamp behind
+                    self._timestamp_behind(sent_ts)
+                    return
                 self._heartbeat_refused()
                 return
             self.auth_refusals += 1
