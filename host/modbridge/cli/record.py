@@ -237,7 +237,13 @@ def report_cmd(recording, output, title, as_json):  # fmt: skip
     """Plot a recording (CSV or JSON lines, from `modbridge record`) as a PNG:
     temperatures, fan duty and rpm, input and GPU power with the power limit, the
     policy level, and events as labelled vertical lines; one column per module."""
+    from modbridge.extras import ExtraMissing, require
     from modbridge.ops.record import RecordingError
+
+    try:
+        require("matplotlib", "modbridge report", "report")
+    except ExtraMissing as e:
+        _fail("report", e, EXIT_RUNTIME)
     from modbridge.ops.report import report_file
 
     out = output or (os.path.splitext(recording)[0] + ".png")

