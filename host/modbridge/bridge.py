@@ -772,7 +772,7 @@ class Bridge:
         res = lim.apply(d.target_limit_w, ",".join(d.reasons), d.values, level=d.level)
         if res.action == "backoff":
             return None
-        if res.action == "refused":
+        if res.action in ("refused", "failed"):  # the same back-off for both
             self._refused[uuid] = (want, now)
         else:
             self._refused.pop(uuid, None)

@@ -91,6 +91,7 @@ class Combined:
         self._mono = monotonic
         self.backoff_first_s, self.backoff_max_s = backoff_first_s, backoff_max_s
         self.fallen = False  # in a fallback episode: the secondary acts
+        self._stand_in_failed = False  # the secondary failed in this episode (alerted)
         self.episodes = 0
         self._retry_at: float | None = None
         self._delay = 0.0
@@ -164,25 +165,45 @@ class Combined:
                 errors.append(e)
         if len(errors) == 2:
             raise errors[0]
-        if self.mode == "fallback" and not self._started[id(self.primary)]:
-            self._fall(f"cannot start: {errors[0]}")
+        if self.mode == "fallback" and not self._started[id(self.primary)] and self._fall():
+            self._fell(f"cannot start: {errors[0]}",
+                       self._started.get(id(self.secondary)) or self._start(self.secondary))
 
-    def _fall(self, why: str) -> None:
+    def _fall(self) -> bool:
+        """The primary failed: the secondary acts until the primary's next try (30 s,
+        doubling to 5 min). True when this begins a fallback episode."""
         self._delay = self.backoff_first_s if not self.fallen else min(
             self.backoff_max_s, self._delay * 2)  # fmt: skip
         self._retry_at = self._mono() + self._delay
-        if not self.fallen:
-            self.fallen = True
-            self.episodes += 1
-            stands_in = self._started.get(id(self.secondary)) or self._start(self.secondary)
-            other = type(self.secondary).__name__
-            self._event("alert", "fallback",
-                        f"{type(self.primary).__name__} {why}; "
-                        + (f"{other} acts instead" if stands_in else f"{other} cannot stand in")
-                        + f" (the primary is tried again after {self._delay:g} s, doubling; "
-                        "one alert per episode)", stands_in=bool(stands_in),
-                        primary=type(self.primary).__name__,
-                        secondary=type(self.secondary).__name__)  # fmt: skip
+        if self.fallen:
+            return False
+        self.fallen = True
+        self.episodes += 1
+        self._stand_in_failed = False
+        return True
+
+    def _fell(self, why: str, stands_in: bool, err: str | None = None) -> None:
+        """The episode's one alert, once the secondary has tried: what failed and
+        whether the secondary stands in (the members' own events are info meanwhile)."""
+        other = type(self.secondary).__name__
+        self._stand_in_failed = not stands_in
+        self._event("alert", "fallback",
+                    f"{type(self.primary).__name__} {why}; "
+                    + (f"{other} acts instead" if stands_in
+                       else f"{other} cannot stand in either ({err or 'cannot start'})")
+                    + f" (the primary is tried again after {self._delay:g} s, doubling; "
+                    "one alert per episode)", stands_in=bool(stands_in),
+                    primary=type(self.primary).__name__,
+                    secondary=type(self.secondary).__name__)  # fmt: skip
+
+    def _quiet_apply(self, m, target_w, reason, values, level):
+        """A member's apply in a fallback: its failures are counted and backed off by
+        the member, alerted here (one alert for the episode of both)."""
+        m.quiet = True
+        try:
+            return self._member_apply(m, target_w, reason, values, level)
+        finally:
+            m.quiet = False
 
     def observe(self, sample) -> None:
         for m in self.members:
@@ -208,12 +229,17 @@ class Combined:
             return next((r for r in results if r.wrote), results[0])
         if self.mode == "only":
             return self._member_apply(self.primary, target_w, reason, values, level)
+        args = (target_w, reason, values, level)
         if self.fallen and self._retry_at is not None and self._mono() < self._retry_at:
-            return self._member_apply(self.secondary, target_w, reason, values, level)
-        res = self._member_apply(self.primary, target_w, reason, values, level)
+            return self._stand_in(self._quiet_apply(self.secondary, *args))
+        res = self._quiet_apply(self.primary, *args)
         if res.action in _FAILED or (res.action == "backoff" and self.fallen):
-            self._fall(f"{res.action}: {res.error}")
-            return self._member_apply(self.secondary, target_w, reason, values, level)
+            began = self._fall()
+            sec = self._quiet_apply(self.secondary, *args)
+            if began:
+                self._fell(f"{res.action}: {res.error}", sec.action not in _FAILED, sec.error)
+                return sec
+            return self._stand_in(sec)
         if self.fallen:
             self.fallen = False
             self._retry_at, self._delay = None, 0.0
@@ -221,6 +247,19 @@ class Combined:
             self._event("info", "fallback_end",
                         f"{type(self.primary).__name__} works again: "
                         f"{type(self.secondary).__name__} released")  # fmt: skip
+        return res
+
+    def _stand_in(self, res):
+        """The secondary's result in an episode: if it fails after it stood in, one
+        alert (the GPU has no working actuator now), not one per try."""
+        if res.action in _FAILED and not self._stand_in_failed:
+            self._stand_in_failed = True
+            self._event("alert", "fallback",
+                        f"{type(self.secondary).__name__}, standing in, fails too "
+                        f"({res.action}: {res.error}); retried with back-off "
+                        "(one alert per episode)", stands_in=False,
+                        primary=type(self.primary).__name__,
+                        secondary=type(self.secondary).__name__)  # fmt: skip
         return res
 
     def restore(self, reason="restore", force=False):

@@ -35,8 +35,10 @@ raised it). Either is an ``external`` event: not holding, the operator's lock be
 the original; holding, it becomes the restore target and our lower lock is written
 again at the next decision.
 
-Refused writes (ClocksRefused, GpuNoPermission) back off 1 s doubling to 5 min with one
-alert per episode; ``dry_run`` logs and writes nothing. Events are ``clocks`` records
+Refused writes (ClocksRefused, GpuNoPermission) and failed ones (the journal refused, the
+GPU unreachable) back off 1 s doubling to 5 min with one alert per episode, like the power
+limit's (a different write, such as the restore after an all-clear, is tried at once);
+``dry_run`` logs and writes nothing. Events are ``clocks`` records
 with the fields of ``power_limit`` ones (``gpu_uuid``, ``level``, ``action``,
 ``reason``, ``message``, ``dry_run``) and MHz numbers (``target_mhz``, ``locked``,
 ``original``, ``current_mhz``).
@@ -248,6 +250,7 @@ class ClockLocker(ActuatorBase):
         """Lock the clocks for ``level`` (or a power target: the WARN clock). Never
         raises a GpuError; ``requested_w``/``clamped_w`` of the result carry MHz."""
         with self._lock:
+            self._trying = ("lower", self.fractions.for_level(level, target_w))
             if not self.started:
                 try:
                     self.start()
@@ -272,6 +275,7 @@ class ClockLocker(ActuatorBase):
         with self._lock:
             if not self.started or not (self._touched or self._dry_lock is not None):
                 return None
+            self._trying = "restore"
             if not force and self._in_backoff():
                 return ApplyResult(None, None, None, False, None, "backoff")
             if not self.dry_run:
@@ -326,9 +330,8 @@ class ClockLocker(ActuatorBase):
         return ApplyResult(mhz, mhz, st.current_mhz, True, None, action)
 
     def _failed(self, mhz, reason, err) -> ApplyResult:
-        self.actions_total["failed"] += 1
-        self._event("alert", "failed", reason,
-                    f"clock lock {mhz if mhz is not None else ''} not written ({reason}): {err}",
+        self._fault("failed", err, reason,
+                    f"clock lock {'' if mhz is None else f'{mhz} MHz '}not written",
                     target_mhz=mhz, state=getattr(err, "state", "journal"))  # fmt: skip
         return ApplyResult(mhz, mhz, None, False, str(err), "failed")
 

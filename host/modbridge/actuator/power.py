@@ -27,9 +27,12 @@ A target is never above the original, so a "lower" can never raise the limit.
 Targets are clamped to the GPU's constraints, a write within 1 W of the current limit
 is skipped, and the enforced limit is read back after every write. A refused write
 (PowerLimitRefused, GpuNoPermission) is an alert event and a count, never an exception
-for the caller: the bridge keeps running and the module keeps cooling. Refusals back
-off exponentially (1 s doubling to 5 min) with one alert per episode; the first write
-that works ends the episode (a ``recovered`` event). ``dry_run`` logs every decision
+for the caller: the bridge keeps running and the module keeps cooling. Refusals and
+failures (the GPU unreachable, the journal refused) back off exponentially (1 s doubling
+to 5 min, for that write only: the restore after an all-clear is tried at once) with one
+alert per episode; the first write that works ends the episode (a ``recovered`` event).
+An operator's limit below the default found at start is the baseline (an ``info``
+event), not a fault. ``dry_run`` logs every decision
 and writes nothing (not even the journal).
 
 Events go to ``log``: an :class:`modbridge.exporter.eventlog.EventLog` (``write("power_limit",
@@ -137,7 +140,12 @@ class ActuatorBase:
         self.backoff_max_s = backoff_max_s
         self.backoff_s = 0.0  # the current back-off delay (0: not in a refusal episode)
         self._retry_at: float | None = None
-        self.episode_refusals = 0  # refusals in the current episode
+        self.episode_refusals = 0  # refused or failed writes in the current episode
+        self._retry_what = None  # what was refused/failed (another write is tried at once)
+        self._trying = None  # what the current apply/restore writes: ("lower", x), "restore"
+        # True while an owner alerts for this actuator instead (Combined's fallback: one
+        # alert for the episode of both members); the events are written at level info
+        self.quiet = False
         self.external_changes = 0
         self._lock = threading.RLock()  # the signal handler may restore mid-apply
         self.last_write_ts: float | None = None  # wall clock of the last successful write
@@ -213,37 +221,52 @@ class ActuatorBase:
             "external_changes": self.external_changes,
         }
 
-    def _in_backoff(self) -> bool:
-        return self._retry_at is not None and self._mono() < self._retry_at
+    def _in_backoff(self, what=None) -> bool:
+        """Is ``what`` (``self._trying`` if None) the write that was refused or failed a
+        moment ago, its back-off not over? Another write (the restore after an
+        all-clear, a deeper cut) is tried at once."""
+        what = self._trying if what is None else what
+        return (self._retry_at is not None and self._mono() < self._retry_at
+                and what == self._retry_what)  # fmt: skip
 
     def _refused_backoff(self) -> bool:
-        """Count a refusal and push the next try out; True for an episode's first."""
+        """Count a refused or failed write and push the next try of it out; True for an
+        episode's first."""
         first = self.episode_refusals == 0
         self.episode_refusals += 1
         self.backoff_s = (
             self.backoff_first_s if first else min(self.backoff_max_s, self.backoff_s * 2)
         )
         self._retry_at = self._mono() + self.backoff_s
+        self._retry_what = self._trying
         return first
 
     def _refused(self, err, reason, what, **numbers) -> None:
-        """A refused write: counted, backed off, alerted once per episode."""
+        """A refused write (the driver said no): see :meth:`_fault`."""
         self.refused_total += 1
-        self.actions_total["refused"] += 1
+        self._fault("refused", err, reason, f"{what} refused",
+                    not_supported=bool(getattr(err, "not_supported", False)),
+                    **numbers)  # fmt: skip
+
+    def _fault(self, action, err, reason, what, **numbers) -> None:
+        """A write that did not happen (``refused``; ``failed``: the GPU could not be
+        reached, or the journal not written): counted, backed off (1 s doubling to
+        5 min, for that write only), alerted once per episode: refusals and failures
+        are one episode, which the next write that works ends (``recovered``)."""
+        self.actions_total[action] += 1
         if self._refused_backoff():
             self._event(
-                "alert",
-                "refused",
+                "info" if self.quiet else "alert",
+                action,
                 reason,
-                f"{what} refused ({reason}): {err}; retrying after {self.backoff_s:g} s, "
+                f"{what} ({reason}): {err}; retrying after {self.backoff_s:g} s, "
                 f"doubling up to {self.backoff_max_s:g} s (one alert per episode)",
                 backoff_s=self.backoff_s,
-                not_supported=bool(getattr(err, "not_supported", False)),
                 **numbers,
             )
         else:
-            _log.debug("%s: refused again (%d in this episode, next try in %g s)",
-                       self.uuid, self.episode_refusals, self.backoff_s)  # fmt: skip
+            _log.debug("%s: %s again (%d in this episode, next try in %g s): %s", self.uuid,
+                       action, self.episode_refusals, self.backoff_s, err)  # fmt: skip
 
     def _end_episode(self, reason) -> None:
         if self.episode_refusals:
@@ -257,6 +280,7 @@ class ActuatorBase:
         self.episode_refusals = 0
         self.backoff_s = 0.0
         self._retry_at = None
+        self._retry_what = None
 
     def close(self, reason: str = "exit"):
         """Obey ``on_exit``: restore the original, or keep the current setting."""
@@ -396,8 +420,8 @@ class PowerLimiter(ActuatorBase):
 
     def _warn_below_default(self) -> None:
         if self.default_w is not None and self.original_w < self.default_w - SKIP_BAND_W:
-            self._event(
-                "alert",
+            self._event(  # the operator's baseline, not a fault: info, never an alert
+                "info",
                 "start",
                 "start",
                 f"the limit is {self.original_w:g} W, below the default "
@@ -482,6 +506,7 @@ class PowerLimiter(ActuatorBase):
                 except GpuError as e:
                     return self._failed(target_w, None, reason, e, values)
             clamped = min(self.clamp(float(target_w)), self.original_w)
+            self._trying = ("lower", round(clamped))
             waiting = self._backing_off(target_w, clamped)
             if waiting is not None:
                 return waiting
@@ -506,6 +531,7 @@ class PowerLimiter(ActuatorBase):
             )
             if not (self._touched or dry_moved):
                 return None
+            self._trying = "restore"
             if not force:
                 waiting = self._backing_off(self.original_w, self.original_w)
                 if waiting is not None:
@@ -586,13 +612,11 @@ class PowerLimiter(ActuatorBase):
         return ApplyResult(requested, clamped, enforced, True, None, action)
 
     def _failed(self, requested, clamped, reason, err, values) -> ApplyResult:
-        self.actions_total["failed"] += 1
-        self._event(
-            "alert",
+        self._fault(
             "failed",
+            err,
             reason,
-            f"power limit {clamped if clamped is not None else requested} W not "
-            f"written ({reason}): {err}",
+            f"power limit {clamped if clamped is not None else requested} W not written",
             requested_w=requested,
             clamped_w=clamped,
             state=getattr(err, "state", "journal"),
