@@ -560,12 +560,12 @@ class App:
             self.decoder.feed(buf, n, self._on_item)
         except Exception as e:  # noqa: BLE001 - a decoder bug must not stop cooling
             self._internal(e, 0, 0)
-        hb = self.hb
-        if hb.pending:
-            hb.pending = False
-            self._heartbeat_fast(hb)
+        if self.hb.pending:
+            self._heartbeat_fast(self.hb)
 
     def _sink(self, item):
+        if self.hb.pending:  # the fast path's heartbeats first: stream order
+            self._heartbeat_fast(self.hb)
         if not item.ok:
             if item.kind in _NACKED_KINDS:
                 self.fmt = item.fmt
@@ -595,11 +595,19 @@ class App:
             pass
 
     def _heartbeat_fast(self, hb):
-        """A heartbeat taken by the decoder's allocation-free path."""
-        if hb.auth != sign.AUTH_OK:
-            self._unauthorized(hb.seq, C.T_HEARTBEAT, hb.auth)
-            return
-        self._heartbeat(hb.present, hb.values)
+        """Heartbeats taken by the decoder's allocation-free path since the last call.
+
+        A read can hold several: the refused ones are counted (one NACK for the lot)
+        and the latest signed one is used, in whatever order they came. An unsigned,
+        forged or replayed heartbeat never cancels a signed one, nor refreshes
+        anything (SPEC section 14.1)."""
+        hb.pending = False
+        if hb.bad:
+            self._unauthorized(hb.bad_seq, C.T_HEARTBEAT, hb.bad_auth, hb.bad)
+            hb.bad = 0
+        if hb.fresh:
+            hb.fresh = False
+            self._heartbeat(hb.present, hb.values)
 
     def _heartbeat(self, present, values):
         """Signed heartbeat values: host presence and the GPU's temperature/power."""
@@ -645,8 +653,8 @@ class App:
             fields["text"] = text[:96]
         self.send("nack", fields)
 
-    def _unauthorized(self, ref, ref_type, auth):
-        self.auth_failures += 1
+    def _unauthorized(self, ref, ref_type, auth, count=1):
+        self.auth_failures += count
         now = self.hal.ticks_ms()
         if ticks_diff(now, self._unauth_ms) >= _UNAUTH_EVENT_MS:
             self._unauth_ms = now

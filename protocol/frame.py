@@ -247,7 +247,13 @@ class HeartbeatState:
 
     - ``pending``: True after each heartbeat frame taken this way (the application
       clears it); ``seq``, ``minor``, ``auth`` (``protocol.sign.AUTH_*``) and ``link``
-      (-1 unsigned) describe that frame, whatever its signature;
+      (-1 unsigned) describe the LATEST such frame, whatever its signature. One read
+      can hold several, so the application never decides from ``auth`` alone:
+    - ``fresh``: True once an ``AUTH_OK`` heartbeat was taken (the application clears
+      it), whatever came after it: an unsigned heartbeat right behind the host's
+      signed one cannot hide it (issue 23 item 10);
+    - ``bad``: how many refused heartbeats (any other auth) were taken since the
+      application cleared it; ``bad_seq`` and ``bad_auth`` name the latest;
     - ``values`` (``array('i')``, indexed like the catalog's heartbeat fields) and
       ``present`` (bit i = field i) are updated ONLY when ``auth`` is ``AUTH_OK``:
       a forged, replayed, stale-nonce or unsigned heartbeat leaves them untouched.
@@ -280,6 +286,10 @@ class HeartbeatState:
         self.auth = AUTH_NONE
         self.link = -1
         self.pending = False
+        self.fresh = False
+        self.bad = 0
+        self.bad_seq = 0
+        self.bad_auth = AUTH_NONE
         self.taken = 0
         self.accepted = 0
         self.refused = 0
@@ -426,6 +436,9 @@ class HeartbeatState:
         self.taken += 1
         if self.auth != AUTH_OK:
             self.refused += 1
+            self.bad += 1
+            self.bad_seq = self.seq
+            self.bad_auth = self.auth
             return True
         values = self.values
         scratch = self._scratch
@@ -436,6 +449,7 @@ class HeartbeatState:
             i += 1
         self.present = present
         self.wide = wide
+        self.fresh = True
         self.accepted += 1
         return True
 
