@@ -148,16 +148,30 @@ def test_auto_falls_back_to_nvidia_smi(tmp_path):
     assert isinstance(b, SmiBackend) and [i.uuid for i in b.devices()] == ["GPU-x"]
 
 
-def test_auto_with_nothing_says_what_was_tried_and_what_to_do():
+def test_auto_with_no_driver_says_it_once_in_one_short_line(caplog):
+    """A machine without a GPU: no NVML library, no nvidia-smi. One line, no
+    'trying nvidia-smi' warning, no reason or advice repeated."""
     nv = FakeNvml()
     nv.fail("nvmlInit", "NVMLError_LibraryNotFound")
-    with pytest.raises(GpuError) as e:
+    with caplog.at_level("WARNING"), pytest.raises(GpuError) as e:
         open_backend("auto", nvml_module=nv, smi_path="/nonexistent/nvidia-smi")
     msg = str(e.value)
-    assert msg.startswith("no NVIDIA GPU backend: NVML: ")
-    assert "libnvidia-ml.so.1 not found" in msg
+    assert "\n" not in msg and len(msg) < 100, msg
+    assert msg.count("install") == 1 and "--sim" in msg and "nvidia-smi" in msg, msg
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+def test_auto_with_a_broken_driver_says_what_was_tried_and_what_to_do(caplog):
+    nv = FakeNvml()
+    nv.fail("nvmlInit", "NVMLError_DriverNotLoaded")
+    with caplog.at_level("WARNING"), pytest.raises(GpuError) as e:
+        open_backend("auto", nvml_module=nv, smi_path="/nonexistent/nvidia-smi")
+    msg = str(e.value)
+    assert msg.startswith("no NVIDIA GPU backend: NVML: NVIDIA driver not loaded"), msg
     assert "nvidia-smi: nvidia-smi not found" in msg
     assert msg.endswith("Install the NVIDIA driver, or run with --sim")
+    assert msg.lower().count("install") == 1, msg
+    assert not caplog.records
 
 
 def test_sim(world):

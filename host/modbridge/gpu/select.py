@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import re
 
-from modbridge.gpu.base import GpuBackend, GpuError
+from modbridge.gpu.base import GpuBackend, GpuDriverNotLoaded, GpuError
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,41 @@ def open_backend(kind="auto", sim_gpus=None, nvml_module=None, smi_path=None) ->
     try:
         return NvmlBackend(nvml=nvml_module)
     except GpuError as e:
-        nvml_why = str(e)
-    log.warning("NVML unavailable (%s); trying nvidia-smi (~2000x slower per read)", nvml_why)
+        nvml_err = e
     try:
-        return SmiBackend(smi_path=smi_path)
+        smi = SmiBackend(smi_path=smi_path)
     except GpuError as e:
-        smi_why = str(e)
+        smi_err = e
+    else:  # said once, and only when the fallback is what runs
+        log.warning("NVML unavailable (%s); using nvidia-smi (~2000x slower per read)",
+                    _reason(nvml_err))  # fmt: skip
+        return smi
+    if _absent(nvml_err) and _absent(smi_err):
+        raise GpuError(NO_DRIVER)  # a machine without a GPU: one short line
     raise GpuError(
-        f"no NVIDIA GPU backend: NVML: {nvml_why}; nvidia-smi: {smi_why}. "
+        f"no NVIDIA GPU backend: NVML: {_reason(nvml_err)}; nvidia-smi: {_reason(smi_err)}. "
         "Install the NVIDIA driver, or run with --sim"
+    )
+
+
+NO_DRIVER = (
+    "no NVIDIA driver here (neither libnvidia-ml.so.1 nor nvidia-smi): install it, "
+    "or run with --sim"
+)
+# where a backend's message turns from what went wrong to what to do about it
+_HINT = re.compile(r"(;|:|\.) (install|load it|use --)", re.I)
+
+
+def _reason(err: Exception) -> str:
+    """What went wrong, without the backend's own advice (said once, at the end)."""
+    msg = str(err)
+    m = _HINT.search(msg)
+    return msg[: m.start()] if m else msg
+
+
+def _absent(err: Exception) -> bool:
+    """The backend's library or program is not installed at all (no driver)."""
+    msg = str(err)
+    return isinstance(err, GpuDriverNotLoaded) and (
+        "libnvidia-ml.so.1 not found" in msg or "nvidia-smi not found" in msg
     )
