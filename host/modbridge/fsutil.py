@@ -4,6 +4,7 @@ the modules' keys): all-or-nothing writes that survive a crash or a power cut.""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -115,3 +116,21 @@ def create_new(path, mode: int = 0o600, flags: int = os.O_WRONLY) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def chmod_chown_nofollow(path, mode: int, uid: int = -1, gid: int = -1,
+                         kind=stat.S_ISSOCK) -> None:  # fmt: skip
+    """Set the mode (and owner) of the file at ``path`` without following a symlink:
+    the file is opened ``O_PATH|O_NOFOLLOW``, checked (``kind``, e.g. a socket; owned
+    by this user) on that descriptor, and changed through it. OSError otherwise."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not kind(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, "not the file this process created", str(path))
+        through = f"/proc/self/fd/{fd}"  # the inode the descriptor holds, not a path
+        os.chmod(through, mode)
+        if uid != -1 or gid != -1:
+            os.chown(through, uid, gid)
+    finally:
+        os.close(fd)

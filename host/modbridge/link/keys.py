@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modbridge.errors import ModbridgeError
-from modbridge.fsutil import atomic_write, fsync_dir
+from modbridge.fsutil import UnsafeDirectory, atomic_write, check_private_dir, fsync_dir
 from protocol.sign import KEY_LEN, new_key
 
 log = logging.getLogger(__name__)
@@ -169,9 +169,15 @@ def read_key_file(path, pair_hint: str = "modbridge pair <port>") -> bytes | Non
             ) from None
         raise KeyDirError(f"{p}: cannot read: {e.strerror or e}") from None
     try:
+        _check_dir(p.parent)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise KeyFileInvalid(f"{p} is not a regular file: remove it and run `{pair_hint}`")
+        if st.st_uid not in (0, os.geteuid()):
+            raise KeyFileInsecure(
+                f"{p} is owned by uid {st.st_uid}, neither root nor this user: "
+                f"`chown {os.geteuid()} {p}` if it is yours, else run `{pair_hint} --force`"
+            )
         if st.st_mode & 0o077:
             raise KeyFileInsecure(
                 f"{p} is readable or writable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
@@ -199,6 +205,15 @@ def write_key_file(path, key: bytes) -> Path:
     except OSError as e:
         raise KeyDirError(f"{p}: cannot write the key: {e.strerror or e}") from None
     return p
+
+
+def _check_dir(d: Path) -> None:
+    """Refuse a key directory others can write or that another user owns (KeyDirError
+    with the chmod/chown that fixes it): :func:`modbridge.fsutil.check_private_dir`."""
+    try:
+        check_private_dir(d, "key directory")
+    except UnsafeDirectory as e:
+        raise KeyDirError(str(e)) from None
 
 
 def _fsync_dir(d: Path) -> None:
@@ -340,6 +355,7 @@ class KeyStore:
                     log.info("%s: tightened to mode 0700", d)
             else:
                 os.chmod(d, _DIR_MODE)  # whatever the umask
+            _check_dir(d)
         except PermissionError:
             raise KeyDirError(
                 f"{d}: permission denied: give a directory you may write (--keys-dir), "

@@ -3,12 +3,15 @@
 
 A Unix stream socket (default ``$RUNTIME_DIRECTORY/control.sock``, else
 ``<state_dir>/control.sock``), mode 0660, owned by root (when the bridge runs as
-root) and the group ``control_group``. Every connection's peer is checked with
+root) and the group ``control_group``, set on the socket itself, never through a path
+that could be a link; its directory must be one only root or the bridge's user can
+write (:func:`modbridge.fsutil.check_private_dir`). Every connection's peer is checked with
 ``SO_PEERCRED``: root, the bridge's own uid, or a member of that group; anyone else
 gets ``{"ok": false, "error": "forbidden", ...}`` and is logged.
 
 Protocol: one JSON object per connection, one line (at most
-:data:`MAX_REQUEST` bytes), answered by one JSON line::
+:data:`MAX_REQUEST` bytes, nested at most :data:`MAX_DEPTH` deep), answered by one JSON
+line::
 
     {"module": "gpu0", "name": "fan_mode", "fields": {"mode": 1, "duty1": 26214},
      "telemetry": true}
@@ -49,6 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from modbridge.errors import ModbridgeError
+from modbridge.fsutil import UnsafeDirectory, check_private_dir, chmod_chown_nofollow
 from modbridge.ops import control as ctl
 from modbridge.sanitize import sanitize
 from modbridge.wakepipe import WakePipe
@@ -57,6 +61,7 @@ log = logging.getLogger(__name__)
 
 SOCKET_NAME = "control.sock"
 MAX_REQUEST = 16384  # bytes of one request line (a 64-key config_set is ~3 KB)
+MAX_DEPTH = 16  # nesting of a request's arrays and objects (a fan curve's is 3)
 MAX_REPLY = 1 << 20
 READ_TIMEOUT_S = 2.0  # a client has this long to send its request line
 WRITE_TIMEOUT_S = 2.0
@@ -198,6 +203,32 @@ def _check_path_len(path: Path) -> None:
                           "choose a shorter --control-socket")  # fmt: skip
 
 
+def nesting_within(line: bytes, limit: int) -> bool:
+    """Whether the JSON text ``line`` nests arrays and objects at most ``limit`` deep
+    (brackets inside strings do not count). Checked before ``json.loads``, whose
+    recursion a flood of ``[`` would otherwise exhaust."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return True
+    depth, in_str, esc = 0, False, False
+    for b in line:
+        if in_str:
+            if esc:
+                esc = False
+            elif b == 0x5C:  # backslash
+                esc = True
+            elif b == 0x22:  # quote
+                in_str = False
+        elif b == 0x22:
+            in_str = True
+        elif b in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return False
+        elif b in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return True
+
+
 def _dumps(obj) -> bytes:
     def default(o):
         if isinstance(o, (bytes, bytearray)):
@@ -250,13 +281,16 @@ class ControlServer:
         _check_path_len(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            check_private_dir(self.path.parent, "control socket's directory")
             self._clear_stale()
         except OSError as e:
             raise SocketError(f"{self.path}: cannot listen: {e}") from None
+        except UnsafeDirectory as e:
+            raise SocketError(str(e)) from None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(str(self.path))
-            os.chmod(self.path, 0o660)
+            chmod_chown_nofollow(self.path, 0o660)  # never through a link planted there
             self._set_owner()
             sock.listen(MAX_CLIENTS)
             sock.setblocking(False)
@@ -299,7 +333,7 @@ class ControlServer:
         if uid == -1 and gid == -1:
             return
         try:
-            os.chown(self.path, uid, gid)
+            chmod_chown_nofollow(self.path, 0o660, uid, gid)
         except OSError as e:
             log.warning("%s: cannot give the control socket to group %s: %s (only this "
                         "user and root can use it)", self.path, self.group, e)  # fmt: skip
@@ -421,9 +455,15 @@ class ControlServer:
         return bytes(buf.split(b"\n", 1)[0])
 
     def _answer(self, line: bytes, pid: int) -> dict:
+        if not nesting_within(line, MAX_DEPTH):
+            self.errors += 1
+            log.warning("control socket: a request from pid %d nested deeper than %d refused",
+                        pid, MAX_DEPTH)  # fmt: skip
+            return _error("malformed", f"a request nests arrays and objects {MAX_DEPTH} deep "
+                          "at most")  # fmt: skip
         try:
             req = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
             self.errors += 1
             log.warning("control socket: malformed request from pid %d: %s (%r)", pid, e,
                         sanitize(line[:60].decode("utf-8", "replace")))  # fmt: skip
