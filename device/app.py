@@ -48,6 +48,12 @@ _INA_RETRY_MS = const(5000)
 _DIE_FRESH_MS = const(3000)  # a heartbeat die temperature older than this is stale
 _DIE_SLOWDOWN_MARGIN_MC = const(5000)  # the die loop's setpoint: at most slowdown - this
 _DIE_SP_NO_SLOWDOWN_MC = const(76500)  # ... or this without one (an RTX 30xx: 83 - 6.5)
+# The learned slowdown and offset (device.safety.learn) reach the flash when they moved
+# by LEARNED_STEP_MC or more: when the host is lost (a transition), else at most once
+# per LEARNED_SAVE_MS; a failed write is retried after LEARNED_RETRY_MS at the soonest.
+LEARNED_STEP_MC = const(1000)
+LEARNED_SAVE_MS = const(1800000)  # 30 min
+LEARNED_RETRY_MS = const(60000)
 REPL_FLAG = "repl.flag"  # in fs_dir: the next boot stays in the REPL
 MODE_AUTO = const(0)
 MODE_MANUAL = const(1)
@@ -144,6 +150,7 @@ class App:
         self._unauth_ms = now - _UNAUTH_EVENT_MS
         self.config_source = "factory"
         _commands().boot_config(self)
+        self._load_learned()
         _release()  # configured: the config code's RAM is free again (device.commands)
         if hal.reset_cause() == "watchdog":
             self.events.push(
@@ -179,6 +186,41 @@ class App:
         self.ina = dev
         self.pm_fault = False
         return True
+
+    # -- what the module learned from its host (device.config "learned" record) ------
+    def _load_learned(self):
+        from device import config  # boot only: _release() forgets it
+
+        sf = self.safety
+        sf.learn_slow_mc, sf.learn_off_mc = config.load_learned(self.hal.fs_dir)
+        self._saved_slow = sf.learn_slow_mc
+        self._saved_off = sf.learn_off_mc
+        self._saved_ms = self.hal.ticks_ms()
+
+    def _keep_learned(self, now, host_ok):
+        """Write the learned record when it moved by a degree or more: at once when
+        the host is lost, else at most every ``LEARNED_SAVE_MS`` (flash wear).
+        Allocates only when it writes."""
+        sf = self.safety
+        d = sf.learn_off_mc - self._saved_off
+        if sf.learn_slow_mc == self._saved_slow and -LEARNED_STEP_MC < d < LEARNED_STEP_MC:
+            return
+        wait = LEARNED_SAVE_MS if host_ok else LEARNED_RETRY_MS
+        if ticks_diff(now, self._saved_ms) < wait:
+            return
+        self._saved_ms = now
+        slow = sf.learn_slow_mc
+        off = sf.learn_off_mc
+        try:
+            from device import config
+
+            config.save_learned(self.hal.fs_dir, slow, off)
+        except (OSError, MemoryError):
+            return  # retried later; the values in RAM still rule
+        finally:
+            _unload("device.config")
+        self._saved_slow = slow
+        self._saved_off = off
 
     # -- output ------------------------------------------------------------------
     def _next_seq(self):
@@ -344,24 +386,35 @@ class App:
         host_ok = self.hb_seen and ticks_diff(now, self.hb_ms) < self.host_timeout_ms
         booted = self.ticks > _BOOT_TICKS
         sup = self.sup
-        # the GPU channel's limits follow the GPU's slowdown (host only; never raised)
-        sup.follow_slowdown(self.gpu_slowdown_mc if host_ok else 0)
+        prot = sf.prot_mc
+        # the host's die, when fresh: the die-margin floor (device.safety) and, with a
+        # slowdown and a valid GPU channel, the offset learned for standalone limits
+        fresh = host_ok and self.gpu_temp_mc is not None
+        fresh = fresh and ticks_diff(now, self.gpu_temp_ms) < _DIE_FRESH_MS
+        slow = self.gpu_slowdown_mc if host_ok else 0
+        sf.slow_mc = slow if fresh else 0
+        sf.die_mc = self.gpu_temp_mc if fresh else 0
+        # the GPU channel's limits follow the GPU's slowdown, never raised: the host's
+        # while its die counts on the channel (below), else the last one learned, less
+        # the probe-to-die offset learned (device.failsafe.follow_slowdown)
+        if fresh and slow and prot[0] != NTC.INVALID:
+            sf.learn(slow, self.gpu_temp_mc, prot[0], dt)
+            sup.follow_slowdown(slow, 0)
+            # the host's die temperature counts on the GPU channel too, offset so
+            # that it warns at slowdown - 2 degC (the NTC may sit far below the die)
+            p = self._prot
+            i = 0
+            while i < _N_CH:
+                p[i] = prot[i]
+                i += 1
+            d = self.gpu_temp_mc - FS.DIE_OFFSET_MC
+            if d > p[0]:
+                p[0] = d
+            prot = p
+        else:
+            sup.follow_slowdown(slow if slow else sf.learn_slow_mc, sf.learn_off_mc)
         c0 = sup.crit_mc[0]
         sf.crit_mc[0] = c0 if c0 < self._crit0 else self._crit0
-        prot = sf.prot_mc
-        if sup.slowdown_mc and self.gpu_temp_mc is not None:
-            if ticks_diff(now, self.gpu_temp_ms) < _DIE_FRESH_MS and prot[0] != NTC.INVALID:
-                # the host's die temperature counts on the GPU channel too, offset so
-                # that it warns at slowdown - 2 degC (the NTC may sit far below the die)
-                p = self._prot
-                i = 0
-                while i < _N_CH:
-                    p[i] = prot[i]
-                    i += 1
-                d = self.gpu_temp_mc - FS.DIE_OFFSET_MC
-                if d > p[0]:
-                    p[0] = d
-                prot = p
         if self.mode == MODE_MANUAL:
             self._manual_lease(now, host_ok, sup.causes)
         sup.update(
@@ -383,8 +436,6 @@ class App:
         valid = self.controlled & ~(bad | stuck | implaus)
         idx = worst_channel(self.temps, self.setpoints, valid, self.worst_out)
         # the die estimate's envelope (device.control.estimator), updated every tick
-        fresh = host_ok and self.gpu_temp_mc is not None
-        fresh = fresh and ticks_diff(now, self.gpu_temp_ms) < _DIE_FRESH_MS
         env = self.est.update(
             self.temps[0] if valid & 1 else _NO_EST,
             self.gpu_temp_mc if fresh else 0,
@@ -454,6 +505,7 @@ class App:
             if ticks_diff(now, self.next_tel) >= 0:
                 self.next_tel = ticks_add(now, self.telemetry_ms)
             self.telemetry(now)
+        self._keep_learned(now, host_ok)
 
     def _autotune(self, dt, idx, state):
         """The relay autotune's request, -1 when it does not run: it replaces the

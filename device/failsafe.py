@@ -127,6 +127,7 @@ class Supervisor:
         self.warn_cfg0 = self.warn_mc[0]
         self.crit_cfg0 = self.crit_mc[0]
         self.slowdown_mc = 0
+        self.offset_mc = 0  # the probe-to-die offset the limits were set with
         controlled = 0
         i = 0
         while i < self.n:
@@ -151,21 +152,32 @@ class Supervisor:
         self.tach = 0
         self.host_seen = False
 
-    def follow_slowdown(self, slowdown_mc):
+    def follow_slowdown(self, slowdown_mc, offset_mc=0):
         """Set the GPU channel's warning/critical limits to ``min(configured,
-        slowdown_mc - margin)``; ``slowdown_mc`` 0 (no host, or a heartbeat without
-        it) restores the configured ones. Never raises a limit above its configured
-        value. Called every tick; allocates nothing."""
-        if slowdown_mc == self.slowdown_mc:
+        slowdown_mc - margin, slowdown_mc - offset_mc - standalone margin)``;
+        ``slowdown_mc`` 0 (never hosted) restores the configured ones. ``offset_mc``:
+        how far the GPU channel may read below the die (0 while the host's die counts
+        itself). Never raises a limit above its configured value. Called every tick;
+        allocates nothing."""
+        if slowdown_mc == self.slowdown_mc and offset_mc == self.offset_mc:
             return
         self.slowdown_mc = slowdown_mc
+        self.offset_mc = offset_mc
         w = self.warn_cfg0
         c = self.crit_cfg0
         if slowdown_mc > 0:
-            if slowdown_mc - SLOWDOWN_WARN_MARGIN_MC < w:
-                w = slowdown_mc - SLOWDOWN_WARN_MARGIN_MC
-            if slowdown_mc - SLOWDOWN_CRIT_MARGIN_MC < c:
-                c = slowdown_mc - SLOWDOWN_CRIT_MARGIN_MC
+            lw = slowdown_mc - SLOWDOWN_WARN_MARGIN_MC
+            x = slowdown_mc - offset_mc - F.STANDALONE_WARN_MARGIN_MC
+            if x < lw:
+                lw = x
+            lc = slowdown_mc - SLOWDOWN_CRIT_MARGIN_MC
+            x = slowdown_mc - offset_mc - F.STANDALONE_CRIT_MARGIN_MC
+            if x < lc:
+                lc = x
+            if lw < w:
+                w = lw
+            if lc < c:
+                c = lc
         self.warn_mc[0] = w
         self.crit_mc[0] = c
 

@@ -70,6 +70,27 @@ SAFETY_MINIMUMS = (
 HOT_START_MC = _t(80000, 88000, 110000, None)
 HOT_FULL_MC = _t(95000, 100000, 130000, None)
 
+# --- the die-margin floor: the GPU's own margin to its slowdown -----------------------
+# With a host, the heartbeat carries the die temperature and the GPU's slowdown
+# temperature. A fresh die within DIE_START_MARGIN_MC of the slowdown ramps the floor
+# linearly from the fan's min_spin to 100 % at slowdown - DIE_FULL_MARGIN_MC, whatever
+# the mode, curve or gains say. It starts above the die loop's setpoint (slowdown -
+# 5 degC, device/app.py), so normal regulation never meets it.
+DIE_START_MARGIN_MC = const(4000)
+DIE_FULL_MARGIN_MC = const(1000)
+
+# --- standalone: limits from the last slowdown and probe-to-die offset seen ----------
+# The module keeps the last slowdown it was sent and the largest recent offset between
+# the host's die and the GPU channel's protection reading (clamped to 0..OFFSET_MAX_MC,
+# raised at once, lowered by OFFSET_DOWN_MC every OFFSET_DOWN_MS); without a host the
+# GPU channel warns at min(configured, slowdown - offset - STANDALONE_WARN_MARGIN_MC)
+# and is critical at min(configured, slowdown - offset - STANDALONE_CRIT_MARGIN_MC).
+OFFSET_MAX_MC = const(15000)
+OFFSET_DOWN_MC = const(1000)
+OFFSET_DOWN_MS = const(600000)  # 1 degC per 10 minutes
+STANDALONE_WARN_MARGIN_MC = const(3000)
+STANDALONE_CRIT_MARGIN_MC = const(0)
+
 # --- calibration band ---------------------------------------------------------------
 # A channel's calibrated reading is clamped to the board's nominal NTC curve
 # +- CAL_BAND_MC, so no correction can hide a hot sensor by more than this.
@@ -155,3 +176,23 @@ def hot_floor(i, temp_mc, min_spin):
     num = temp_mc - start
     den = full - start
     return min_spin + (num // 10) * span // (den // 10)
+
+
+def die_floor(die_mc, slowdown_mc, min_spin):
+    """The die-margin floor for a fresh die temperature ``die_mc`` and the GPU's
+    slowdown ``slowdown_mc`` (0: not known -> 0): 0 below slowdown - 4 degC, rising
+    linearly from ``min_spin`` to 100 % at slowdown - 1 degC (ints only).
+
+    >>> die_floor(80000, 87000, 13107), die_floor(86000, 87000, 13107)
+    (0, 65535)
+    """
+    if slowdown_mc <= 0:
+        return 0
+    start = slowdown_mc - DIE_START_MARGIN_MC
+    if die_mc < start:
+        return 0
+    full = slowdown_mc - DIE_FULL_MARGIN_MC
+    if die_mc >= full:
+        return DUTY_FULL
+    # (die - start) < 3000 and span < 65536: the product stays below 2**28
+    return min_spin + (die_mc - start) * (DUTY_FULL - min_spin) // (full - start)

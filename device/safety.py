@@ -8,7 +8,8 @@ tests/test_safety_machine.py try to break them):
 S1 **Floors are code.** Each fan gets at least its model's minimum spin duty, the
    floor of every active cause (boot, host lost, sensor fault, stall, over-temperature:
    ``device.floors``, raised but never lowered by ``safety.*`` config), the hot floor
-   that rises with temperature, and 100 % at critical. No command, config or mode
+   that rises with temperature, the die-margin floor that rises as the host's die
+   nears the GPU's slowdown, and 100 % at critical. No command, config or mode
    goes below ``max`` of them.
 S2 **Bounded calibration.** A channel's calibrated reading is clamped to the board's
    nominal NTC curve +- ``CAL_BAND_MC`` for control; protection (over-temperature,
@@ -110,6 +111,17 @@ class Safety:
         self._key = CAUSE_BOOT
         self.causes = 0
         self.hot = 0  # hot floor of the last tick
+        # the die-margin floor's inputs, set by the app every tick: the host's fresh
+        # die temperature and the GPU's slowdown (0 = no host, stale or not sent)
+        self.die_mc = 0
+        self.slow_mc = 0
+        # learned from the host (the device.config "learned" record), for the limits
+        # without one (device.failsafe ``follow_slowdown``): the last slowdown it sent
+        # and the probe-to-die offset; 0 = never hosted. Kept here, not in the
+        # supervisor, because a reconfiguration replaces the supervisor.
+        self.learn_slow_mc = 0
+        self.learn_off_mc = 0
+        self._off_ms = 0  # time the offset seen has stayed below the learned one
 
     def configure(self, cfg):
         """Take the config's floors where they are higher than the compiled ones."""
@@ -127,6 +139,28 @@ class Safety:
             crit = chans[i]["crit_mc"]
             self.crit_mc[i] = crit if full is None or crit < full else full
             i += 1
+
+    def learn(self, slowdown_mc, die_mc, prot_mc, dt):
+        """With a host: keep its slowdown and the offset of its fresh die over the GPU
+        channel's protection reading ``prot_mc`` (clamped to 0..``OFFSET_MAX_MC``):
+        raised at once, lowered by ``OFFSET_DOWN_MC`` per ``OFFSET_DOWN_MS`` while the
+        offset seen stays below it. Ints only, no allocation."""
+        if slowdown_mc > 0:
+            self.learn_slow_mc = slowdown_mc
+        off = die_mc - prot_mc
+        if off < 0:
+            off = 0
+        elif off > F.OFFSET_MAX_MC:
+            off = F.OFFSET_MAX_MC
+        if off >= self.learn_off_mc:
+            self.learn_off_mc = off
+            self._off_ms = 0
+            return
+        self._off_ms += dt
+        if self._off_ms >= F.OFFSET_DOWN_MS:
+            self._off_ms = 0
+            v = self.learn_off_mc - F.OFFSET_DOWN_MC
+            self.learn_off_mc = v if v > off else off
 
     # -- S2: bounded readings -----------------------------------------------------
     def bound(self, i, code, cal_mc):
@@ -234,6 +268,10 @@ class Safety:
                     hot = h
             i += 1
         self.hot = hot
+        # S1: the die-margin floor (a die near the GPU's slowdown: full cooling)
+        h = F.die_floor(self.die_mc, self.slow_mc, self.min_spin)
+        if h > hot:
+            hot = h
         if hot > fl:
             fl = hot
         if causes & CAUSE_CRIT:

@@ -135,7 +135,9 @@ def test_app_warns_below_the_configured_limit_when_the_gpu_slows_down_earlier():
     assert not app.sup.crit and app.sup.over & 1
 
 
-def test_app_reverts_to_the_configured_limits_without_the_host():
+def test_app_keeps_the_learned_limits_without_the_host():
+    # issue 23 item 15: without a host the limits follow the last slowdown it sent
+    # (here the die reads below the NTC: a learned offset of 0)
     h = SlowdownHost()
     h.host(True)
     h.set_temp(0, 77.0)
@@ -144,15 +146,19 @@ def test_app_reverts_to_the_configured_limits_without_the_host():
     assert app.sup.over & 1
     before = min(h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16())
     h.host(False)
-    items = _run(h, 8000)  # past host_timeout_ms: STANDALONE, limits as configured
-    assert app.sup.state == C.STATE_STANDALONE, C.STATES[app.sup.state]
-    assert app.sup.warn_mc[0] == 85000 and app.safety.crit_mc[0] == 90000
-    assert not app.sup.over
-    cleared = [e for e in _events(items, C.REASON_OVER_TEMP) if not e.fields["active"]]
-    assert cleared, items
+    _run(h, 8000)  # past host_timeout_ms: STANDALONE, the learned limits
+    assert app.sup.reason == C.REASON_OVER_TEMP, C.REASONS[app.sup.reason]
+    assert app.sup.warn_mc[0] == 83000 - WARN_M and app.safety.crit_mc[0] == 83000 - CRIT_M
+    assert app.sup.over & 1
     # the host-loss hold keeps what the fans ran at (the harness checks it every tick)
     assert min(h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) >= before
-    # the host comes back: lowered again
+    h.set_temp(0, 60.0)
+    items = _run(h, 8000)
+    assert app.sup.state == C.STATE_STANDALONE, C.STATES[app.sup.state]
+    cleared = [e for e in _events(items, C.REASON_OVER_TEMP) if not e.fields["active"]]
+    assert cleared, items
+    # the host comes back: its slowdown rules again
+    h.set_temp(0, 77.0)
     h.host(True)
     _run(h, 3000)
     assert app.sup.warn_mc[0] == 83000 - WARN_M and app.sup.over & 1
@@ -175,9 +181,9 @@ def test_a_heartbeat_without_the_slowdown_or_above_the_limits_changes_nothing():
     h.slowdown = 84000  # lowered by the next heartbeat, at 80 degC: a warning now
     _run(h, 3000)
     assert app.sup.warn_mc[0] == 84000 - WARN_M and app.sup.over & 1
-    h.slowdown = 0  # a host that stops sending it: back to the configured limits
-    _run(h, 3000)
-    assert app.sup.warn_mc[0] == 85000 and not app.sup.over
+    h.slowdown = 0  # a host that stops sending it: the last slowdown it sent stays
+    _run(h, 3000)  # (issue 23 item 15: limits follow what the module learned)
+    assert app.sup.warn_mc[0] == 84000 - WARN_M and app.sup.over & 1
 
 
 def test_the_hosts_die_temperature_warns_before_the_slowdown_whatever_the_ntc_reads():
