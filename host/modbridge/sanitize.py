@@ -83,6 +83,17 @@ def sanitize(value, max_len: int | None = MAX_LEN) -> str:
     return out  # pragma: no cover - len(out) > max_len >= room
 
 
+def sanitize_lines(text) -> str:
+    """``text`` for a terminal, line by line: each line :func:`sanitize`-d with no
+    bound, joined by ``\n`` again. For output our code laid out in lines, whatever
+    wire text went into it: the last guard before ``click.echo``."""
+    if not isinstance(text, str):
+        text = sanitize(text, None)
+    if text.isprintable():
+        return text
+    return "\n".join(sanitize(line, None) for line in text.split("\n"))
+
+
 def _truncated(s: str, max_len: int) -> str:
     """``s`` cut to end in ``...`` within ``max_len`` characters."""
     if max_len <= len(ELLIPSIS):

@@ -20,6 +20,7 @@ import click
 from modbridge.cli.main import keys_dir_option
 from modbridge.errors import ModbridgeError
 from modbridge.ops import console as K
+from modbridge.sanitize import sanitize_lines
 
 PROMPT = "> "
 _PRINT_EVERY_S = 0.2  # the background printer's look at what the module sent
@@ -30,7 +31,7 @@ def register(group) -> None:
 
 
 def _fail(msg: str, code: int) -> None:
-    click.echo(f"modbridge console: {msg}", err=True)
+    click.echo(sanitize_lines(f"modbridge console: {msg}"), err=True)
     sys.exit(code)
 
 

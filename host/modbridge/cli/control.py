@@ -22,6 +22,7 @@ import click
 from modbridge.cli.bridge import config_group
 from modbridge.errors import ModbridgeError
 from modbridge.ops import control as ctl
+from modbridge.sanitize import sanitize_lines
 
 EXIT_USAGE = 2
 
@@ -47,7 +48,7 @@ def _target_options(f):
 
 
 def _die(cmd: str, err, code: int | None = None) -> None:
-    click.echo(f"modbridge {cmd}: {err}", err=True)
+    click.echo(sanitize_lines(f"modbridge {cmd}: {err}"), err=True)  # wire text in errors too
     sys.exit(code if code is not None else getattr(err, "exit_code", 1))
 
 

@@ -4,26 +4,29 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 import click
 
 from modbridge import __version__
 from modbridge.errors import ModbridgeError
+from modbridge.sanitize import sanitize_lines
 
 
 class _Main(click.Group):
     """The top-level group. A reader that goes away (``modbridge status | head -1``) is
-    not a failure: click exits 1 on EPIPE after muting the streams; that case exits 0
-    here, quietly, as ``head``'s writer should (every command, one exit code)."""
+    not a failure: click would exit 1 on EPIPE; here the command ends quietly with 0,
+    as ``head``'s writer should (every command, one exit code)."""
 
-    def main(self, *args, **kwargs):
+    def invoke(self, ctx):
         try:
-            return super().main(*args, **kwargs)
-        except SystemExit as e:
-            if e.code == 1 and isinstance(sys.stdout, click.utils.PacifyFlushWrapper):
-                raise SystemExit(0) from None
-            raise
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # what is still buffered would raise again at exit: send it nowhere
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(0)
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,7 +46,7 @@ EXIT_USAGE = 2  # docs/bridge.md "Commands": 0 ok, 1 runtime, 2 usage or config,
 
 
 def _fail(err: Exception, code: int | None = None) -> None:
-    click.echo(f"modbridge: {err}", err=True)
+    click.echo(sanitize_lines(f"modbridge: {err}"), err=True)  # wire text in errors too
     sys.exit(code if code is not None else getattr(err, "exit_code", 1))
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from modbridge.errors import ModbridgeError
 from modbridge.fsutil import UnsafeDirectory, atomic_write, check_private_dir, fsync_dir
+from modbridge.sanitize import sanitize
 from protocol.sign import KEY_LEN, new_key
 
 log = logging.getLogger(__name__)
@@ -410,8 +411,9 @@ def pair_module(link, store: KeyStore, *, force: bool = False, key: bytes | None
     check_uid(uid)
     if not link.signing_supported:
         raise PairingError(
-            f"{port}: module {uid} (firmware {link.status.fw_version}) does not sign: its "
-            "hello has no nonce; flash a firmware with signed commands (`modbridge flash`)"
+            f"{port}: module {uid} (firmware {sanitize(link.status.fw_version)}) does not "
+            "sign: its hello has no nonce; flash a firmware with signed commands "
+            "(`modbridge flash`)"
         )
     hint = f"modbridge pair --force {port}"
     try:

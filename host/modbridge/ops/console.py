@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from modbridge.errors import ModbridgeError
+from modbridge.sanitize import sanitize
 from protocol import catalog as C
 from protocol import jsonl
 from protocol.errors import FieldError, ProtocolError, UnknownTypeError
@@ -85,9 +86,10 @@ class Shown:
     message: dict | None = None  # module messages: name, seq and display fields
 
     def __str__(self) -> str:
+        """The line for a terminal: whatever wire text is in it, escaped."""
         if self.kind == "error":
-            return "error: " + self.text
-        return self.text
+            return "error: " + sanitize(self.text, None)
+        return sanitize(self.text, None)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -589,8 +591,8 @@ def _typed_name(s: str) -> str:
 
 
 def _refusal(e) -> str:
-    where = f" ({e.field})" if e.field else ""
-    text = f": {e.text}" if e.text else ""
+    where = f" ({sanitize(e.field)})" if e.field else ""
+    text = f": {sanitize(e.text)}" if e.text else ""
     msg = f"{e.code_name}{where}{text}"
     if e.code == C.ERR_UNAUTHORIZED:
         hint = str(e).split(": ", 1)[-1]

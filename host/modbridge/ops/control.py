@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from modbridge.errors import ModbridgeError
+from modbridge.sanitize import sanitize
 from protocol import catalog as C
 
 DUTY_FULL = 65535
@@ -637,7 +638,8 @@ def refusal_text(request: str, fields: dict) -> str:
     code = fields.get("code", 0)
     code_name = C.ERRORS[code] if isinstance(code, int) and 0 <= code < len(C.ERRORS) else str(code)
     fld = fields.get("field")
-    text = str(fields.get("text") or "")
+    fld = sanitize(fld, None) if fld is not None else None
+    text = sanitize(fields.get("text") or "", None)
     name, unit = _field_unit_for(request, fld)
     mdef = C.by_name(request)
     if (
@@ -698,7 +700,8 @@ class Outcome:
             head = f"{self.summary} (ack)"
         else:
             head = self.summary
-        return [head, *self.lines_extra, *(f"note: {n}" for n in self.notes)]
+        lines = [head, *self.lines_extra, *(f"note: {n}" for n in self.notes)]
+        return [sanitize(line, None) for line in lines]  # module text in them: escaped
 
     def as_dict(self) -> dict:
         d = asdict(self)
