@@ -152,6 +152,38 @@ def test_fans_pass_stall_zero_rpm_slow_and_stopped():
     assert status_of(c) == D.WARN and "tach" in c.detail
 
 
+def test_fans_judged_against_the_boards_model_and_the_twin():
+    """A stalled rotor that still reports a trickle (the sim's fan_stall: 180 RPM at 20 %)
+    beside a twin at 780 RPM: FAIL, whatever the floor of the model says."""
+    twenty = dict(fan1_duty=13107, fan2_duty=13107)  # 20 %
+    c = D.check_fans(view(board="sim", telemetry=tel(fan1_rpm=180, fan2_rpm=780, **twenty)))
+    assert status_of(c) == D.FAIL and "fan 2 turns at 780 RPM" in c.detail, c.detail
+    assert c.data["fan_model"] == "sim"
+    # the board's model sets the floor: sim fans are judged from 20 % (pwm4 from 50 %)
+    c = D.check_fans(view(board="sim", telemetry=tel(fan1_rpm=200, fan2_rpm=200, **twenty)))
+    assert status_of(c) == D.WARN and "sim fan reads >= 300" in c.detail, c.detail
+    assert D.board_fan_model("blackpill_f411")[0] == "pwm4"
+    assert D.board_fan_model("../../etc/passwd")[0] == "pwm4"  # never a path
+    assert D.board_fan_model(None)[0] == "pwm4"
+
+
+# docs/doctor.md, fans: at the same duty (within 5 %), a fan below half its twin's RPM
+# fails, below three quarters warns; a fan already failed on its own is not re-judged.
+@given(st.integers(13107, 65535), st.integers(0, 3276), st.integers(1, 20000),
+       st.integers(1, 20000))  # fmt: skip
+def test_twin_rule(duty, delta, rpm1, rpm2):
+    t = tel(fan1_duty=duty, fan2_duty=min(65535, duty + delta), fan1_rpm=rpm1, fan2_rpm=rpm2)
+    c = D.check_fans(view(board="sim", telemetry=t))
+    slow, fast = sorted((rpm1, rpm2))
+    same_duty = abs(min(65535, duty + delta) - duty) * 100 / 65535 <= 5.0
+    if same_duty and slow < 0.5 * fast:
+        assert status_of(c) == D.FAIL, (t, c.detail)
+    elif status_of(c) == D.FAIL:
+        assert False, (t, c.detail)
+    if same_duty and 0.5 * fast <= slow < 0.75 * fast:
+        assert status_of(c) == D.WARN, (t, c.detail)
+
+
 @given(st.floats(9.0, 15.0, allow_nan=False))
 def test_input_voltage_status_grows_with_the_deviation(v):
     def rank(volts):
@@ -746,6 +778,15 @@ def test_cli_sim_faults_end_to_end():
     assert any(ln.startswith("  FAIL  fans_active") and "fan 1" in ln for ln in lines)
     assert sum(ln.strip().startswith("next:") for ln in lines) >= 2
     assert lines[-1].endswith("(exit 1)")
+
+
+def test_cli_sim_stalled_fan_fails_without_active():
+    """The passive check alone catches a stalled fan that still reports a trickle: its
+    twin turns at the same duty (it passed with 16 checks and exit 0 before)."""
+    res = _cli("--sim", "--config", os.devnull, "--sim-fault", "fan_stall:1@0s")
+    assert res.exit_code == 1, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("  FAIL  fans ")]
+    assert "fan 1 turns at" in line and "where fan 2 turns at" in line, line
 
 
 def test_run_doctor_reads_a_busy_module_from_the_bridges_metrics(tmp_path):

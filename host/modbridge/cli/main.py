@@ -28,6 +28,15 @@ class _Main(click.Group):
             os.dup2(devnull, sys.stdout.fileno())
             sys.exit(0)
 
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except SystemExit as e:
+            # EPIPE while parsing (--help): click muted the streams and exits 1
+            if e.code == 1 and type(sys.stdout).__name__.endswith("PacifyFlushWrapper"):
+                raise SystemExit(0) from None
+            raise
+
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="modbridge")

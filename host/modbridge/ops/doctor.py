@@ -351,17 +351,73 @@ def _pct(duty) -> float:
     return round(duty * 100.0 / _DUTY_FULL, 1)
 
 
-def _fan_floor_rpm(duty: int) -> float:
-    return FAN_FLOOR_RPM * duty / _DUTY_FULL
+def _fan_floor_rpm(duty: int, floor_rpm: float = FAN_FLOOR_RPM) -> float:
+    return floor_rpm * duty / _DUTY_FULL
+
+
+# Twin fans (the module's two fans are one model on one heatsink): at the same duty, one
+# that turns at less than TWIN_FAIL of the other is stalled, blocked or failing (a
+# stalled rotor's tach can still report a trickle), below TWIN_WARN it is worn.
+TWIN_DUTY_PCT = 5.0  # duties within this many % are "the same duty"
+TWIN_FAIL = 0.5
+TWIN_WARN = 0.75
+
+
+def board_fan_model(board: str | None):
+    """The fan model a board's firmware uses (its module's ``FAN_MODEL``, read from the
+    source without importing it: board modules import ``machine``), else the generic
+    one. ``board`` comes from the module's hello: only a plain name is looked up."""
+    import ast
+    import re
+
+    names = _floors.FAN_MODELS
+    if board and re.fullmatch(r"[a-z0-9_]{1,32}", board):
+        src = Path(_floors.__file__).resolve().parents[1] / "boards" / f"{board}.py"
+        try:
+            tree = ast.parse(src.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        for node in tree.body if tree else ():
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and getattr(node.targets[0], "id", None) == "FAN_MODEL"
+                    and isinstance(node.value, ast.Constant)
+                    and node.value.value in names):  # fmt: skip
+                return node.value.value, names[node.value.value]
+    return _floors.FAN_MODEL_DEFAULT, names[_floors.FAN_MODEL_DEFAULT]
+
+
+def _twins(readings: dict) -> list[tuple[str, str]]:
+    """``(fan, verdict)`` for fans that trail their twin at the same duty: verdict
+    ``"fail"`` below :data:`TWIN_FAIL` of the faster one, ``"warn"`` below
+    :data:`TWIN_WARN`. ``readings``: fan -> (duty %, rpm)."""
+    out = []
+    fans = sorted(readings)
+    for a in fans:
+        duty, rpm = readings[a]
+        for b in fans:
+            tduty, trpm = readings[b]
+            if b == a or abs(duty - tduty) > TWIN_DUTY_PCT or trpm <= 0:
+                continue
+            if rpm < TWIN_FAIL * trpm:
+                out.append((a, "fail", b))
+            elif rpm < TWIN_WARN * trpm:
+                out.append((a, "warn", b))
+            break
+    return out
 
 
 def check_fans(view: ModuleView) -> Check:
     """Each fan spins when commanded: RPM against duty from telemetry (stall and tach
-    fault bits, 0 RPM above the minimum spin duty, too slow for the duty)."""
+    fault bits, 0 RPM above the minimum spin duty, too slow for the duty against the
+    board's fan model, and against its twin at the same duty)."""
     name = "fans"
     if not view.telemetry:
         return _no_reading("L1", name, view, "fans")
-    bad, odd, shown, data = [], [], [], {}
+    model_name, model = board_fan_model(view.board)
+    min_spin, check_duty = model[_floors.FM_MIN_SPIN], model[_floors.FM_RPM_CHECK_DUTY]
+    floor_rpm = _floors.rpm_floor(model)
+    bad, odd, shown, data = [], [], [], {"fan_model": model_name}
+    readings, flagged = {}, set()
     for fan in range(1, (view.fans or 2) + 1):
         duty = view.telemetry.get(f"fan{fan}_duty")
         rpm = view.telemetry.get(f"fan{fan}_rpm")
@@ -370,15 +426,31 @@ def check_fans(view: ModuleView) -> Check:
             continue
         data[f"fan{fan}_duty_pct"], data[f"fan{fan}_rpm"] = _pct(duty), rpm
         shown.append(f"fan {fan} {rpm} RPM at {_pct(duty):g} %")
+        if duty >= min_spin:
+            readings[fan] = (_pct(duty), rpm)
         if view.fault(f"fan{fan}_stall"):
             bad.append(f"fan {fan} stalled ({rpm} RPM at {_pct(duty):g} %)")
-        elif rpm == 0 and duty >= FAN_MIN_SPIN_DUTY:
+            flagged.add(fan)
+        elif rpm == 0 and duty >= min_spin:
             bad.append(f"fan {fan} reads 0 RPM at {_pct(duty):g} %")
+            flagged.add(fan)
         elif view.fault(f"fan{fan}_tach"):
             odd.append(f"fan {fan}'s tach does not fit its duty ({rpm} RPM at {_pct(duty):g} %)")
-        elif duty >= FAN_CHECK_DUTY and rpm < _fan_floor_rpm(duty):
-            odd.append(f"fan {fan} slow: {rpm} RPM at {_pct(duty):g} % "
-                       f"(a turning fan reads >= {_fan_floor_rpm(duty):.0f})")  # fmt: skip
+        elif duty >= check_duty and rpm < _fan_floor_rpm(duty, floor_rpm):
+            least = _fan_floor_rpm(duty, floor_rpm)
+            odd.append(f"fan {fan} slow: {rpm} RPM at {_pct(duty):g} % (a turning "
+                       f"{model_name} fan reads >= {least:.0f})")  # fmt: skip
+    for fan, verdict, twin in _twins(readings):
+        if fan in flagged:  # already failed on its own
+            continue
+        (d, rpm), (_, trpm) = readings[fan], readings[twin]
+        said = (f"fan {fan} turns at {rpm} RPM where fan {twin} turns at {trpm} RPM at the "
+                f"same duty ({d:g} %)")  # fmt: skip
+        if verdict == "fail":  # stronger than a slow reading: it replaces that warning
+            odd[:] = [o for o in odd if not o.startswith(f"fan {fan} ")]
+            bad.append(said)
+        elif not any(o.startswith(f"fan {fan} ") for o in odd):
+            odd.append(said)
     if bad:
         return Check("L1", name, FAIL, "; ".join(bad),
                      "check the fan's 4-pin connector, that nothing blocks the blades, and "
