@@ -378,3 +378,23 @@ def test_usage_errors_exit_2(tmp_path):
     res = cli("healthcheck", "--kubernetes", "--input", "-", input="{}",
               env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})  # fmt: skip
     assert res.returncode == 2 and "--node" in res.stderr
+
+
+def test_state_dir_finds_the_bridges_socket():
+    """`run --state-dir DIR` puts its control socket at DIR/control.sock; `status`,
+    `healthcheck` and `doctor` given the same --state-dir find it there (they said
+    "no bridge" before)."""
+    env = {k: v for k, v in os.environ.items() if k != "RUNTIME_DIRECTORY"}
+    with running_bridge() as (_proc, sock, d):
+        assert sock == os.path.join(d, "control.sock")
+        res = cli("healthcheck", "--state-dir", d, "--json", env=env)
+        out = json.loads(res.stdout)
+        assert out["source"] == sock, (out["source"], res.stderr)
+        res = cli("status", "--state-dir", d, "--json", env=env)
+        assert res.returncode == 0, res.stderr
+        assert "opening the ports directly" not in res.stderr
+        assert json.loads(res.stdout)["modules"], res.stdout
+        res = cli("doctor", "--state-dir", d, "--json", "--config", os.devnull,
+                  "--metrics-url", "http://127.0.0.1:1/metrics", env=env)  # fmt: skip
+        checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
+        assert checks["control_socket"]["status"] == "pass", checks["control_socket"]

@@ -331,7 +331,8 @@ def status_cmd(ports, backend, config_path, module_id, as_json, timeout, direct,
     rep = None
     if not (direct or ports or sim["sim"]):
         rep = bridge_report(_load_config(config_path), socket_path,
-                            lambda m: click.echo(f"note: {m}", err=True))  # fmt: skip
+                            lambda m: click.echo(f"note: {m}", err=True),
+                            state_dir=sim.get("state_dir"))  # fmt: skip
     if rep is None:
         rep = one_shot_report(config_path, ports, backend, timeout, **sim)
     if module_id is not None:
@@ -363,14 +364,14 @@ def one_shot_report(config_path, ports, backend, timeout, **sim) -> dict:
             b.stop("status")
 
 
-def bridge_report(config, socket_path=None, note=None) -> dict | None:
+def bridge_report(config, socket_path=None, note=None, state_dir=None) -> dict | None:
     """The running bridge's ``status --json`` document over its control socket
     (:func:`modbridge.ops.ctlsock.client_paths`: ``socket_path``, else the default
     places), or None when no bridge answers (a stale socket is a ``note``). A bridge
     that refuses this user is an error (exit 1): its ports are not ours to open."""
     from modbridge.ops import ctlsock
 
-    for path in ctlsock.client_paths(config, socket_path):
+    for path in ctlsock.client_paths(config, socket_path, state_dir=state_dir):
         try:
             reply = ctlsock.Client(path).call({"op": "report"})
         except ctlsock.SocketRefused as e:

@@ -43,12 +43,12 @@ def _fail(err, code: int | None = None):
     sys.exit(code if code is not None else getattr(err, "exit_code", EXIT_UNHEALTHY))
 
 
-def bridge_report(config, socket_path=None) -> tuple[dict, str]:
+def bridge_report(config, socket_path=None, state_dir=None) -> tuple[dict, str]:
     """The running bridge's report over its control socket and where it answered;
     :class:`NoBridge` if none does (a refusal is an error: wrong user, not no bridge)."""
     from modbridge.ops import ctlsock
 
-    paths = ctlsock.client_paths(config, socket_path)
+    paths = ctlsock.client_paths(config, socket_path, state_dir=state_dir)
     tried = []
     for path in paths:
         try:
@@ -106,7 +106,8 @@ class Source:
         except cfgmod.ConfigFileError as e:
             raise health.ReportError(f"{e.path}: invalid config: {'; '.join(e.problems)}") from None
         try:
-            rep, self.where = bridge_report(cfg, self.socket_path)
+            rep, self.where = bridge_report(cfg, self.socket_path,
+                                            self.sim_opts.get("state_dir"))  # fmt: skip
         except NoBridge as e:
             self.where = str(e)
             return None

@@ -109,16 +109,20 @@ def default_path(state_dir=None, environ=None) -> Path | None:
     return None
 
 
-def client_paths(config=None, explicit: str | None = None, environ=None) -> list[str]:
-    """Where a CLI looks for a bridge's socket: ``explicit``; else the config's
-    ``control_socket``, ``$RUNTIME_DIRECTORY``, /run/modbridge, the state dir. Only
-    paths that exist."""
+def client_paths(config=None, explicit: str | None = None, environ=None,
+                 state_dir=None) -> list[str]:  # fmt: skip
+    """Where a CLI looks for a bridge's socket: ``explicit``; else ``<state_dir>`` (a
+    command's ``--state-dir``: where ``run --state-dir`` put it), the config's
+    ``control_socket``, ``$RUNTIME_DIRECTORY``, /run/modbridge, the default state dir.
+    Only paths that exist."""
     if explicit:
         return [str(explicit)]
     from modbridge.actuator.journal import default_state_dir
 
     env = os.environ if environ is None else environ
     cands = []
+    if state_dir is not None:
+        cands.append(Path(state_dir).expanduser() / SOCKET_NAME)
     if config is not None and getattr(config, "control_socket", None):
         cands.append(Path(config.control_socket).expanduser())
     p = default_path(None, env)

@@ -899,11 +899,12 @@ def check_control_socket(app: AppFacts) -> Check:
                  "is stuck: its log says why", target=where)  # fmt: skip
 
 
-def probe_control(app: AppFacts, cfg, client=None) -> None:
-    """Fill ``app``'s control-socket facts: ping the first socket a client would use."""
+def probe_control(app: AppFacts, cfg, client=None, state_dir=None) -> None:
+    """Fill ``app``'s control-socket facts: ping the first socket a client would use
+    (``state_dir``: the one ``--state-dir`` names first)."""
     from modbridge.ops import ctlsock
 
-    paths = ctlsock.client_paths(cfg)
+    paths = ctlsock.client_paths(cfg, state_dir=state_dir)
     if not paths:
         return
     app.control_socket = paths[0]
@@ -1633,7 +1634,7 @@ def run_doctor(opts: DoctorOptions, env: DoctorEnv | None = None, emit=None) -> 
     state_dir = opts.state_dir or default_state_dir(cfg)
     say("L4: the exporter, event log and state directory")
     app = probe_app(cfg, state_dir, fetch=env.fetch, url=opts.metrics_url)
-    probe_control(app, cfg, env.control_client)
+    probe_control(app, cfg, env.control_client, opts.state_dir)
     bridge_views = parse_metrics(app.metrics_text) if app.metrics_ok else []
     keys = KeyStore(opts.keys_dir) if opts.keys_dir else KeyStore.for_config(cfg)
     views = []
@@ -1671,7 +1672,7 @@ def _run_sim(opts, env, cfg, privs, say) -> Report:
     except (ModbridgeError, ValueError, OSError) as e:
         raise SimUnavailable(f"cannot start the simulator: {e}") from None
     try:
-        state_dir = fleet.state_dir / "bridge"
+        state_dir = opts.state_dir or fleet.state_dir / "bridge"
         say("L1/L2: the virtual module")
         hb = br.sim_heartbeat_period_s(cfg.heartbeat_period_s, opts.sim_speed)
         view = probe_module(fleet.ports[0], keys=fleet.keys, timeout_s=max(opts.timeout_s, 10.0),
