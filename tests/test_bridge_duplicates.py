@@ -3,7 +3,9 @@
 On b2cd58d both paired with the first GPU: the clone's stall throttled the wrong GPU
 and the exporter alternated between them. Now neither is mapped while both are there,
 an alert names both ports, metrics keep them apart by port, and when one goes away
-the other is mapped again. Two virtual modules (the real firmware in MicroPython) are
+the other is mapped again. Meanwhile the GPU the id was mapped to has no module it can
+trust: it is protected as a GPU without working cooling (issue 23 item 4: on 4092283 it
+was left as it was, and the pairs said ``gpu_lost``). Two virtual modules (the real firmware in MicroPython) are
 given the same id and the same secret.
 """
 
@@ -13,7 +15,7 @@ import json
 import shutil
 import threading
 
-from e2e_helpers import FAST_POLICY, ORIGINAL_W, SPEED, wait_for
+from e2e_helpers import FAST_POLICY, MIN_W, ORIGINAL_W, SPEED, wait_for
 from test_bridge_e2e import _scrape
 
 from modbridge.bridge import Bridge
@@ -58,10 +60,21 @@ def test_two_modules_with_one_id_are_not_mapped_and_kept_apart_by_port():
         )
         assert alert["module_id"] == uid and tuple(alert["ports"]) == ports
         assert all(p in alert["message"] for p in ports)
-        wait_for(lambda: len(bridge.snapshot().pairs) == 2, 5, "a pair per port")
+        def module_pairs():
+            return [p for p in bridge.snapshot().pairs if p.module_id is not None]
+
+        wait_for(lambda: len(module_pairs()) == 2, 5, "a pair per port")
         snap = bridge.snapshot()
-        assert {p.gpu_uuid for p in snap.pairs} == {None}  # neither is mapped
-        assert sorted(p.module_id for p in snap.pairs) == sorted(f"{uid}@{p}" for p in ports)
+        assert {p.gpu_uuid for p in module_pairs()} == {None}  # neither is mapped
+        assert sorted(p.module_id for p in module_pairs()) == sorted(f"{uid}@{p}" for p in ports)
+        assert not [p for p in module_pairs() if "gpu_lost" in p.reasons]  # no GPU, not lost
+        # GPU A, whose module is one of the two, is protected: cut, with an alert
+        [gpu_pair] = wait_for(lambda: [p for p in bridge.snapshot().pairs if p.module_id is None
+                                       and "module_untrusted" in p.reasons], 10, "GPU A's pair")
+        assert gpu_pair.gpu_uuid == gpu_a.uuid and gpu_pair.level == 2
+        wait_for(lambda: gpu_a.power_limit_w() == MIN_W, 10, "GPU A cut to its minimum")
+        [untrusted] = [e for e in _events(lines, "untrusted_module") if e["level"] == "alert"]
+        assert (untrusted["gpu_uuid"], untrusted["why"]) == (gpu_a.uuid, "duplicate_id")
         assert sorted(m.module_id for m in snap.modules) == sorted(f"{uid}@{p}" for p in ports)
         assert all(tuple(m.duplicate_ports) == ports for m in snap.modules)
         # metrics: two modules, one per port, not one alternating between them
@@ -79,12 +92,14 @@ def test_two_modules_with_one_id_are_not_mapped_and_kept_apart_by_port():
             20,
             "the clone's stall in its own pair",
         )
-        assert gpu_a.power_limit_w() == ORIGINAL_W and gpu_b.power_limit_w() == ORIGINAL_W
-        assert not [e for e in _events(lines, "power_limit") if e.get("action") == "lower"]
+        assert gpu_b.power_limit_w() == ORIGINAL_W  # not configured: not ours to touch
+        lowered = [e for e in _events(lines, "power_limit") if e.get("action") == "lower"]
+        assert {e["gpu_uuid"] for e in lowered} == {gpu_a.uuid}
+        assert len(_events(lines, "untrusted_module")) == 1  # one alert for the episode
         # the clone goes away: the original is mapped to its GPU again
         clone.unplug()
         wait_for(
-            lambda: [p for p in bridge.snapshot().pairs if p.gpu_uuid == gpu_a.uuid],
+            lambda: [p for p in module_pairs() if p.gpu_uuid == gpu_a.uuid],
             10,
             "the remaining module mapped again",
         )
@@ -93,7 +108,8 @@ def test_two_modules_with_one_id_are_not_mapped_and_kept_apart_by_port():
         ok = [e for e in _events(lines, "duplicate_module") if e["level"] == "info"]
         assert ok and ok[-1]["ports"] == [ports[0]]
         assert not bridge.duplicates
-        assert gpu_a.power_limit_w() == ORIGINAL_W
+        wait_for(lambda: gpu_a.power_limit_w() == ORIGINAL_W, 10, "GPU A restored")
+        assert _events(lines, "untrusted_module")[-1]["level"] == "info"
         assert bridge.tick_errors == 0
     finally:
         if server is not None:

@@ -213,7 +213,7 @@ class Bridge:
         self.pairs: dict[str, PairState] = {}  # by port
         self.decision_at: dict[str, float] = {}  # reaction-time bookkeeping by GPU
         self._wake = threading.Event()
-        self._faults_seen: dict[str, int] = {}
+        self._faults_seen: dict[str, tuple] = {}  # port -> (faults, module id, reconnects)
         self._stop = threading.Event()
         self._stopped = False
         self._snapshot = BridgeSnapshot(taken_at=clock(), backend=backend.name)
@@ -222,6 +222,8 @@ class Bridge:
         self._mapping_checked = False
         self._refused: dict[str, tuple[float, float]] = {}  # uuid -> (target W, when)
         self.duplicates: dict[str, tuple[str, ...]] = {}  # module id -> its ports (>= 2)
+        self._had_module: set[str] = set()  # GPUs a module was mapped to once
+        self._untrusted: dict[str, str] = {}  # GPU -> why its module is untrusted (alerted)
         self._id_port: dict[str, str] = {}  # module id -> the one port that may map it
         self._mapped: dict[tuple, str | None] = {}  # _gpu_for's answers, while valid for
         self._mapped_for: tuple | None = None  # (GPUs read, _id_port, duplicates)
@@ -516,9 +518,10 @@ class Bridge:
         """A change of the module's fault bits is news: decide now, not at the next
         tick (one int comparison per frame; the firmware also sends telemetry at once
         after an alarm event)."""
-        faults = msg.fields.get("faults", 0)
-        if self._faults_seen.get(status.port, 0) != faults:
-            self._faults_seen[status.port] = faults
+        # the first frame of a module (a new id on the port) is news too: a duplicate id
+        seen = (msg.fields.get("faults", 0), status.module_id, status.reconnects)
+        if self._faults_seen.get(status.port, (0,)) != seen:
+            self._faults_seen[status.port] = seen
             self._urgent(status.port)
 
     def _on_silent(self, status: ModuleStatus) -> None:
@@ -637,10 +640,16 @@ class Bridge:
 
     def _find_gpu(self, status: ModuleStatus) -> str | None:
         mid = status.module_id
-        if mid is not None and (mid in self.duplicates or self._id_port.get(mid, status.port)
-                                != status.port):  # fmt: skip
-            return None  # two modules with one id: which one cools the GPU is unknown
         maps = self.config.modules
+        if mid is not None and mid in self.duplicates:
+            # two live modules with one id: which one cools the GPU is unknown, unless a
+            # [[module]] port pins this one (the GPU of a module left unmapped is
+            # protected by its own pair: _gpu_inputs)
+            maps = [m for m in maps if m.port and _same_port(m.port, status.port)]
+            if not maps:
+                return None
+        elif mid is not None and self._id_port.get(mid, status.port) != status.port:
+            return None  # a link down whose id is live on another port: it moved there
         # exact matches first: resolving symlinks costs a syscall per path and pair
         exact = [
             m
@@ -794,9 +803,90 @@ class Bridge:
         self._note_duplicates()
         ports = list(self.links)
         inputs = [self._pair_input(port, now) for port in ports]
+        keys, more = self._gpu_inputs(inputs)
+        ports, inputs = ports + keys, inputs + more
         self._apply(ports, inputs, self.engine.step(now, inputs), now)
+        self._note_untrusted(inputs)
         self._snapshot = self._build_snapshot()
         return self._snapshot
+
+    def _expected_gpus(self) -> list[str]:
+        """The GPUs a module is meant to cool: those a ``[[module]]`` table names (the
+        one GPU, for a table naming none), or with no table the one GPU there is when
+        there are modules. With no table and several GPUs, which ones have a module is
+        unknown: none is expected (``status`` shows the unpaired)."""
+        maps = self.config.modules
+        if not maps:
+            return list(self.samples) if len(self.samples) == 1 and self.links else []
+        out = []
+        for s in self.samples.values():
+            if any(match_gpu(m.gpu, s.uuid, s.pci_bus_id) if m.gpu is not None
+                   else len(self.samples) == 1 for m in maps):  # fmt: skip
+                out.append(s.uuid)
+        return out
+
+    def _gpu_inputs(self, inputs: list[PairInput]) -> tuple[list[str], list[PairInput]]:
+        """A pair of its own for every GPU a module is meant to cool that no trusted
+        module is mapped to now: the policy treats it as a GPU without working cooling
+        (``module_untrusted``: ``duplicate_id`` while its module's id is announced twice,
+        ``module_lost`` once a module was mapped to it, else ``unmapped`` after the
+        never-heard grace), never as one that needs nothing. Keys ``gpu:<uuid>``."""
+        mapped = {i.gpu_uuid for i in inputs if i.gpu_uuid is not None}
+        self._had_module.update(mapped)
+        keys, out = [], []
+        for uuid in self._expected_gpus():
+            key = f"gpu:{uuid}"
+            if uuid in mapped:
+                self.pairs.pop(key, None)
+                continue
+            why = "duplicate_id" if self._duplicate_for(uuid) else (
+                "module_lost" if uuid in self._had_module else "unmapped")  # fmt: skip
+            pair = self.pairs.get(key)
+            if pair is None:
+                pair = self.pairs[key] = PairState(module_id=None, gpu_uuid=uuid)
+            lim = self.limiters.get(uuid)
+            pair.original_limit_w = lim.original_w if lim else None
+            keys.append(key)
+            out.append(PairInput(module_id=None, gpu_uuid=uuid, gpu=self.samples.get(uuid),
+                                 original_limit_w=pair.original_limit_w,
+                                 untrusted=why))  # fmt: skip
+        for key in [k for k in self.pairs if k.startswith("gpu:") and k not in keys]:
+            del self.pairs[key]  # a GPU no longer there
+        return keys, out
+
+    def _duplicate_for(self, uuid: str) -> bool:
+        """Is a module meant for GPU ``uuid`` one whose id is announced twice? (By the
+        mapping's id; without one, any duplicate: which module cools it is unknown.)"""
+        if not self.duplicates:
+            return False
+        s = self.samples.get(uuid)
+        named = [m for m in self.config.modules if s is not None and (
+            m.gpu is None or match_gpu(m.gpu, s.uuid, s.pci_bus_id))]  # fmt: skip
+        return not named or any(m.module_id in self.duplicates or m.module_id is None
+                                for m in named)  # fmt: skip
+
+    def _note_untrusted(self, inputs: list[PairInput]) -> None:
+        """One alert per episode for a GPU protected because its module cannot be
+        trusted (log + event log ``untrusted_module``), one info when it ends."""
+        now_untrusted = {}
+        for inp in inputs:
+            pair = self.pairs.get(f"gpu:{inp.gpu_uuid}") if inp.untrusted else None
+            if pair is not None and "module_untrusted" in pair.reasons:
+                now_untrusted[inp.gpu_uuid] = inp.untrusted
+        for uuid, why in now_untrusted.items():
+            if self._untrusted.get(uuid) == why:
+                continue
+            msg = (f"GPU {uuid}: its module cannot be trusted ({why}): treated as a GPU "
+                   "without working cooling, its power limit cut (policy module_untrusted) "
+                   "until a module is mapped to it again")  # fmt: skip
+            log.warning("%s", msg)
+            self._write_event("untrusted_module", level="alert", gpu_uuid=uuid, why=why,
+                              message=msg)  # fmt: skip
+        for uuid in [u for u in self._untrusted if u not in now_untrusted]:
+            msg = f"GPU {uuid}: a trusted module is mapped to it again"
+            log.info("%s", msg)
+            self._write_event("untrusted_module", level="info", gpu_uuid=uuid, message=msg)
+        self._untrusted = now_untrusted
 
     def _decide_pairs(self, ports: list[str]) -> None:
         """Decide only the pairs of ``ports`` now (an alarm, a change of fault bits or a
@@ -809,9 +899,20 @@ class Bridge:
             uuid = self._gpu_for(self.links[port].status)
             if uuid is not None and uuid in self.limiters:
                 self.limiters[uuid].observe(self._refresh_gpu(uuid))
+        if self._mapping_changed():  # a duplicate id appeared or went: every pair now
+            self._tick()
+            return
         inputs = [self._pair_input(port, now) for port in ports]
         self._apply(ports, inputs, self.engine.step_pairs(now, inputs), now)
         self._snapshot = self._build_snapshot()
+
+    def _mapping_changed(self) -> bool:
+        """Note the duplicate ids now; True if they (or the ports that may map an id)
+        changed since the last look."""
+        before = (dict(self.duplicates), dict(self._id_port))
+        self._note_duplicates()
+        return before != (self.duplicates, self._id_port)
+
 
     def _pair_input(self, port: str, now: float) -> PairInput:
         """The policy's input for ``port``'s pair (its state made anew if its module
@@ -819,6 +920,9 @@ class Bridge:
         st = self.links[port].status
         uuid = self._gpu_for(st)
         module_key = st.key()
+        # a module mapped to no GPU (none configured, or its id announced twice) has no
+        # GPU to lose: its pair reports its conditions and writes nothing
+        no_gpu = uuid is None and not self._named_gpu_absent(st)
         pair = self.pairs.get(port)
         if pair is None or pair.gpu_uuid != uuid or pair.module_id != module_key:
             pair = PairState(module_id=module_key, gpu_uuid=uuid)
@@ -833,7 +937,21 @@ class Bridge:
             link_up=st.link_up,
             last_frame_age_s=self._frame_age(st, now),
             original_limit_w=pair.original_limit_w,
+            no_gpu=no_gpu,
         )
+
+    def _named_gpu_absent(self, st: ModuleStatus) -> bool:
+        """Does a ``[[module]]`` table that applies to this module name a GPU that is not
+        there (not read: ``gpu_lost``, not "no GPU")?"""
+        if st.module_id is not None and st.module_id in self.duplicates:
+            return False
+        for m in self.config.modules:
+            by_id = m.module_id and m.module_id == st.module_id
+            by_port = m.port and _same_port(m.port, st.port)
+            if (by_id and (not m.port or by_port)) or (by_port and not m.module_id):
+                return m.gpu is not None and not any(
+                    match_gpu(m.gpu, s.uuid, s.pci_bus_id) for s in self.samples.values())
+        return False
 
     def _apply(self, ports: list[str], inputs: list[PairInput], decisions, now: float) -> None:
         """The decisions into the pairs' state; the limiters act on them."""

@@ -51,6 +51,7 @@ from modbridge.policy.levels import (
     R_HOLD,
     R_MANUAL_LOW_DUTY,
     R_MODULE_SILENT,
+    R_MODULE_UNTRUSTED,
     R_OVER_TEMP,
     R_PSU_BUDGET,
     R_SENSOR_DISAGREE,
@@ -74,7 +75,8 @@ __all__ = [
     "CRITICAL", "EARLY_WARNING_CLEAR_FACTOR", "FALLBACK_CRITICAL_C", "FALLBACK_WARN_C",
     "LEVEL_NAMES", "MANUAL_FULL_DUTY", "NORMAL", "R_BOTH_FANS_STALLED", "R_CRITICAL_TEMP",
     "R_EARLY_WARNING", "R_FAN_STALL", "R_GPU_LOST", "R_HOLD", "R_MANUAL_LOW_DUTY",
-    "R_MODULE_SILENT", "R_OVER_TEMP", "R_PSU_BUDGET", "R_SENSOR_DISAGREE", "R_SENSOR_FAULT",
+    "R_MODULE_SILENT", "R_MODULE_UNTRUSTED", "R_OVER_TEMP", "R_PSU_BUDGET", "R_SENSOR_DISAGREE",
+    "R_SENSOR_FAULT",
     "R_TACH_IMPLAUSIBLE", "R_UNDER_VOLTAGE", "REASONS", "REASON_LEVELS", "STALE_MIN_S",
     "TACH_CONFIRM_S", "WARN", "_KINDS", "Decision", "PairInput", "PairPolicy", "PolicyConfig",
     "PolicyConfigError", "PolicyEngine", "PsuGuard", "PsuMember", "PsuVerdict",
@@ -96,6 +98,11 @@ class PairInput:
     link_up: bool | None = None
     last_frame_age_s: float | None = None
     original_limit_w: float | None = None  # the actuator's saved original
+    # a GPU whose module cannot be trusted (duplicate_id, unmapped, module_lost):
+    # module is None, the GPU is protected as one without working cooling
+    untrusted: str | None = None
+    no_gpu: bool = False  # a module mapped to no GPU: its conditions, nothing to write
+
 
     @property
     def key(self) -> tuple:
@@ -183,6 +190,8 @@ class PolicyEngine:
                 last_frame_age_s=inp.last_frame_age_s,
                 original_limit_w=inp.original_limit_w,
                 psu_limit_w=caps.get(inp.key),
+                untrusted=inp.untrusted,
+                no_gpu=inp.no_gpu,
             )
             if d.changed:
                 self._write("decision", **d.as_event())
@@ -198,10 +207,7 @@ class PolicyEngine:
                     d.level_name,
                     "original" if d.target_limit_w is None else f"{d.target_limit_w:g}",
                     ", ".join(d.reasons) or "all clear",
-                    ""
-                    if d.can_actuate
-                    else f"; GPU unusable ({d.values.get('gpu_error')}):"
-                    " no power-limit write possible",
+                    "" if d.can_actuate else _no_write(d),
                 )
             decisions.append(d)
         return decisions
@@ -209,6 +215,14 @@ class PolicyEngine:
     def _write(self, kind, **fields):
         if self.log is not None:
             self.log.write(kind, **fields)
+
+
+def _no_write(d: Decision) -> str:
+    """Why a decision writes nothing, for the log line."""
+    if d.values.get("gpu_state") == "unmapped":
+        return "; no GPU mapped to this module: nothing to write (a GPU it may cool is "\
+            "protected by its own pair: module_untrusted)"
+    return f"; GPU unusable ({d.values.get('gpu_error')}): no power-limit write possible"
 
 
 def _key_name(key) -> str:

@@ -17,6 +17,8 @@ R_GPU_LOST = "gpu_lost"  # GPU unreadable (lost, no permission, driver gone): no
 R_CRITICAL_TEMP = "critical_temp"
 R_BOTH_FANS_STALLED = "both_fans_stalled"  # every fan of the module stalled
 R_MODULE_SILENT = "module_silent"
+# the GPU's module cannot be trusted (a duplicate id, none mapped, lost): no working cooling
+R_MODULE_UNTRUSTED = "module_untrusted"
 R_OVER_TEMP = "over_temp"
 R_FAN_STALL = "fan_stall"  # one fan stalled, another still turning
 R_UNDER_VOLTAGE = "under_voltage"
@@ -34,6 +36,7 @@ REASON_LEVELS = {
     R_CRITICAL_TEMP: CRITICAL,
     R_BOTH_FANS_STALLED: CRITICAL,
     R_MODULE_SILENT: CRITICAL,
+    R_MODULE_UNTRUSTED: CRITICAL,
     R_OVER_TEMP: WARN,
     R_FAN_STALL: WARN,
     R_UNDER_VOLTAGE: WARN,

@@ -20,15 +20,18 @@ from modbridge.policy.early import EarlyWarning
 from modbridge.policy.freshness import TelemetryFreshness
 from modbridge.policy.hysteresis import Latches, temperature_reason
 from modbridge.policy.levels import (
+    NORMAL,
     R_CRITICAL_TEMP,
     R_EARLY_WARNING,
     R_GPU_LOST,
     R_HOLD,
     R_MANUAL_LOW_DUTY,
     R_MODULE_SILENT,
+    R_MODULE_UNTRUSTED,
     R_OVER_TEMP,
     R_PSU_BUDGET,
     R_SENSOR_DISAGREE,
+    REASON_LEVELS,
     LevelMachine,
     ordered,
     raw_level,
@@ -53,7 +56,8 @@ class PairPolicy:
         self.gpu_uuid = gpu_uuid
         self.target_limit_w: float | None = None
         self.reasons: list[str] = []
-        self._levels = LevelMachine(cfg.min_hold_s)
+        self._levels = LevelMachine(cfg.min_hold_s)  # the cooling causes' level
+        self._level = NORMAL  # the level decided last (gpu_lost included)
         self._first_at: float | None = None
         self._gpu_latches = Latches()
         self._freshness = TelemetryFreshness(cfg)
@@ -68,7 +72,7 @@ class PairPolicy:
 
     @property
     def level(self) -> int:
-        return self._levels.level
+        return self._level
 
     @property
     def level_since(self) -> float | None:
@@ -111,6 +115,8 @@ class PairPolicy:
         last_frame_age_s: float | None = None,
         original_limit_w: float | None = None,
         psu_limit_w: float | None = None,
+        untrusted: str | None = None,
+        no_gpu: bool = False,
     ) -> Decision:
         """One evaluation at monotonic time ``now``.
 
@@ -119,6 +125,12 @@ class PairPolicy:
         ``gpu``: a sample, the GpuError its backend raised, or None (no reading).
         ``original_limit_w``: the limit saved by the actuator at start, if known.
         ``psu_limit_w``: the PSU guard's cap for this GPU (None: no cap).
+        ``untrusted``: this GPU's module cannot be trusted (``duplicate_id``,
+        ``unmapped``, ``module_lost``; ``module`` is None): the GPU is treated as one
+        without working cooling (``module_untrusted``, CRITICAL; ``unmapped`` only once
+        ``module_grace_s`` has passed since the pair's first evaluation).
+        ``no_gpu``: the module is mapped to no GPU: nothing to lose (no ``gpu_lost``),
+        nothing to write; its GPU, if it has one, is protected by its own pair.
         """
         cfg = self.config
         if self._first_at is None:
@@ -131,7 +143,9 @@ class PairPolicy:
 
         # GPU ------------------------------------------------------------------------
         sample = gpu if isinstance(gpu, GpuSample) and gpu.state == "ok" else None
-        if sample is None:
+        if no_gpu:
+            values["gpu_state"] = "unmapped"  # not lost: this module has no GPU
+        elif sample is None:
             if isinstance(gpu, GpuError):
                 state, err = gpu.state, str(gpu)
             elif isinstance(gpu, GpuSample):
@@ -178,6 +192,13 @@ class PairPolicy:
                 ntc_c = self._module.evaluate(module, th, values, hit, now, gpu_c)
         else:
             values["module"] = None
+            if untrusted is not None:
+                waited = now - self._first_at
+                if untrusted != "unmapped" or waited > cfg.module_grace_s:
+                    hit(R_MODULE_UNTRUSTED, untrusted)
+                else:  # at start, modules are still saying hello: the never-heard grace
+                    values["never_heard_s"] = waited
+
 
         # cross-check: the module's GPU NTC against the GPU's own sensor --------------
         power_w = sample.power_w if sample is not None else None
@@ -213,10 +234,15 @@ class PairPolicy:
                                         "episode": self._auto.episodes}  # fmt: skip
 
         # level: up at once, down one level per min_hold_s ----------------------------
-        raw = raw_level(active)
-        prev_level = self._levels.level
+        # gpu_lost is no cooling cause (nothing was written for it): it sets the level
+        # while it lasts but starts no hold; the GPU back, the cooling causes decide
+        raw = raw_level(r for r in active if r != R_GPU_LOST)
+        prev_level = self._level
         level = self._levels.step(now, raw)
         held = self._levels.held_above(raw)
+        if R_GPU_LOST in active:
+            level = max(level, REASON_LEVELS[R_GPU_LOST])
+        self._level = level
         if held:
             values["held_since"] = self._levels.since
             values["min_hold_s"] = cfg.min_hold_s
@@ -225,7 +251,7 @@ class PairPolicy:
         original, mn = self.observe_limits(gpu, original_limit_w)
         values["original_limit_w"] = original
         values["min_limit_w"] = mn
-        can_actuate = R_GPU_LOST not in active
+        can_actuate = R_GPU_LOST not in active and not no_gpu
         target = None
         if can_actuate:
             target, cap = target_limit(level, original, mn, cfg.warn_limit_fraction, psu_limit_w)
