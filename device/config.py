@@ -272,7 +272,7 @@ def defaults():
         "version": SCHEMA_VERSION,
         "control": {
             "period_ms": 100,  # control tick, 10 Hz
-            "telemetry_ms": 1000,  # a multiple of period_ms
+            "telemetry_ms": 200,  # 5 Hz (docs/bridge.md, silence); a multiple of period_ms
             "telemetry_format": "cbor",  # "cbor" frames or "json" lines
             "host_timeout_ms": 5000,  # no heartbeat this long -> STANDALONE
             "mode": "auto",  # boot mode: auto (PID) | manual | curve

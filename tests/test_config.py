@@ -348,7 +348,8 @@ _CROSS = (
     # ((dotted, value), ...), path named, text in the message
     ((("control.telemetry_ms", 1050),), "control.telemetry_ms", "multiple of"),
     ((("control.telemetry_ms", 50),), "control.telemetry_ms", "multiple of"),
-    ((("control.period_ms", 250), ("watchdog_ms", 1000)), "watchdog_ms", "5 x"),
+    ((("control.period_ms", 250), ("control.telemetry_ms", 1000), ("watchdog_ms", 1000)),
+     "watchdog_ms", "5 x"),
     ((("channels.0.name", "vram"),), "channels.0.name", "order is fixed"),
     ((("channels.3.setpoint_mc", 60000),), "channels.3.warn_mc", "> setpoint_mc (60000)"),
     ((("channels.3.setpoint_mc", 70000),), "channels.3.setpoint_mc", "10000..60000 for amb"),
@@ -400,7 +401,7 @@ def test_cross_field_rules():
 def test_cross_field_edges_that_are_fine():
     for changes in (
         (("control.telemetry_ms", 100),),
-        (("control.period_ms", 250), ("watchdog_ms", 1250)),
+        (("control.period_ms", 250), ("control.telemetry_ms", 1000), ("watchdog_ms", 1250)),
         (("control.mode", "manual"),),
         (("channels.3.controlled", True), ("channels.0.controlled", False)),
         # every floor exactly at its compiled minimum (device/floors.py)

@@ -1351,20 +1351,20 @@ def test_silence_is_a_deadline_and_an_unplug_is_silent_after_the_debounce(links,
                      silence_max_s=5.0).start()  # fmt: skip
         assert link.wait_up(WAIT)
         st = link.status
-        assert st.silent_after_s == 1.0  # max(1.75 x 200 ms, the 1 s floor), under 5 s
+        assert st.silent_after_s == 1.75  # max(SILENT_S, 2.5 x 200 ms), under 5 s
         assert wait_for(lambda: st.telemetry_at is not None)
         assert silent == []  # frames keep coming
         peer.unplug()
         assert wait_for(lambda: silent)
         assert st.lost_at is not None and not st.link_up
         due = st.silence_deadline()
-        assert due == min(st.last_frame_at + 1.0, st.lost_at + L.UNPLUG_DEBOUNCE_S)
+        assert due == min(st.last_frame_at + st.paused_s + 1.75, st.lost_at + L.UNPLUG_DEBOUNCE_S)
         assert silent[0] >= due  # not early
         time.sleep(0.2)
         assert len(silent) == 1  # once per silence
         peer.replug()
         assert link.wait_up(WAIT) and st.lost_at is None
-    assert L.silence_timeout_s(1000, 5.0) == 1.75 and L.silence_timeout_s(1000, 1.2) == 1.2
+    assert L.silence_timeout_s(1000, 5.0) == 2.5 and L.silence_timeout_s(1000, 1.2) == 1.2
 
 
 # ----------------------------------------------------------------------------- wire strings

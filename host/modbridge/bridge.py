@@ -66,9 +66,9 @@ from modbridge.gpu.base import (
 from modbridge.link.io import LinkIO
 from modbridge.link.keys import KeyStore
 from modbridge.link.session import LinkError, ModuleLink
-from modbridge.model import UNPLUG_DEBOUNCE_S, BridgeSnapshot, ModuleStatus, PairState
+from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
 from modbridge.policy.blindspots import FAN_MODE_AUTO
-from modbridge.policy.engine import LEVEL_NAMES, STALE_MIN_S, PairInput, PolicyConfig, PolicyEngine
+from modbridge.policy.engine import LEVEL_NAMES, PairInput, PolicyEngine
 from modbridge.sanitize import sanitize
 
 log = logging.getLogger(__name__)
@@ -152,21 +152,6 @@ def tick_wait_s(now: float, tick_s: float, lag_s: float = TICK_LAG_S) -> float:
     return max(0.0, (k + 1) * tick_s + lag_s - now)
 
 
-def engine_config(policy: PolicyConfig) -> PolicyConfig:
-    """The policy as the bridge runs it. Silence is the links' deadline
-    (:meth:`ModuleStatus.silence_deadline`: derived from each module's telemetry
-    period, at most ``module_silent_s``, sooner after an unplug), so the engine's own
-    threshold is set below every deadline (:data:`UNPLUG_DEBOUNCE_S`, or
-    ``module_silent_s`` if smaller, less 0.1 %) and :meth:`Bridge._frame_age` hands it
-    an age above that only once the deadline has passed. ``stale_telemetry_s`` keeps
-    the value the configured ``module_silent_s`` gives it."""
-    stale = policy.stale_telemetry_s
-    if stale is None:
-        stale = max(policy.module_silent_s, STALE_MIN_S)
-    threshold = min(policy.module_silent_s, UNPLUG_DEBOUNCE_S) * 0.999
-    return dataclasses.replace(policy, module_silent_s=threshold, stale_telemetry_s=stale)
-
-
 def _same_port(a: str | None, b: str | None) -> bool:
     """The same device: equal paths, or paths resolving to the same node."""
     if not a or not b:
@@ -197,7 +182,8 @@ class Bridge:
         self.ports = list(dict.fromkeys(ports))
         self.event_log = event_log
         self.clock = clock
-        self.engine = PolicyEngine(engine_config(config.policy), event_log)
+        # silence is the links' verdict (status.freshness), taken by the policy as a fact
+        self.engine = PolicyEngine(config.policy, event_log)
         self.io = LinkIO()  # one I/O thread (a selector) for every module link
         self.io.after_iteration = self._decide_urgent
         self.urgent_ticks = 0  # ticks run at once for an alarm, fault change or silence
@@ -564,23 +550,6 @@ class Bridge:
         finally:
             self._tick_lock.release()
 
-    def _frame_age(self, st: ModuleStatus, now: float) -> float | None:
-        """The last frame's age as the policy sees it: the true age once the module's
-        silence deadline has passed, else at most the engine's threshold (not silent
-        yet; see :func:`engine_config`). Without a deadline (a link that reports
-        none), the configured ``module_silent_s`` is applied here."""
-        age = st.last_frame_age_s(now)
-        if age is None:
-            return None
-        due = st.silence_deadline()
-        if due is None:
-            silent = age > self.config.policy.module_silent_s
-        else:
-            silent = now >= due
-        if silent:
-            return max(age, self.engine.config.module_silent_s * 1.001)
-        return min(age, self.engine.config.module_silent_s)
-
     def _on_event(self, status: ModuleStatus, msg) -> None:
         self.last_event_at = self.clock()
         ev = status.recent_events[-1] if status.recent_events else {}
@@ -913,7 +882,6 @@ class Bridge:
         self._note_duplicates()
         return before != (self.duplicates, self._id_port)
 
-
     def _pair_input(self, port: str, now: float) -> PairInput:
         """The policy's input for ``port``'s pair (its state made anew if its module
         or its GPU changed)."""
@@ -935,7 +903,8 @@ class Bridge:
             module=st,
             gpu=self.samples.get(uuid) if uuid else None,
             link_up=st.link_up,
-            last_frame_age_s=self._frame_age(st, now),
+            last_frame_age_s=st.last_frame_age_s(now),
+            link=st.freshness,
             original_limit_w=pair.original_limit_w,
             no_gpu=no_gpu,
         )

@@ -14,27 +14,82 @@ from dataclasses import dataclass, field
 
 from protocol import catalog as C
 
-# Silence (docs/bridge.md, "Silence and unplug"): a module is silent once its last
-# frame is older than max(SILENT_PERIODS telemetry periods, SILENT_FLOOR_S), at most
-# the policy's module_silent_s; a port that disappeared is silent UNPLUG_DEBOUNCE_S
-# after the loss if that is sooner (a replug within it is not a silence).
-SILENT_PERIODS = 1.75  # one frame may be late by 3/4 of a period; one missing is silence
-SILENT_FLOOR_S = 1.0  # fast telemetry: still 1 s (USB latency, a busy host)
+# Link freshness (docs/bridge.md, "Silence and unplug"), decided once, here, for the
+# link and the policy alike (:func:`grade`). Ages are counted in the bridge's running
+# time: a stretch when the bridge's I/O did not run (SIGSTOP, a VM pause, swapping) is
+# not held against the module. One missed frame is "late" (counted, no limit cut); the
+# module is "silent" only once its last frame is SILENT_S old (and at least
+# SILENT_MIN_PERIODS telemetry periods: two missed frames more), at most the policy's
+# module_silent_s; a port that disappeared is silent UNPLUG_DEBOUNCE_S after the loss
+# if that is sooner (a replug within it is not a silence).
+LATE_PERIODS = 1.5  # no frame for 1.5 periods: one frame is missing -> late
+SILENT_S = 1.75  # real silence is decided within 2 s of the last frame (5 Hz: 8 missed)
+SILENT_MIN_PERIODS = 2.5  # slow telemetry: never silent before 2 frames are missed
 UNPLUG_DEBOUNCE_S = 0.5
+FRESH, LATE, SILENT = "fresh", "late", "silent"
 
 
 def silence_timeout_s(telemetry_ms: int | None, max_s: float | None) -> float | None:
-    """The silence timeout for a module announcing ``telemetry_ms`` in its hello.
+    """The silence timeout for a module announcing ``telemetry_ms`` in its hello:
+    max(SILENT_S, SILENT_MIN_PERIODS periods), at most ``max_s``.
 
-    >>> silence_timeout_s(1000, 5.0), silence_timeout_s(100, 5.0), silence_timeout_s(1000, 1.0)
-    (1.75, 1.0, 1.0)
+    >>> silence_timeout_s(200, 5.0), silence_timeout_s(1000, 5.0), silence_timeout_s(200, 1.0)
+    (1.75, 2.5, 1.0)
     >>> silence_timeout_s(None, 5.0), silence_timeout_s(None, None) is None
     (5.0, True)
     """
     if not telemetry_ms:
         return max_s
-    derived = max(SILENT_PERIODS * telemetry_ms / 1000.0, SILENT_FLOOR_S)
+    derived = max(SILENT_S, SILENT_MIN_PERIODS * telemetry_ms / 1000.0)
     return derived if max_s is None else min(derived, max_s)
+
+
+@dataclass(frozen=True)
+class LinkFreshness:
+    """The one verdict on a module's frames (:func:`grade`): ``state`` fresh, late or
+    silent; ``age_s`` the last frame's age in the bridge's running time (None: no frame
+    yet); ``missed_frames`` telemetry periods gone by without a frame; ``paused_s`` the
+    time the bridge itself did not run since that frame (not counted in ``age_s``);
+    ``silent_after_s`` the threshold it was judged against; ``unplugged``: the port is
+    gone (the verdict is the unplug's, not the clock's)."""
+
+    state: str
+    age_s: float | None
+    missed_frames: int = 0
+    paused_s: float = 0.0
+    silent_after_s: float | None = None
+    unplugged: bool = False
+
+    @property
+    def silent(self) -> bool:
+        return self.state == SILENT
+
+
+def grade(age_s: float | None, silent_after_s: float | None, period_s: float | None = None,
+          paused_s: float = 0.0, unplugged_s: float | None = None) -> LinkFreshness:  # fmt: skip
+    """Grade a link from the last frame's wall age ``age_s`` less ``paused_s`` (the
+    bridge's own pauses since it): silent past ``silent_after_s`` (None: never by age),
+    late past ``LATE_PERIODS`` telemetry periods (``period_s``; None: never late);
+    ``unplugged_s``: seconds since the port was lost (silent past
+    ``UNPLUG_DEBOUNCE_S``), None while it is there.
+
+    >>> grade(0.35, 1.75, 0.2).state, grade(0.5, 1.75, 0.2).missed_frames
+    ('late', 2)
+    >>> grade(1.8, 1.75, 0.2).state, grade(30.1, 1.75, 0.2, paused_s=30.0).state
+    ('silent', 'fresh')
+    """
+    if age_s is None:
+        return LinkFreshness(FRESH, None, silent_after_s=silent_after_s)
+    age = max(0.0, age_s - paused_s)
+    missed = int(age / period_s + 0.5) - 1 if period_s else 0
+    unplugged = unplugged_s is not None and unplugged_s > UNPLUG_DEBOUNCE_S
+    if unplugged or (silent_after_s is not None and age > silent_after_s):
+        state = SILENT
+    elif period_s and age > LATE_PERIODS * period_s:
+        state = LATE
+    else:
+        state = FRESH
+    return LinkFreshness(state, age, max(missed, 0), paused_s, silent_after_s, unplugged)
 
 
 _FAULT_NAMES: dict = {}  # fault bits -> their names (ModuleStatus.fault_names)
@@ -67,7 +122,11 @@ class ModuleStatus:
     last_error: str | None = None
     recent_events: list = field(default_factory=list)  # last few event dicts
     silent_after_s: float | None = None  # silence timeout (silence_timeout_s), from hello
+    telemetry_period_s: float | None = None  # the hello's telemetry_ms, in s
     lost_at: float | None = None  # when the port was lost (None: not lost since the hello)
+    paused_s: float = 0.0  # the bridge's own pauses since the last frame (not the module's)
+    freshness: LinkFreshness | None = None  # the link's verdict (grade), set by the link
+    late_total: int = 0  # episodes of late frames (one missed or more, not silent)
     # set by the bridge: every port (this one too) whose module announces this id
     duplicate_ports: tuple[str, ...] = ()
 
@@ -87,15 +146,31 @@ class ModuleStatus:
         return (time.monotonic() if now is None else now) - self.last_frame_at
 
     def silence_deadline(self) -> float | None:
-        """When this module counts as silent: ``last_frame_at + silent_after_s``, or
-        ``lost_at + UNPLUG_DEBOUNCE_S`` if the port is lost and that is sooner; None
-        without a frame or a timeout (the policy's own timeouts decide)."""
+        """When this module counts as silent: ``last_frame_at + silent_after_s`` plus the
+        bridge's own pauses since (``paused_s``), or ``lost_at + UNPLUG_DEBOUNCE_S`` if
+        the port is lost and that is sooner; None without a frame or a timeout."""
         if self.last_frame_at is None or self.silent_after_s is None:
             return None
-        due = self.last_frame_at + self.silent_after_s
+        due = self.last_frame_at + self.paused_s + self.silent_after_s
         if self.lost_at is not None and not self.link_up:
             due = min(due, max(self.lost_at, self.last_frame_at) + UNPLUG_DEBOUNCE_S)
         return due
+
+    def late_deadline(self) -> float | None:
+        """When this module's next frame is late (``LATE_PERIODS`` periods after the
+        last one, plus the bridge's pauses since); None without a frame or a period."""
+        if self.last_frame_at is None or not self.telemetry_period_s:
+            return None
+        return self.last_frame_at + self.paused_s + LATE_PERIODS * self.telemetry_period_s
+
+    def grade(self, now: float) -> LinkFreshness:
+        """:func:`grade` of this module at ``now`` (what the link publishes as
+        ``freshness`` once it has drained the port)."""
+        lost = None
+        if self.lost_at is not None and not self.link_up and self.last_frame_at is not None:
+            lost = now - max(self.lost_at, self.last_frame_at)
+        return grade(self.last_frame_age_s(now), self.silent_after_s, self.telemetry_period_s,
+                     self.paused_s, lost)  # fmt: skip
 
     @property
     def state(self) -> str | None:

@@ -23,6 +23,14 @@ per episode, every link is told (its ``thread_restarts`` and ``last_error``), an
 loop starts over with a fresh selector after a back-off that doubles from
 ``THREAD_BACKOFF_MIN_S``; ``THREAD_HEALTHY_S`` without a failure ends the episode.
 
+The thread's own pauses. With the links on ``time.monotonic`` the thread knows how
+long it meant to be away (the poll's timeout, plus a moment for its work): a wake-up
+later than that by more than ``PAUSE_SLACK_S`` means the bridge did not run (SIGSTOP,
+a VM pause, swapping, a starved host), and each link is told
+(:meth:`ModuleLink._note_pause`) so that the gap is not counted against its module;
+``pauses`` and ``paused_s`` count them. The links then read their ports before any
+verdict.
+
 A port object without a ``fileno()`` (a test double) cannot be selected: it is
 serviced every ``poll_period_s`` of its link instead.
 
@@ -37,6 +45,7 @@ import logging
 import random
 import select
 import threading
+import time
 from collections import deque
 
 from modbridge.link.supervise import Episodes, supervised
@@ -49,6 +58,7 @@ THREAD_BACKOFF_MIN_S = 0.1
 THREAD_BACKOFF_MAX_S = 5.0
 THREAD_HEALTHY_S = 30.0
 JOIN_TIMEOUT_S = 2.0
+PAUSE_SLACK_S = 0.2  # a wake-up this much later than meant (or work this long) is a pause
 _INF = float("inf")
 _EPOLLIN = getattr(select, "EPOLLIN", 1)
 
@@ -97,6 +107,9 @@ class LinkIO:
         self._shared_clock = None  # their one clock, if they have one
         self._rng = random.Random()
         self.iterations = 0  # wake-ups of the thread
+        self.pauses = 0  # wake-ups found late by more than PAUSE_SLACK_S (the bridge paused)
+        self.paused_s = 0.0  # their total (s), not counted against any module
+        self._ran_at: float | None = None  # when the last poll returned (time.monotonic)
         # called in the thread after each wake-up's links were stepped (the bridge
         # decides there what the frames just read made urgent)
         self.after_iteration = None
@@ -200,7 +213,13 @@ class LinkIO:
                     self._loop_links = links
                     stale = False
                 due_at = min(deadlines) if deadlines else _INF
-                events = ep.poll(self._timeout(links, deadlines))
+                timeout = self._timeout(links, deadlines)
+                if self._shared_clock is time.monotonic:
+                    t0 = time.monotonic()
+                    events = ep.poll(timeout)
+                    self._account(links, t0, timeout)
+                else:
+                    events = ep.poll(timeout)
                 self.iterations += 1
                 stepped = []
                 fd_link = self._fd_link
@@ -235,6 +254,27 @@ class LinkIO:
             self._watched = {}
             self._fd_link = {}
             ep.close()
+
+    def _account(self, links: list, t0: float, timeout: float) -> None:
+        """After a poll begun at ``t0`` for ``timeout`` s: time beyond what was meant
+        (the work before it took over ``PAUSE_SLACK_S``, the wake-up came later than
+        that past its timeout) is a pause of the bridge, told to every link."""
+        t1 = time.monotonic()
+        gap = 0.0
+        if self._ran_at is not None and t0 - self._ran_at > PAUSE_SLACK_S:
+            gap += t0 - self._ran_at - PAUSE_SLACK_S
+        late = t1 - t0 - timeout
+        if late > PAUSE_SLACK_S:
+            gap += late
+        self._ran_at = t1
+        if gap <= 0.0:
+            return
+        self.pauses += 1
+        self.paused_s += gap
+        log.debug("%s: the I/O thread did not run for %.3f s (a pause of the bridge)",
+                  self.name, gap)  # fmt: skip
+        for link in links:
+            link._note_pause(gap)
 
     def _after(self) -> None:
         try:

@@ -28,12 +28,19 @@ and the ``hello`` fills the module's identity and its telemetry period. A module
 another protocol major version is reported in ``status.last_error`` and never sent
 heartbeats or commands.
 
-Silence is a deadline (:meth:`ModuleStatus.silence_deadline`): the last frame plus
-a timeout derived from the telemetry period the hello announces
-(:func:`modbridge.model.silence_timeout_s`: max(1.75 periods, 1 s), capped by
-``silence_max_s``, the policy's ``module_silent_s``), or, once the port is lost,
-``UNPLUG_DEBOUNCE_S`` after the loss if that is sooner. When it passes, ``on_silent(status)``
-is called once (until the next frame): the bridge decides at once.
+Freshness is decided here, once (:func:`modbridge.model.grade`), and published as
+``status.freshness`` (a :class:`~modbridge.model.LinkFreshness`: fresh, late or
+silent), which the policy takes as a fact. The link wakes when the next frame is late
+(:meth:`ModuleStatus.late_deadline`) and when the module would be silent
+(:meth:`ModuleStatus.silence_deadline`: a timeout from the hello's telemetry period,
+:func:`modbridge.model.silence_timeout_s`, capped by ``silence_max_s``, the policy's
+``module_silent_s``; or ``UNPLUG_DEBOUNCE_S`` after a lost port if that is sooner).
+Every step reads the port before it judges (a bridge that did not run is not a module
+that did not send: frames waiting in the port's buffer are stamped first), and the I/O
+thread's own pauses (:meth:`_note_pause`, measured by :class:`LinkIO`) are not
+counted against the module. A late frame is counted (``status.late_total``); on
+silence ``on_silent(status)`` is called once (until the next frame): the bridge
+decides at once.
 
 Signing (docs/pairing.md). A module that announces a ``nonce`` in its hello (a fresh
 one every boot) verifies every command but the open reads (:data:`OPEN_REQUESTS`),
@@ -87,6 +94,7 @@ import logging
 import math
 import os
 import random
+import select
 import sys
 import threading
 import time
@@ -146,7 +154,14 @@ from modbridge.link.requests import (  # noqa: F401 - re-exported
 from modbridge.link.requests import REQUEST_TIMEOUTS as _REQUEST_TIMEOUTS
 from modbridge.link.stamps import TS_SUFFIX, Reservation
 from modbridge.link.supervise import Episodes, supervised
-from modbridge.model import UNPLUG_DEBOUNCE_S, ModuleStatus, silence_timeout_s  # noqa: F401
+from modbridge.model import (  # noqa: F401 - UNPLUG_DEBOUNCE_S re-exported
+    FRESH,
+    LATE,
+    UNPLUG_DEBOUNCE_S,
+    ModuleStatus,
+    grade,
+    silence_timeout_s,
+)
 from modbridge.sanitize import sanitize
 from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
@@ -653,10 +668,16 @@ class ModuleLink:
                 due = self._hello_deadline
             if not self._selectable:
                 due = min(due, self._last_service + self.poll_period_s)
-        if self.on_silent is not None and not self._silent_reported:
-            silent_at = self.status.silence_deadline()
+        if not self._silent_reported:  # the next verdict: late, then silent
+            st = self.status
+            silent_at = st.silence_deadline()
             if silent_at is not None and silent_at < due:
                 due = silent_at
+            f = st.freshness
+            if f is None or f.state == FRESH:
+                late_at = st.late_deadline()
+                if late_at is not None and late_at < due:
+                    due = late_at
         return due
 
     def _step(self, readable: bool = True) -> None:
@@ -683,9 +704,10 @@ class ModuleLink:
 
     def _service(self, readable: bool = True) -> None:
         """Read everything waiting (stamped now), dispatch it, run the timers. The
-        read is non-blocking; on an unplugged port it raises (the selector reports the
-        fd readable), which :meth:`_step` turns into a reconnect."""
-        data = self._read() if readable or not self._selectable else b""
+        read is non-blocking and happens on a deadline too (``readable`` False): no
+        verdict on the module before what the port holds is read. On an unplugged port
+        it raises, which :meth:`_step` turns into a reconnect."""
+        data = self._read() if readable or not self._selectable or self._waiting() else b""
         now = self.clock()
         self._last_service = now
         if data:
@@ -709,6 +731,15 @@ class ModuleLink:
                 )
             self._send_hello_request(now)
 
+    def _waiting(self) -> bool:
+        """The port has bytes now (a deadline's step: read them before any verdict).
+        A poll, not a read: pyserial's termios (VMIN 0) makes an empty read look like
+        a hang-up."""
+        fd = self._fd
+        if fd is None:
+            return True  # read through pyserial's in_waiting
+        return bool(select.select((fd,), (), (), 0)[0])
+
     def _read(self) -> bytes:
         """What the port holds now. A pyserial port's fd is read directly (one
         syscall; pyserial's read adds an ioctl and a select): ready but empty means the
@@ -728,13 +759,36 @@ class ModuleLink:
             )
         return data
 
+    def _note_pause(self, gap_s: float) -> None:
+        """The I/O thread did not run for ``gap_s`` more than it meant to (SIGSTOP, a VM
+        pause, swapping): not the module's silence (I/O thread)."""
+        if self.status.last_frame_at is not None:
+            self.status.paused_s += gap_s
+
     def _check_silence(self) -> None:
-        if self.on_silent is None or self._silent_reported:
+        """Publish the link's verdict (after the step has read the port): late is
+        counted, silent calls ``on_silent`` once."""
+        st = self.status
+        if self._silent_reported:
             return
-        silent_at = self.status.silence_deadline()
-        if silent_at is None or self.clock() < silent_at:
+        now = self.clock()
+        due = st.late_deadline() if st.freshness is None or st.freshness.state == FRESH else None
+        silent_at = st.silence_deadline()
+        if silent_at is not None and (due is None or silent_at < due):
+            due = silent_at
+        if due is None or now < due:
+            return
+        f = st.grade(now)
+        was = st.freshness
+        st.freshness = f
+        if f.state == LATE and (was is None or was.state == FRESH):
+            st.late_total += 1
+            log.debug("%s: frame late (%d missed, %.2f s)", self.port, f.missed_frames, f.age_s)
+        if not f.silent:
             return
         self._silent_reported = True
+        if self.on_silent is None:
+            return
         try:
             self.on_silent(self.status)
         except Exception:  # noqa: BLE001 - a callback bug must not break the link
@@ -998,7 +1052,10 @@ class ModuleLink:
         if item.ok:
             st.frames_total += 1
             st.last_frame_at = now
+            st.paused_s = 0.0
             self._silent_reported = False
+            if st.freshness is None or st.freshness.state != FRESH:
+                st.freshness = grade(0.0, st.silent_after_s, st.telemetry_period_s)
             name = item.name
             if name == "telemetry":
                 st.telemetry = item.fields
@@ -1081,6 +1138,7 @@ class ModuleLink:
         self.max_frame = f["max_frame"]
         self.telemetry_ms = f.get("telemetry_ms")
         st.silent_after_s = silence_timeout_s(self.telemetry_ms, self.silence_max_s)
+        st.telemetry_period_s = self.telemetry_ms / 1000.0 if self.telemetry_ms else None
         self._on_nonce(uid, f.get("nonce"), f.get("paired"))
         if ref is not None:
             self._complete(ref, msg)

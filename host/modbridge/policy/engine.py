@@ -11,7 +11,8 @@ The package, by concern:
                   level per ``min_hold_s``)
 ``config``        ``PolicyConfig`` (the ``[policy]`` section) and its validation
 ``thresholds``    warn/critical from the config, else NVML, else fallbacks
-``freshness``     silence, the never-heard grace, stale telemetry (seq/uptime frozen)
+``freshness``     the link's silence verdict taken as a fact, the never-heard grace,
+                  stale telemetry (seq/uptime frozen)
 ``module_rules``  fans, temperatures, the 12 V input from fresh telemetry
 ``blindspots``    sensor_fault, tach_implausible, manual_low_duty (and the request to
                   return a module to automatic control)
@@ -32,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from modbridge.gpu.base import GpuError, GpuSample
-from modbridge.model import ModuleStatus
+from modbridge.model import LinkFreshness, ModuleStatus
 from modbridge.policy.blindspots import MANUAL_FULL_DUTY, TACH_CONFIRM_S
 from modbridge.policy.config import _KINDS, PolicyConfig, PolicyConfigError
 from modbridge.policy.crosscheck import SensorCrossCheck
@@ -98,11 +99,11 @@ class PairInput:
     link_up: bool | None = None
     last_frame_age_s: float | None = None
     original_limit_w: float | None = None  # the actuator's saved original
+    link: LinkFreshness | None = None  # the link's verdict (None: the module's own)
     # a GPU whose module cannot be trusted (duplicate_id, unmapped, module_lost):
     # module is None, the GPU is protected as one without working cooling
     untrusted: str | None = None
     no_gpu: bool = False  # a module mapped to no GPU: its conditions, nothing to write
-
 
     @property
     def key(self) -> tuple:
@@ -190,6 +191,7 @@ class PolicyEngine:
                 last_frame_age_s=inp.last_frame_age_s,
                 original_limit_w=inp.original_limit_w,
                 psu_limit_w=caps.get(inp.key),
+                link=inp.link,
                 untrusted=inp.untrusted,
                 no_gpu=inp.no_gpu,
             )

@@ -1,6 +1,12 @@
 """Is the module's telemetry news? Silence, the grace for a module never heard from,
 and stale telemetry (frames that keep coming but whose sequence number or uptime does
 not advance: byte-identical frames are silence). docs/policy.md, "Blind spots".
+
+Silence is not decided here: the link decides it once (:func:`modbridge.model.grade`,
+from what its port delivered, the bridge's own pauses left out) and the policy takes
+its verdict, a :class:`~modbridge.model.LinkFreshness`, as a fact. Only a module
+without one (a status built by hand, library use) is graded here, by the same
+function, against ``module_silent_s``.
 """
 
 from __future__ import annotations
@@ -8,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from modbridge.model import ModuleStatus
+from modbridge.model import LinkFreshness, ModuleStatus, grade
 from modbridge.policy.config import PolicyConfig
 
 # Default stale_telemetry_s: max(module_silent_s, this). uptime_s counts whole seconds
@@ -29,6 +35,7 @@ class Silence:
 
     silent: bool
     source: str = "module"  # what says so: "module" (no frames), "telemetry_stale"
+    link: LinkFreshness | None = None  # the link's verdict it was decided from
     stale_s: float | None = None  # seq/uptime frozen this long (past the limit)
     never_heard_s: float | None = None  # no frame at all since the pair's first evaluation
 
@@ -53,7 +60,10 @@ class TelemetryFreshness:
             if seen is None or seen[0] != v or now < seen[1]:
                 self._progress[key] = (v, now)
                 continue
-            frozen = now - seen[1]
+            # frozen while frames keep coming: up to the last frame, not to now (frames
+            # that stopped are the link's silence, e.g. a bridge paused before a tick)
+            until = now if module.last_frame_at is None else min(now, module.last_frame_at)
+            frozen = until - seen[1]
             if frozen > limit and (worst is None or frozen > worst):
                 worst = frozen
         # whole ms, rounded up: frozen a hair past the limit is reported past it (round()
@@ -61,14 +71,17 @@ class TelemetryFreshness:
         return None if worst is None else math.ceil(worst * 1000) / 1000
 
     def judge(self, now: float, module: ModuleStatus, age_s: float | None,
-              first_at: float) -> Silence:  # fmt: skip
-        """Silent: no frame for ``module_silent_s``, never heard from for
-        ``module_grace_s`` after ``first_at``, or stale telemetry."""
+              first_at: float, link: LinkFreshness | None = None) -> Silence:  # fmt: skip
+        """Silent: the link says so (``link``, else ``module.freshness``; without
+        either, :func:`grade` of ``age_s`` against ``module_silent_s``), never heard
+        from for ``module_grace_s`` after ``first_at``, or stale telemetry."""
         cfg = self.config
         if age_s is None:
             waited = now - first_at
             return Silence(waited > cfg.module_grace_s, never_heard_s=waited)
+        if link is None:
+            link = module.freshness or grade(age_s, cfg.module_silent_s)
         stale = self.stale_s(now, module)
-        if age_s > cfg.module_silent_s:
-            return Silence(True, stale_s=stale)
-        return Silence(stale is not None, "telemetry_stale", stale_s=stale)
+        if link.silent:
+            return Silence(True, stale_s=stale, link=link)
+        return Silence(stale is not None, "telemetry_stale", stale_s=stale, link=link)

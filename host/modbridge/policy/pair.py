@@ -11,7 +11,7 @@ the cross-check (:mod:`~modbridge.policy.crosscheck`) and the early warning
 from __future__ import annotations
 
 from modbridge.gpu.base import GpuError, GpuSample
-from modbridge.model import ModuleStatus
+from modbridge.model import FRESH, LinkFreshness, ModuleStatus
 from modbridge.policy.blindspots import ReturnToAuto
 from modbridge.policy.config import PolicyConfig
 from modbridge.policy.crosscheck import SensorCrossCheck
@@ -115,6 +115,7 @@ class PairPolicy:
         last_frame_age_s: float | None = None,
         original_limit_w: float | None = None,
         psu_limit_w: float | None = None,
+        link: LinkFreshness | None = None,
         untrusted: str | None = None,
         no_gpu: bool = False,
     ) -> Decision:
@@ -122,6 +123,8 @@ class PairPolicy:
 
         ``module``: the mapped module's status, None when no module is mapped.
         ``link_up`` / ``last_frame_age_s`` override what ``module`` says (None: read it).
+        ``link``: the link's verdict on the module's frames (None: ``module.freshness``);
+        silent is CRITICAL, late only shows in the values (one missed frame cuts nothing).
         ``gpu``: a sample, the GpuError its backend raised, or None (no reading).
         ``original_limit_w``: the limit saved by the actuator at start, if known.
         ``psu_limit_w``: the PSU guard's cap for this GPU (None: no cap).
@@ -180,7 +183,13 @@ class PairPolicy:
             age = last_frame_age_s if last_frame_age_s is not None else module.last_frame_age_s(now)
             values["link_up"] = module.link_up if link_up is None else link_up
             values["last_frame_age_s"] = age
-            verdict = self._freshness.judge(now, module, age, self._first_at)
+            verdict = self._freshness.judge(now, module, age, self._first_at, link)
+            f = verdict.link
+            if f is not None and f.state != FRESH:
+                values["link_state"] = f.state
+                values["missed_frames"] = f.missed_frames
+            if f is not None and f.paused_s:
+                values["bridge_paused_s"] = round(f.paused_s, 3)
             if verdict.never_heard_s is not None:
                 values["never_heard_s"] = verdict.never_heard_s
             if verdict.stale_s is not None:
@@ -198,7 +207,6 @@ class PairPolicy:
                     hit(R_MODULE_UNTRUSTED, untrusted)
                 else:  # at start, modules are still saying hello: the never-heard grace
                     values["never_heard_s"] = waited
-
 
         # cross-check: the module's GPU NTC against the GPU's own sensor --------------
         power_w = sample.power_w if sample is not None else None
