@@ -26,6 +26,11 @@ class PortBusy(LinkError):
     """Another process holds the port."""
 
 
+class NotASerialPort(LinkError):
+    """The path exists but is no tty (a regular file, a directory, /dev/null): no
+    module can be behind it, so waiting for a hello is pointless."""
+
+
 class IncompatibleModule(LinkError):
     """The module speaks another protocol major version."""
 

@@ -4,12 +4,20 @@ open errors mapped to messages that say what to do; the reopen back-off."""
 from __future__ import annotations
 
 import errno
+import os
 import random
+import stat
 from collections.abc import Callable
 
 import serial
 
-from modbridge.link.errors import LinkError, PortBusy, PortNotFound, PortPermissionDenied
+from modbridge.link.errors import (
+    LinkError,
+    NotASerialPort,
+    PortBusy,
+    PortNotFound,
+    PortPermissionDenied,
+)
 
 BAUDRATE = 115200
 WRITE_TIMEOUT_S = 0.5
@@ -33,7 +41,40 @@ def open_error(port: str, exc: BaseException) -> LinkError:
         return PortNotFound(
             f"{port}: no such port: is the module plugged in? `modbridge list` shows modules"
         )
+    if code == errno.ENOTTY or "Inappropriate ioctl" in text:
+        return _not_serial(port, "a device that is not a tty")
     return LinkError(f"{port}: cannot open: {text}")
+
+
+def _not_serial(port: str, what: str) -> NotASerialPort:
+    return NotASerialPort(f"{port} is not a serial port ({what}): give the module's tty, "
+                          "e.g. /dev/ttyUSB0 or /dev/modbridge/...; `modbridge list` shows "
+                          "them")  # fmt: skip
+
+
+def check_port(port: str) -> None:
+    """Fail fast on a path no module can be behind: missing (:class:`PortNotFound`),
+    or not a tty (:class:`NotASerialPort`: a file, a directory, /dev/null). A tty, or
+    one this user may not open (the open then says so), passes."""
+    try:
+        st = os.stat(port)
+    except FileNotFoundError:
+        raise open_error(port, FileNotFoundError(errno.ENOENT, port)) from None
+    except OSError as e:
+        raise open_error(port, e) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise _not_serial(port, "a directory")
+    if not stat.S_ISCHR(st.st_mode):
+        raise _not_serial(port, "a regular file" if stat.S_ISREG(st.st_mode) else "not a device")
+    try:
+        fd = os.open(port, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return  # busy or not ours: the real open reports it, with its advice
+    try:
+        if not os.isatty(fd):
+            raise _not_serial(port, "a device that is not a tty")
+    finally:
+        os.close(fd)
 
 
 def open_port(port: str, open_fn: Callable = serial.Serial, timeout: float = 0):

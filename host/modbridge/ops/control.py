@@ -834,6 +834,13 @@ class DirectTarget(Target):
             self.close()
             raise TargetNotFound(f"{port}: no such port, so no module there (unplugged? "
                                  "`modbridge list` shows the ports)")  # fmt: skip
+        from modbridge.link.port import NotASerialPort, check_port
+
+        try:
+            check_port(port)  # /dev/null, a file: one line at once, not a hello wait
+        except NotASerialPort as e:
+            self.close()
+            raise ControlError(str(e)) from None
         self.link = quiet_link_class()(port, keys=keys, quiet=not self.heartbeats,
                                        heartbeat_period_s=heartbeat_s or 3600.0)  # fmt: skip
         try:

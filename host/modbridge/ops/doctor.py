@@ -552,6 +552,8 @@ _LINK_HINTS = {
     "permission": "add this user to the port's group (`modbridge` with the udev rule in "
     "packaging/udev, else `dialout`), log in again; or run doctor with sudo",
     "not_found": "plug the module in, check `ls /dev/modbridge/`, or give --port PATH",
+    "not_serial": "that path is no serial port: give the module's tty (`modbridge list` "
+    "shows them; /dev/modbridge/* with the udev rule in packaging/udev)",
     "no_hello": "the port opens but nothing speaks the protocol: is the firmware flashed "
     "(`modbridge flash`), is the module powered, is it the right port (`modbridge list`)?",
     "incompatible": "the module speaks another protocol major version: reflash it with "
@@ -1159,9 +1161,18 @@ def probe_module(port: str, keys=None, timeout_s: float = 5.0, active: bool = Fa
     :func:`fan_step`. Heartbeats (without GPU readings) keep the module HOSTED while
     doctor talks to it."""
     from modbridge.link import session as S
+    from modbridge.link.port import NotASerialPort, check_port
 
     factory = link_factory or S.ModuleLink
     view = ModuleView(port=port)
+    if link_factory is None:  # a real port: a path no module can be behind fails now
+        try:
+            check_port(port)
+        except NotASerialPort as e:
+            view.error, view.error_kind = str(e), "not_serial"
+            return view
+        except S.LinkError:
+            pass  # missing or not openable: the link says so below, as before
     link = factory(port, keys=keys, heartbeat_period_s=heartbeat_period_s)
     try:
         try:
