@@ -19,7 +19,11 @@ I2 while a fault cause the app reports persists, no fan is below what it was
    commanding the tick before the cause appeared;
 I3 a refused (or unanswered) command leaves config, mode and duties unchanged;
 I4 MANUAL only within its lease;
-I5 no internal error, no failed tick (``App.failures``), boot always answers hello.
+I5 no internal error, no failed tick (``App.failures``), boot always answers hello;
+I6 an unauthenticated heartbeat changes nothing: the host-timeout clock restarts only
+   after a signed heartbeat was sent, no value that only unsigned or forged heartbeats
+   carried (``POISON_*``) reaches the module, and a signed heartbeat in a burst of
+   unauthenticated ones is taken (SPEC section 14.1).
 
 A violation raises ``InvariantError`` naming the invariant and the values.
 """
@@ -45,6 +49,8 @@ _ADC_FS = 65535
 
 
 class InvariantError(AssertionError):
+POISON_POWER = 3999999  # mW: only unauthenticated heartbeats carry these (I6)
+POISON_TEMP = 12345  # m degC
     pass
 
 
@@ -120,6 +126,8 @@ class Harness:
     # -- time ---------------------------------------------------------------------
     def advance(self, ms):
         end = self.now + ms
+        self.hb_clock = self.app.hb_ms  # I6: the module's host clock, last seen
+        self.signed_hb = False  # I6: a signed heartbeat was sent since it last moved
         while self.now < end:
             if self.host_on and self.now - self.last_hb >= HB_MS:
                 self._send_heartbeat()
@@ -191,6 +199,8 @@ class Harness:
             self.replay.append(data)
             if len(self.replay) > 16:
                 self.replay = self.replay[-16:]
+        if name == "heartbeat":
+            self.signed_hb = True
         self.hal.send(data)
         return seq
 
@@ -227,6 +237,49 @@ class Harness:
             app.manual_duty[0],
             app.manual_duty[1],
             app.paired,
+    def heartbeat_burst(self, n, signed_at, forged):
+        """One burst: a delimiter (ends any partial run), ``n`` unsigned (or forged)
+        heartbeats carrying ``POISON_*`` values and, at position ``signed_at`` (none
+        when > n), the host's signed heartbeat, which the module must take (I6)."""
+        hb = {"gpu_power": POISON_POWER, "gpu_temp": POISON_TEMP}
+        bad = None
+        if forged:
+            bad = sign.Signer(bytes(32), 1, self._clock)
+            bad.nonce = self.signer.nonce
+        queued = self.hal.rx_pending()
+        before = self.app.hb_ms
+        boots = self.resets
+        data = b"\x00"
+        k = 0
+        while k <= n:
+            if k == signed_at:  # the module reads the ring: one burst all the same
+                self.hal.send(data)
+                queued += len(data) + 64
+                data = b""
+                self._send_heartbeat()
+            if k < n:
+                data += frame.encode_frame("heartbeat", hb, self._next_seq(), signer=bad)
+            k += 1
+        queued += len(data)
+        self.hal.send(data)
+        self.advance(STEP_MS * (2 + queued // 128))  # the module reads 128 B a step
+        if signed_at <= n and self.resets == boots and self.app.hb_ms == before:
+            self._fail("I6: the signed heartbeat in a burst of %d unauthenticated was lost" % n)
+
+    def _check_unauthenticated(self):
+        """I6, on every tick (see the module docstring)."""
+        app = self.app
+        if app.hb_ms != self.hb_clock:
+            if not self.signed_hb:
+                self._fail("I6: the host clock restarted without a signed heartbeat")
+            self.hb_clock = app.hb_ms
+            self.signed_hb = False
+        if app.gpu_power_mw == POISON_POWER or app.gpu_temp_mc == POISON_TEMP:
+            self._fail(
+                "I6: an unauthenticated heartbeat's value reached the module: %r mW, %r m degC"
+                % (app.gpu_power_mw, app.gpu_temp_mc)
+            )
+
         )
 
     def command(self, name, fields, how="signed", fmt="cbor"):
@@ -410,6 +463,7 @@ CONFIG_CHANGES = (
     {"fans.0.kick_ms": 0},
     {"safety.min_manual_duty": 0},
     {"safety.host_lost": 0},
+        self._check_unauthenticated()
     {"safety.sensor_fault": 32768},
     {"channels.0.correction": [-40]},
     {"channels.1.correction": [1000000]},
@@ -541,3 +595,6 @@ def random_action(h, rnd):
     else:
         h.advance((50, 200, 1000, 3000, 7000)[rnd(5)])
     h.steps += 1
+    elif k < 77:
+        n = (1, 3, 8)[rnd(3)]
+        h.heartbeat_burst(n, rnd(n + 2), rnd(3) == 0)

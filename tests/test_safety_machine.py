@@ -51,6 +51,10 @@ class SafetyMachine(RuleBasedStateMachine):
         self.h.send_raw(GARBAGE[i])
         self.h.advance(200)
 
+    @rule(n=st.integers(0, 10), signed_at=st.integers(0, 11), forged=st.booleans())
+    def unauthenticated_heartbeats(self, n, signed_at, forged):
+        self.h.heartbeat_burst(n, signed_at, forged)
+
     @rule(data=st.binary(min_size=1, max_size=200))
     def noise(self, data):
         self.h.send_raw(data)
