@@ -66,9 +66,10 @@ def test_pinned_by_port_a_duplicate_is_still_mapped_and_its_stall_cuts_its_gpu()
     bridge = thread = None
     fleet.start()
     try:
-        cfg = BridgeConfig(heartbeat_period_s=0.1, tick_s=0.1, policy=PolicyConfig(**FAST_POLICY),
-                           modules=[ModuleMapping(None, g.uuid, port=p)
-                                    for p, g in zip(fleet.ports, fleet.gpus, strict=True)])  # fmt: skip
+        cfg = BridgeConfig(heartbeat_period_s=0.1, tick_s=0.1,
+                           policy=PolicyConfig(**FAST_POLICY),
+                           modules=[ModuleMapping(None, g.uuid, port=p) for p, g
+                                    in zip(fleet.ports, fleet.gpus, strict=True)])  # fmt: skip
         bridge = Bridge(cfg, VirtualBackend(fleet.gpus), fleet.ports,
                         event_log=EventLog(lines)).start()  # fmt: skip
         thread = threading.Thread(target=bridge.run, name="bridge-loop", daemon=True)
@@ -152,15 +153,10 @@ def _trusted(gpu, maps, links) -> bool:
     live = {p: i for p, i in links.items() if i is not None}
     count = {i: list(live.values()).count(i) for i in live.values()}
     for port, mid in live.items():
-        for g, m_id, m_port in maps:
-            if m_port is not None:
-                if m_port == port and m_id in (None, mid):
-                    break
-            elif m_id == mid and count[mid] == 1:
-                break
-        else:
-            continue
-        if g == gpu:
+        first = next((g for g, m_id, m_port in maps
+                      if ((m_port == port and m_id in (None, mid)) if m_port is not None
+                          else (m_id == mid and count[mid] == 1))), None)  # fmt: skip
+        if first == gpu:
             return True
     return False
 
