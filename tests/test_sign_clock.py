@@ -115,9 +115,9 @@ def test_timestamps_never_repeat_or_go_back_across_restarts_and_crashes(tmp_path
     for steps, frames, clean in runs:
         clock_vals = iter(steps * (frames // len(steps) + 1))
 
-        def clock():
+        def clock(vals=clock_vals):
             nonlocal now
-            now = max(0, now + next(clock_vals))
+            now = max(0, now + next(vals))
             return now
 
         res = S.Reservation(path, window=window)
