@@ -235,6 +235,20 @@ def test_pair_in_the_window_unsigned_then_the_link_signs(tmp_path, linked):
         assert link.request("reboot").name == "ack"
 
 
+def test_a_paired_module_without_the_hosts_key_file_says_where_it_looked(tmp_path, linked):
+    """The module has a secret (its hello says paired), this host's store has no file
+    for it (MODBRIDGE_KEYS_DIR unset, another user's store): the message names the
+    directory and the variable, not 'the module is not paired'."""
+    store = K.KeyStore(tmp_path / "elsewhere")
+    with PtyPeer(nonce=True, key=bytes(range(32))) as peer:
+        link = linked(peer, store)
+        assert link.paired is True
+        msg = link.key_error
+        assert "is paired, but there is no key for it in" in msg, msg
+        assert str(tmp_path / "elsewhere") in msg and "MODBRIDGE_KEYS_DIR" in msg, msg
+        assert "is not paired" not in msg
+
+
 def test_pair_outside_the_window_is_refused_with_what_to_do(tmp_path, linked):
     store = K.KeyStore(tmp_path / "keys")
     with PtyPeer(nonce=True, pairing_window=False) as peer:

@@ -79,6 +79,16 @@ def not_paired_text(port: str, uid: str, why: str | None = None) -> str:
     return f"module {sanitize(uid)} is not paired{detail}: run `modbridge pair {port}`"
 
 
+def key_missing_text(port: str, uid: str, keys_dir) -> str:
+    """The module says it is paired, this host has no key file for it: the host's
+    key store is elsewhere (another user's, the bridge's), not the module unpaired."""
+    return (f"module {sanitize(uid)} is paired, but there is no key for it in "
+            f"{sanitize(str(keys_dir))}: point MODBRIDGE_KEYS_DIR (or --keys-dir) at the "
+            "key store of the host that paired it (the bridge's: [bridge] keys_dir, else "
+            f"its state dir), or pair it again: `modbridge pair {port} --force` in its "
+            "pairing window")  # fmt: skip
+
+
 def version_error_text(major: int, minor: int | None = None) -> str:
     theirs = f"{major}.{minor}" if minor is not None else f"{major}.x"
     return (

@@ -128,6 +128,7 @@ from modbridge.link.errors import (  # noqa: F401 - re-exported
     PortPermissionDenied,
     RequestTimeout,
     Unauthorized,
+    key_missing_text,
     not_paired_text,
     version_error_text,
 )
@@ -1192,7 +1193,12 @@ class ModuleLink:
             return
         try:
             key = self.keys.load(uid, f"modbridge pair {self.port}")
-            why = None if key is not None else not_paired_text(self.port, uid)
+            if key is not None:
+                why = None
+            elif paired:  # the module has a secret: this host only lacks the file
+                why = key_missing_text(self.port, uid, getattr(self.keys, "dir", "?"))
+            else:
+                why = not_paired_text(self.port, uid)
         except KeyStoreError as e:
             key, why = None, sanitize(f"module {sanitize(uid)}: {e}", None)
         if key is not None:
