@@ -229,6 +229,18 @@ def test_garbage_is_refused_by_name_with_what_to_do(tmp_path, content, says):
     assert not (tmp_path / "out.png").exists()
 
 
+def test_an_unwritable_output_is_exit_1_for_report_as_for_record(tmp_path):
+    """docs/bridge.md: a file that cannot be written is a runtime error (1) whichever
+    command writes it; a recording that cannot be read is a usage error (2)."""
+    text, _ = _write("csv", [R.SampleRow(1.0, 0.0, module="m")] * 3)
+    (tmp_path / "rec.csv").write_text(text)
+    out = tmp_path / "no-such-dir" / "out.png"
+    res = run("report", str(tmp_path / "rec.csv"), "-o", str(out))
+    assert res.exit_code == 1 and "cannot write the report" in res.output, res.output
+    res = run("record", "--sim", "--duration", "1", "-o", str(tmp_path / "no-such-dir" / "r.csv"))
+    assert res.exit_code == 1 and "cannot write" in res.output, res.output
+
+
 def test_a_bad_csv_line_in_the_middle_is_named(tmp_path):
     text, _ = _write("csv", [R.SampleRow(1.0, 0.0, module="m")] * 3)
     lines = text.splitlines(keepends=True)

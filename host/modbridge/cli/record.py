@@ -249,8 +249,8 @@ def report_cmd(recording, output, title, as_json):  # fmt: skip
     out = output or (os.path.splitext(recording)[0] + ".png")
     try:
         res = report_file(recording, out, title)
-    except RecordingError as e:
-        _fail("report", e, EXIT_USAGE)
+    except RecordingError as e:  # unreadable input: 2; unwritable output: 1 (as record)
+        _fail("report", e, e.exit_code)
     for note in res.notes:
         click.echo(f"modbridge report: note: {note}", err=True)
     if as_json:

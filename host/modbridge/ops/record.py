@@ -76,6 +76,13 @@ class RecordingError(ModbridgeError):
     exit_code = 2
 
 
+class OutputError(RecordingError):
+    """An output file that cannot be written: a runtime error (exit 1), the same for
+    ``record -o`` and ``report -o`` (docs/bridge.md exit codes)."""
+
+    exit_code = 1
+
+
 @dataclass
 class SampleRow:
     """One module (and its GPU) at one instant; None: not known, not sent, no GPU."""

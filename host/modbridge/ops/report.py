@@ -23,7 +23,14 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from modbridge.ops.record import EventRow, Recording, RecordingError, SampleRow, read_recording
+from modbridge.ops.record import (
+    EventRow,
+    OutputError,
+    Recording,
+    RecordingError,
+    SampleRow,
+    read_recording,
+)
 from modbridge.sanitize import sanitize
 
 LEVELS = ("NORMAL", "WARN", "CRITICAL")
@@ -330,7 +337,7 @@ def render(rec: Recording, path: str | os.PathLike, title: str | None = None,
     try:
         fig.savefig(out, format="png")
     except OSError as e:
-        raise RecordingError(f"{out}: cannot write the report: {e.strerror or e}") from e
+        raise OutputError(f"{out}: cannot write the report: {e.strerror or e}") from e
     cols = columns(rec)
     return ReportResult(
         path=out,
