@@ -46,11 +46,11 @@ _DETECT_HOST_MS = 6500  # host_timeout_ms 5 s + margin
 _BOOT_MS = 100  # BOOT lasts 5 ticks: 100 ms at the shortest period (20 ms)
 _NOMINAL = F.NTC_NOMINAL
 _ADC_FS = 65535
+POISON_POWER = 3999999  # mW: only unauthenticated heartbeats carry these (I6)
+POISON_TEMP = 12345  # m degC
 
 
 class InvariantError(AssertionError):
-POISON_POWER = 3999999  # mW: only unauthenticated heartbeats carry these (I6)
-POISON_TEMP = 12345  # m degC
     pass
 
 
@@ -119,6 +119,8 @@ class Harness:
         self.signer.nonce = hello[0].fields["nonce"]
         self.prev_duty = [self.hal.pwm[0].duty_u16(), self.hal.pwm[1].duty_u16()]
         self.held = {}  # I2: cause bit -> duties at the tick before it appeared
+        self.hb_clock = self.app.hb_ms  # I6: the module's host clock, last seen
+        self.signed_hb = False  # I6: a signed heartbeat was sent since it last moved
 
     def _clock(self):
         return 1000000 + self.now * 100  # 10 us units, monotonic with fake time
@@ -126,8 +128,6 @@ class Harness:
     # -- time ---------------------------------------------------------------------
     def advance(self, ms):
         end = self.now + ms
-        self.hb_clock = self.app.hb_ms  # I6: the module's host clock, last seen
-        self.signed_hb = False  # I6: a signed heartbeat was sent since it last moved
         while self.now < end:
             if self.host_on and self.now - self.last_hb >= HB_MS:
                 self._send_heartbeat()
@@ -191,6 +191,8 @@ class Harness:
 
     def send_signed(self, name, fields, fmt="cbor"):
         seq = self._next_seq()
+        if name == "heartbeat":
+            self.signed_hb = True
         if fmt == "json":
             data = jsonl.encode_line(name, fields, seq, signer=self.signer)
         else:
@@ -199,8 +201,6 @@ class Harness:
             self.replay.append(data)
             if len(self.replay) > 16:
                 self.replay = self.replay[-16:]
-        if name == "heartbeat":
-            self.signed_hb = True
         self.hal.send(data)
         return seq
 
@@ -229,14 +229,6 @@ class Harness:
     def send_raw(self, data):
         self.hal.send(data)
 
-    def snapshot(self):
-        app = self.app
-        return (
-            config.canonical(app.cfg),
-            app.mode,
-            app.manual_duty[0],
-            app.manual_duty[1],
-            app.paired,
     def heartbeat_burst(self, n, signed_at, forged):
         """One burst: a delimiter (ends any partial run), ``n`` unsigned (or forged)
         heartbeats carrying ``POISON_*`` values and, at position ``signed_at`` (none
@@ -247,7 +239,7 @@ class Harness:
             bad = sign.Signer(bytes(32), 1, self._clock)
             bad.nonce = self.signer.nonce
         queued = self.hal.rx_pending()
-        before = self.app.hb_ms
+        before = (self.app.hb_seen, self.app.hb_ms)
         boots = self.resets
         data = b"\x00"
         k = 0
@@ -263,7 +255,8 @@ class Harness:
         queued += len(data)
         self.hal.send(data)
         self.advance(STEP_MS * (2 + queued // 128))  # the module reads 128 B a step
-        if signed_at <= n and self.resets == boots and self.app.hb_ms == before:
+        taken = (self.app.hb_seen, self.app.hb_ms) != before
+        if signed_at <= n and self.resets == boots and not taken:
             self._fail("I6: the signed heartbeat in a burst of %d unauthenticated was lost" % n)
 
     def _check_unauthenticated(self):
@@ -280,6 +273,14 @@ class Harness:
                 % (app.gpu_power_mw, app.gpu_temp_mc)
             )
 
+    def snapshot(self):
+        app = self.app
+        return (
+            config.canonical(app.cfg),
+            app.mode,
+            app.manual_duty[0],
+            app.manual_duty[1],
+            app.paired,
         )
 
     def command(self, name, fields, how="signed", fmt="cbor"):
@@ -436,6 +437,7 @@ class Harness:
             self._fail(
                 "I5: %d failed ticks, %d internal errors" % (app.failures, app.internal_errors)
             )
+        self._check_unauthenticated()
 
     def _fail(self, text):
         self.violations += 1
@@ -463,7 +465,6 @@ CONFIG_CHANGES = (
     {"fans.0.kick_ms": 0},
     {"safety.min_manual_duty": 0},
     {"safety.host_lost": 0},
-        self._check_unauthenticated()
     {"safety.sensor_fault": 32768},
     {"channels.0.correction": [-40]},
     {"channels.1.correction": [1000000]},
@@ -592,9 +593,9 @@ def random_action(h, rnd):
         h.host(rnd(3) != 0)
     elif k < 73:
         h.reboot()
-    else:
-        h.advance((50, 200, 1000, 3000, 7000)[rnd(5)])
-    h.steps += 1
     elif k < 77:
         n = (1, 3, 8)[rnd(3)]
         h.heartbeat_burst(n, rnd(n + 2), rnd(3) == 0)
+    else:
+        h.advance((50, 200, 1000, 3000, 7000)[rnd(5)])
+    h.steps += 1
