@@ -13,8 +13,11 @@ I1 each fan's PWM duty >= the floor computed from the raw ADC codes through the
    board's *nominal* NTC curve (no config, no calibration): the minimum spin duty,
    the hot floor of the reading minus the calibration band, 100 % at the compiled
    critical end, the sensor floor for an open/short controlled NTC, the stall floor
-   for a stopped fan, the host-lost floor after the heartbeats stopped, the boot floor;
-   each counted only once the condition has lasted long enough to be detected;
+   for a stopped fan, the host-lost floor after the heartbeats stopped, the boot floor,
+   the die-margin floor of the host's die against the GPU's slowdown; each counted
+   only once the condition has lasted long enough to be detected. Every number comes
+   from the oracle's own table (tests/oracle_floors.py, written from docs/safety.md),
+   none from ``device.floors``: a wrong floor in the firmware is caught, not copied;
 I2 while a fault cause the app reports persists, no fan is below what it was
    commanding the tick before the cause appeared;
 I3 a refused (or unanswered) command leaves config, mode and duties unchanged;
@@ -28,10 +31,10 @@ I6 an unauthenticated heartbeat changes nothing: the host-timeout clock restarts
 A violation raises ``InvariantError`` naming the invariant and the values.
 """
 
+import oracle_floors as O
 from fakehal import FakeHal, adc_code
 
 from device import calib, config
-from device import floors as F
 from device import safety as S
 from device.app import MODE_MANUAL, App
 from protocol import frame, jsonl, sign
@@ -44,7 +47,7 @@ _DETECT_SENSOR = 1500  # ms
 _DETECT_STALL_MS = 6000  # stall_ms 3 s + an RPM window + margin
 _DETECT_HOST_MS = 6500  # host_timeout_ms 5 s + margin
 _BOOT_MS = 100  # BOOT lasts 5 ticks: 100 ms at the shortest period (20 ms)
-_NOMINAL = F.NTC_NOMINAL
+_NOMINAL = O.NTC_NOMINAL  # the oracle's own numbers (tests/oracle_floors.py)
 _ADC_FS = 65535
 POISON_POWER = 3999999  # mW: only unauthenticated heartbeats carry these (I6)
 POISON_TEMP = 12345  # m degC
@@ -92,6 +95,10 @@ class Harness:
         self.host_seen_at = None
         self.hb_power = 300000
         self.hb_temp = 60000
+        self.hb_slowdown = 0  # the GPU's slowdown the heartbeats carry, 0 = not sent
+        # the last heartbeat for the die floor: [sent at, app.ticks once the module had
+        # read it (None before), die, slowdown]
+        self.die_hb = None
         self.fan_state = ["ok", "ok"]
         self.fan_since = [0, 0]
         self.noise_frac = [0, 0]
@@ -151,10 +158,11 @@ class Harness:
         self.last_hb = self.now
         if self.host_seen_at is None:
             self.host_seen_at = self.now
-        self.send_signed(
-            "heartbeat",
-            {"gpu_temp": self.hb_temp, "gpu_power": self.hb_power, "power_limit": 700000},
-        )
+        fields = {"gpu_temp": self.hb_temp, "gpu_power": self.hb_power, "power_limit": 700000}
+        if self.hb_slowdown:
+            fields["gpu_slowdown"] = self.hb_slowdown
+        self.die_hb = [self.now, None, self.hb_temp, self.hb_slowdown]
+        self.send_signed("heartbeat", fields)
 
     # -- the world ------------------------------------------------------------------
     def set_code(self, ch, code):
@@ -364,8 +372,23 @@ class Harness:
                 since = None
         return 0 if since is None else self.now - since
 
+    def _die_floor(self):
+        """The die-margin floor (tests/oracle_floors.py) of the last heartbeat, once the
+        module has ticked on it and while it is certainly fresh and the host present
+        (sent less than the shortest host timeout, 1 s, ago); 0 otherwise, and when a
+        heartbeat the harness did not record (a burst's) came after it."""
+        hb = self.die_hb
+        if hb is None or not self.host_on or hb[0] != self.last_hb or hb[0] < self.boot_at:
+            return 0
+        if self.now - hb[0] >= 900 or hb[1] is None or self.app.ticks <= hb[1]:
+            return 0
+        return O.die_floor(hb[2], hb[3])
+
     def oracle_floor(self):
-        fl = F.fan_model(None)[F.FM_MIN_SPIN]
+        """The floor every fan must be at, from the raw ADC codes, the fans, the host's
+        heartbeats and time, through the oracle's own table (tests/oracle_floors.py,
+        written from docs/safety.md): no number here comes from device.floors."""
+        fl = O.MIN_SPIN
         reasons = ["min_spin"]
 
         def up(v, why):
@@ -375,36 +398,40 @@ class Harness:
                 reasons.append(why)
 
         if self.now - self.boot_at < _BOOT_MS:
-            up(F.FLOOR_BOOT, "boot")
+            up(O.BOOT, "boot")
         for ch in range(4):
             t = self._min_temp(ch, 1000)
             if t is UNSURE:
                 continue
             if t is not None:
-                prot = t - F.CAL_BAND_MC - 500  # the firmware's LUT interpolates
-                up(F.hot_floor(ch, prot, F.fan_model(None)[F.FM_MIN_SPIN]), "hot%d" % ch)
-                full = F.HOT_FULL_MC[ch]
+                prot = t - O.CAL_BAND_MC - 500  # the firmware's LUT interpolates
+                up(O.hot_floor(ch, prot), "hot%d" % ch)
+                full = O.hot_full(ch)
                 if full is not None and prot >= full + 1000:
-                    up(65535, "critical%d" % ch)
+                    up(O.CRITICAL, "critical%d" % ch)
             elif ch < 3 and min(self._fault_since(ch), self.now - self.boot_at) >= _DETECT_SENSOR:
-                up(F.FLOOR_SENSOR, "sensor%d" % ch)
+                up(O.SENSOR, "sensor%d" % ch)
         for i in range(2):
             # (a noisy tach is caught only at a duty where its reading is implausible:
             # tests/test_app_safety.py covers it; the oracle asks only for stalls)
             since = max(self.fan_since[i], self.boot_at)  # a new boot detects anew
             if self.fan_state[i] == "stalled" and self.now - since >= _DETECT_STALL_MS:
-                up(F.FLOOR_STALL, "stall%d" % i)
+                up(O.STALL, "stall%d" % i)
         if (
             self.host_seen_at is not None
             and self.now - self.last_hb >= _DETECT_HOST_MS
             and self.last_hb >= self.boot_at
         ):
-            up(F.FLOOR_HOST_LOST, "host_lost")
+            up(O.HOST_LOST, "host_lost")
+        up(self._die_floor(), "die_margin")
         return fl, reasons
 
     def _check_tick(self):
         app = self.app
         self.ticks_checked += 1
+        hb = self.die_hb
+        if hb is not None and hb[1] is None and not self.hal.rx_pending():
+            hb[1] = app.ticks  # every byte sent was read: the next tick uses it
         d = [self.hal.pwm[0].duty_u16(), self.hal.pwm[1].duty_u16()]
         fl, why = self.oracle_floor()
         for i in range(2):
@@ -431,7 +458,7 @@ class Harness:
         self.prev_duty = d
         if app.mode == MODE_MANUAL:
             age = self.hal.ticks_ms() - app.manual_ms
-            if age > F.MANUAL_LEASE_MS + 2 * TICK_MS:
+            if age > O.MANUAL_LEASE_MS + 2 * TICK_MS:
                 self._fail("I4: MANUAL for %d ms" % age)
         if app.failures or (app.internal_errors and not self.allow_internal):
             self._fail(
@@ -587,6 +614,8 @@ def random_action(h, rnd):
     elif k < 58:
         h.set_power((0, 5000, 30000, 55000)[rnd(4)])
         h.hb_power = (0, 100000, 350000, 700000)[rnd(4)]
+        h.hb_temp = (60000, 80000, 84500, 86000, 88000, 92000)[rnd(6)]
+        h.hb_slowdown = (0, 83000, 87000, 89000)[rnd(4)]
     elif k < 64:
         h.set_fan(rnd(2), ("ok", "ok", "stalled", "noisy")[rnd(4)])
     elif k < 72:

@@ -73,6 +73,12 @@ class SafetyMachine(RuleBasedStateMachine):
         self.h.set_power(ma)
         self.h.hb_power = hb_w * 1000
 
+    @rule(die=st.integers(30000, 100000), slowdown=st.sampled_from((0, 83000, 87000, 89000)))
+    def gpu_die(self, die, slowdown):
+        # the host's die and the GPU's slowdown: the die-margin floor (oracle I1)
+        self.h.hb_temp = die
+        self.h.hb_slowdown = slowdown
+
     @rule(i=st.integers(0, 1), state=st.sampled_from(("ok", "stalled", "noisy")))
     def fan(self, i, state):
         self.h.set_fan(i, state)
