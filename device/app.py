@@ -736,6 +736,15 @@ class App:
         if t == C.T_HELLO_REQUEST:
             self.hello(msg.seq)
         elif t == C.T_SELFTEST:
+            if f.get("abort"):  # the host gave up (Ctrl-C): the controller takes the fans
+                st = self.selftest
+                self.ack(msg)
+                if st is not None:  # its report ends the host's wait: not passed, aborted
+                    self.send("selftest_report",
+                              {"ref": st.ref, "passed": False, "text": "aborted by the host"})
+                    self.selftest = None
+                    _unload("device.selftest")
+                return
             if self.selftest is not None or (self._tune is not None and self._tune.running):
                 raise CommandError("a self-test is already running", C.ERR_BUSY)
             from device.selftest import SelfTest  # on demand (_unload when it ends)

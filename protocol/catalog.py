@@ -504,7 +504,8 @@ MESSAGES = (
     ),
     (T_REBOOT, "reboot", H2D, ()),
     (T_REPL, "repl", H2D, ()),
-    (T_SELFTEST, "selftest", H2D, ()),
+    # abort (1.x, append-only): end a running self-test now, fans back to the controller
+    (T_SELFTEST, "selftest", H2D, ((0, "abort", K_BOOL, False, None, None, None, ""),)),
     (T_PAIR, "pair", H2D, ((0, "key", K_BYTES, True, 32, 32, None, ""),)),
     (
         T_AUTOTUNE,

@@ -140,7 +140,9 @@ DOCS = {
         "Burn-in style self-test: fans 100/75/50/25 % (the safety floor still applies), "
         "each step held until the tach readings agree, each fan judged against its fan "
         "model (docs/firmware.md 'Self-test'); every channel range-checked, the INA226 "
-        "read. Acked at once; selftest_report follows."
+        "read. Acked at once; selftest_report follows. With abort true (minor 1.x): "
+        "the running self-test ends now, its report (passed false, text 'aborted by "
+        "the host') answers it, the fans go back to the controller; acked either way."
     ),
     "pair": (
         "Provision the 32-byte signing secret. Signed with the old secret, or unsigned "
@@ -157,6 +159,7 @@ DOCS = {
         "the host writes them with pid_gains."
     ),
     ("autotune", "action"): "start or abort",
+    ("selftest", "abort"): "true: end the running self-test now (the host's Ctrl-C)",
     ("autotune", "amplitude"): "relay half-amplitude d (default 20 %)",
     ("autotune", "hysteresis"): "relay hysteresis on the error (default 0.3 degC)",
     ("autotune", "max_rise"): "abort above setpoint + this (default 8 degC)",

@@ -338,3 +338,31 @@ def test_on_the_fake_board_a_healthy_module_passes_and_a_stall_is_named():
             assert got["text"] == "failed: fan1 stalled at 100%: 0 rpm", got
             assert got["fans_ok"] == [False, True], got
         assert app.selftest is None
+
+
+def test_an_abort_ends_the_test_and_gives_the_fans_back():
+    """`selftest` with abort (the host's Ctrl-C): acked, a report that did not pass and
+    says why (it ends the host's wait), the fans back under the controller at once; an
+    abort with no test running is acked and changes nothing."""
+    hal, app = _boot()
+    auto = app.fans[0].duty
+    hal.send(frame.encode_frame("selftest", {}, 401, signer=hal.signer))
+    run(app, hal, 2000)
+    assert app.selftest is not None and app.fans[0].duty == 65535, app.fans[0].duty
+    hal.take()
+    hal.send(frame.encode_frame("selftest", {"abort": True}, 402, signer=hal.signer))
+    run(app, hal, 500)
+    got = [(it.name, it.fields) for it in hal.take() if it.ok]
+    names = [n for n, _ in got]
+    assert "ack" in names and "selftest_report" in names, names
+    (report,) = [f for n, f in got if n == "selftest_report"]
+    assert report["ref"] == 401 and report["passed"] is False, report
+    assert report["text"] == "aborted by the host", report
+    assert app.selftest is None
+    run(app, hal, 3000)
+    assert app.fans[0].duty < 65535 and abs(app.fans[0].duty - auto) <= 6554, (
+        app.fans[0].duty, auto)
+    hal.send(frame.encode_frame("selftest", {"abort": True}, 403, signer=hal.signer))
+    run(app, hal, 500)
+    names = [it.name for it in hal.take() if it.ok]
+    assert names.count("ack") == 1 and "selftest_report" not in names, names

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import click
 
@@ -72,14 +73,47 @@ def _split(cmd: str, args: tuple, sim: bool) -> tuple[str | None, list[str]]:
     return args[0], args[1:]
 
 
+class _Progress:
+    """``modbridge CMD: STARTED... N s`` on stderr while a long operation runs: redrawn
+    each second on a terminal, a line every 10 s otherwise; ended by :meth:`done`."""
+
+    def __init__(self, cmd: str, started: str):
+        import threading
+
+        self.prefix = f"modbridge {cmd}: {started}"
+        self.tty = sys.stderr.isatty()
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        click.echo(self.prefix + ("" if self.tty else " ..."), err=True, nl=not self.tty)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        step = 1.0 if self.tty else 10.0
+        while not self._stop.wait(step):
+            s = time.monotonic() - self._t0
+            if self.tty:
+                click.echo(f"\r\x1b[K{self.prefix} {s:.0f} s", err=True, nl=False)
+            else:
+                click.echo(f"modbridge: still running, {s:.0f} s", err=True)
+
+    def done(self):
+        self._stop.set()
+        self._thread.join(2.0)
+        if self.tty:
+            click.echo("\r\x1b[K", err=True, nl=False)
+
+
 def _execute(cmd: str, module, op, *, sim, direct, socket_path, config_path, keys_dir,
-             as_json, heartbeats: bool = False) -> None:  # fmt: skip
-    """Open the target, run ``op(target)``, print, exit with the outcome's code."""
+             as_json, heartbeats: bool = False, started: str | None = None) -> None:  # fmt: skip
+    """Open the target, run ``op(target)``, print, exit with the outcome's code.
+    ``started``: what a long ``op`` is doing, shown with the elapsed time meanwhile."""
     from modbridge.cli.main import _key_store
 
     cfg = _config(cmd, config_path)
     notes: list[str] = []
     target = None
+    progress = None
     try:
         store = None if sim else _key_store(keys_dir, config_path)
         target = ctl.open_target(module, sim=sim, direct=direct, config=cfg, keys=store,
@@ -87,7 +121,15 @@ def _execute(cmd: str, module, op, *, sim, direct, socket_path, config_path, key
                                  heartbeats=heartbeats)  # fmt: skip
         for n in notes:
             click.echo(f"note: {n}", err=True)
-        out = op(target)
+        if started and not as_json:
+            progress = _Progress(cmd, started)
+        try:
+            out = op(target)
+        finally:
+            if progress is not None:
+                progress.done()
+    except KeyboardInterrupt:  # before the module was busy for us: nothing to undo
+        _die(cmd, "interrupted", ctl.Interrupted.exit_code)
     except ModbridgeError as e:
         for n in notes if target is None else ():
             click.echo(f"note: {n}", err=True)
@@ -265,7 +307,7 @@ def config_reset_cmd(args, yes, sim, direct, socket_path, config_path, keys_dir,
 # ------------------------------------------------------------ selftest, reboot, repl
 
 
-def _simple(name: str, op, doc: str):
+def _simple(name: str, op, doc: str, started: str | None = None):
     @click.command(name)
     @click.argument("args", nargs=-1, metavar="MODULE")
     @_target_options
@@ -274,7 +316,8 @@ def _simple(name: str, op, doc: str):
         if rest:
             _die(name, f"unexpected {' '.join(rest)}", EXIT_USAGE)
         _execute(name, module, op, sim=sim, direct=direct, socket_path=socket_path,
-                 config_path=config_path, keys_dir=keys_dir, as_json=as_json)  # fmt: skip
+                 config_path=config_path, keys_dir=keys_dir, as_json=as_json,
+                 started=started)  # fmt: skip
 
     cmd.help = doc
     return cmd
@@ -282,7 +325,8 @@ def _simple(name: str, op, doc: str):
 
 selftest_cmd = _simple("selftest", ctl.selftest, """Run MODULE's self-test (30-40 s, at most 75 s):
     fans stepped down with the tach checked, every channel, the 12 V input. Exit 1 when
-    it fails.""")
+    it fails. Ctrl-C aborts it (the fans go back to the module's controller), exit 130.""",
+    started="self-test running: fans stepped 100 -> 25 %, 30-40 s (at most 75 s)")
 reboot_cmd = _simple("reboot", ctl.reboot, "Restart MODULE's firmware.")
 repl_cmd = _simple("repl", ctl.repl, """Stop MODULE's firmware and hand its port to the
     MicroPython REPL (for mpremote). Not through the bridge: stop it first.""")

@@ -62,8 +62,11 @@ class PendingRequests:
         with self._lock:
             return seq in self._by_seq
 
-    def add(self, seq: int, name: str, type_id: int) -> Pending:
-        p = Pending(name, type_id, FINAL_REPLY.get(name))
+    def add(self, seq: int, name: str, type_id: int, fields: dict | None = None) -> Pending:
+        final = FINAL_REPLY.get(name)
+        if name == "selftest" and fields and fields.get("abort"):
+            final = None  # an abort is acked; the report it causes answers the test itself
+        p = Pending(name, type_id, final)
         with self._lock:
             self._by_seq[seq] = p
         return p

@@ -631,7 +631,7 @@ class ModuleLink:
             encode_frame(name, fields or {}, seq)  # validate before taking a timestamp
         except ProtocolError as e:
             raise BadRequest(f"{self.port}: {name}: {e}") from None
-        p = self._pending.add(seq, name, mdef[C.M_TYPE])
+        p = self._pending.add(seq, name, mdef[C.M_TYPE], fields)
         try:
             try:
                 self._send(name, fields or {}, seq, signer)

@@ -74,6 +74,13 @@ class TargetNotFound(ControlError):
     exit_code = 3
 
 
+class Interrupted(ControlError):
+    """Ctrl-C while the module was busy for us; the message says what was undone
+    (exit 130, the shell's code for an interrupt)."""
+
+    exit_code = 130
+
+
 # ------------------------------------------------------------------------------ units
 
 
@@ -1262,6 +1269,24 @@ def _step_labels(n: int) -> list[str]:
     return [f"step {i + 1}" for i in range(n)]
 
 
+ABORT_TIMEOUT_S = 5.0
+
+
+def abort_selftest(t: Target) -> str:
+    """Ask the module to end its self-test now (``selftest`` with ``abort``: its
+    controller takes the fans back); what happened, in one sentence."""
+    try:
+        reply = t.request("selftest", {"abort": True}, timeout=ABORT_TIMEOUT_S)
+    except (ModbridgeError, OSError, KeyboardInterrupt) as e:
+        why = sanitize(str(e) or e.__class__.__name__, 160)
+        return (f"interrupted; the self-test could not be aborted ({why}): the module ends "
+                "it on its own within 75 s, its safety floors apply throughout")  # fmt: skip
+    if reply.name == "ack":
+        return "interrupted: self-test aborted, the fans are back under the module's controller"
+    return ("interrupted; the module did not take the abort (older firmware?): it ends the "
+            "self-test on its own within 75 s, its safety floors apply throughout")
+
+
 def selftest(t: Target, timeout_s: float | None = None) -> Outcome:
     """``selftest``: fans stepped down with the tach checked, channels, 12 V input;
     ``failed`` when the module says it did not pass. It takes 30-40 s on healthy fans
@@ -1270,7 +1295,10 @@ def selftest(t: Target, timeout_s: float | None = None) -> Outcome:
 
     if timeout_s is None:
         timeout_s = REQUEST_TIMEOUTS["selftest"]
-    reply = t.request("selftest", timeout=timeout_s)
+    try:
+        reply = t.request("selftest", timeout=timeout_s)
+    except KeyboardInterrupt:
+        raise Interrupted(abort_selftest(t)) from None
     o = _outcome(t, "selftest", "selftest", reply, "selftest")
     if o.status == "refused":
         return o
