@@ -82,10 +82,12 @@ DIE_FULL_MARGIN_MC = const(1000)
 # --- standalone: limits from the last slowdown and probe-to-die offset seen ----------
 # The module keeps the last slowdown it was sent and the largest recent offset between
 # the host's die and the GPU channel's protection reading (clamped to 0..OFFSET_MAX_MC,
-# raised at once, lowered by OFFSET_DOWN_MC every OFFSET_DOWN_MS); without a host the
-# GPU channel warns at min(configured, slowdown - offset - STANDALONE_WARN_MARGIN_MC)
-# and is critical at min(configured, slowdown - offset - STANDALONE_CRIT_MARGIN_MC).
+# low-passed over OFFSET_TAU_MS, then raised at once and lowered by OFFSET_DOWN_MC
+# every OFFSET_DOWN_MS); without a host the GPU channel warns at min(configured,
+# slowdown - offset - STANDALONE_WARN_MARGIN_MC) and is critical at min(configured,
+# slowdown - offset - STANDALONE_CRIT_MARGIN_MC) (device.failsafe.follow_slowdown).
 OFFSET_MAX_MC = const(15000)
+OFFSET_TAU_MS = const(30000)  # the offset seen is low-passed over this first
 OFFSET_DOWN_MC = const(1000)
 OFFSET_DOWN_MS = const(600000)  # 1 degC per 10 minutes
 STANDALONE_WARN_MARGIN_MC = const(3000)
@@ -147,9 +149,21 @@ FM_RPM_NOMINAL = const(5)
 
 
 def fan_model(name):
-    """The tuple of fan model ``name`` (the default model for None/unknown names)."""
-    m = FAN_MODELS.get(name) if name else None
-    return m if m is not None else FAN_MODELS[FAN_MODEL_DEFAULT]
+    """The tuple of fan model ``name``; None is the factory default,
+    ``FAN_MODEL_DEFAULT``. Any other name must be in ``FAN_MODELS``: a misspelt one
+    raises ValueError naming the known models (it used to become ``pwm4`` silently,
+    which took a server fan's tach floor from 2,000 to 400 RPM)."""
+    if name is None:
+        name = FAN_MODEL_DEFAULT
+    m = FAN_MODELS.get(name)
+    if m is None:
+        raise ValueError("unknown fan model %r (known: %s)" % (name, fan_model_names()))
+    return m
+
+
+def fan_model_names():
+    """The known fan models, sorted, as one string: ``"pwm4, pwm4_server, sim"``."""
+    return ", ".join(sorted(FAN_MODELS))
 
 
 def rpm_floor(model):

@@ -127,12 +127,7 @@ def _resolve_model(model):
     if model is None:
         return _floors.fan_model(None)
     if isinstance(model, str):
-        m = _floors.FAN_MODELS.get(model)
-        if m is None:
-            raise ValueError(
-                "unknown fan model %r (have %s)" % (model, ", ".join(sorted(_floors.FAN_MODELS)))
-            )
-        return m
+        return _floors.fan_model(model)  # ValueError for an unknown name
     if not isinstance(model, tuple) or len(model) <= _floors.FM_RPM_NOMINAL:
         raise ValueError("model must be a fan model name or tuple, got %r" % (model,))
     _check_int(model[_floors.FM_RPM_CHECK_DUTY], 0, _DUTY_MAX, "model rpm_check_duty")
