@@ -468,6 +468,18 @@ def _is_space(b):
     return b == 0x20 or b == 0x09 or b == 0x0A or b == 0x0D
 
 
+def _bom_object(buf, s, e):
+    """True when ``buf[s:e]`` is a UTF-8 byte order mark and then (after spaces) a
+    ``{``: a JSON line an editor marked, which the parser refuses as ``undecodable``
+    and the module answers ``nack malformed`` (SPEC sections 7.4 and 8), not noise."""
+    if e - s < 4 or buf[s] != 0xEF or buf[s + 1] != 0xBB or buf[s + 2] != 0xBF:
+        return False
+    s += 3
+    while s < e and buf[s] <= 0x20:
+        s += 1
+    return s < e and buf[s] == _LBRACE
+
+
 ERROR_KINDS = (
     "crc",
     "oversize",
@@ -766,7 +778,7 @@ class StreamDecoder:
             e -= 1
         if s == e:
             return
-        if buf[s] != _LBRACE:
+        if buf[s] != _LBRACE and not _bom_object(buf, s, e):
             self.errors["noise"] += 1
             out.append(BadFrame("noise", "text line that is not a JSON object", fmt=FMT_JSON))
             return
