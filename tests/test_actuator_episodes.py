@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modbridge.actuator import make_actuator
-from modbridge.actuator.journal import JournalError, LimitJournal
+from modbridge.actuator.journal import ClockJournal, JournalError, LimitJournal
 from modbridge.gpu.fake_nvml import FakeNvml
 from modbridge.gpu.nvml import NvmlBackend
 
@@ -47,14 +47,16 @@ def _refuse_journal(monkeypatch):
         raise JournalError("cannot journal the original: Too many open files")
 
     monkeypatch.setattr(LimitJournal, "record", record)
+    monkeypatch.setattr(ClockJournal, "record", record)
 
 
 def test_a_fallback_that_cannot_journal_either_alerts_once(tmp_path, monkeypatch):
     nv, lim, events, clock = _build(tmp_path)
-    _refuse_journal(monkeypatch)  # the clock journal is a LimitJournal too
+    _refuse_journal(monkeypatch)  # both journals: the clocks cannot stand in either
     for _ in range(120):  # 12 s of 0.1 s ticks
         lim.apply(490.0, "fan_stall", level=WARN)
         clock.t += 0.1
+    assert nv.writes == [] and nv.devices[0].locked is None  # nothing written at all
     assert len(_alerts(events)) == 1, [e["message"] for e in _alerts(events)]
 
 
