@@ -122,6 +122,7 @@ class Safety:
         self.learn_slow_mc = 0
         self.learn_off_mc = 0
         self._off_ms = 0  # time the offset seen has stayed below the learned one
+        self._off_f = 0  # the offset seen, low-passed (a load step's lag is no offset)
 
     def configure(self, cfg):
         """Take the config's floors where they are higher than the compiled ones."""
@@ -142,9 +143,11 @@ class Safety:
 
     def learn(self, slowdown_mc, die_mc, prot_mc, dt):
         """With a host: keep its slowdown and the offset of its fresh die over the GPU
-        channel's protection reading ``prot_mc`` (clamped to 0..``OFFSET_MAX_MC``):
-        raised at once, lowered by ``OFFSET_DOWN_MC`` per ``OFFSET_DOWN_MS`` while the
-        offset seen stays below it. Ints only, no allocation."""
+        channel's protection reading ``prot_mc``, clamped to 0..``OFFSET_MAX_MC`` and
+        low-passed over ``OFFSET_TAU_MS`` (the probe lags the die by seconds: a load
+        step's transient gap is not the chassis' offset). The learned offset follows
+        that filtered value up at once and down by ``OFFSET_DOWN_MC`` per
+        ``OFFSET_DOWN_MS``. Ints only, no allocation."""
         if slowdown_mc > 0:
             self.learn_slow_mc = slowdown_mc
         off = die_mc - prot_mc
@@ -152,15 +155,20 @@ class Safety:
             off = 0
         elif off > F.OFFSET_MAX_MC:
             off = F.OFFSET_MAX_MC
-        if off >= self.learn_off_mc:
-            self.learn_off_mc = off
+        if dt > _DT_MAX_MS:
+            dt = _DT_MAX_MS
+        f = self._off_f
+        f += (off - f) * dt // F.OFFSET_TAU_MS  # |.| < 15000 * 10000 < 2**30
+        self._off_f = f
+        if f >= self.learn_off_mc:
+            self.learn_off_mc = f
             self._off_ms = 0
             return
         self._off_ms += dt
         if self._off_ms >= F.OFFSET_DOWN_MS:
             self._off_ms = 0
             v = self.learn_off_mc - F.OFFSET_DOWN_MC
-            self.learn_off_mc = v if v > off else off
+            self.learn_off_mc = v if v > f else f
 
     # -- S2: bounded readings -----------------------------------------------------
     def bound(self, i, code, cal_mc):
