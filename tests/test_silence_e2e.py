@@ -113,3 +113,30 @@ def test_real_silence_within_2_s_and_an_unplug_within_1_s():
         assert decided - st.lost_at <= 1.0  # the unplug's verdict, by construction
         wait_for(lambda: silent_decisions(r), 10, "the unplug decided")
         assert r.pair().target_limit_w is not None and r.pair().target_limit_w < ORIGINAL_W
+
+
+def test_a_wedged_io_thread_is_not_taken_for_a_fresh_module():
+    """The link decides silence in the I/O thread; if that thread is wedged while the
+    loop runs, its last verdict is no news: the loop takes the module for silent."""
+    from modbridge.bridge import IO_STALL_S
+
+    with bridged(**REAL_TIME) as r:
+        wait_for(lambda: r.module().freshness is not None, 10, "a verdict")
+        io = r.bridge.io
+        real = io.after_iteration
+        blocked, release = threading.Event(), threading.Event()
+
+        def stuck():
+            if not release.is_set():
+                blocked.set()
+                release.wait(IO_STALL_S + 20)
+            real()
+
+        io.after_iteration = stuck
+        try:
+            wait_for(blocked.is_set, 10, "the I/O thread wedged")
+            wait_for(lambda: silent_decisions(r), IO_STALL_S + 15, "silence from the loop")
+            assert r.bridge.io_stalled_s > IO_STALL_S
+        finally:
+            release.set()
+            io.after_iteration = real

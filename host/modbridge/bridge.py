@@ -63,10 +63,10 @@ from modbridge.gpu.base import (
     error_sample,
     throttle_temp_c,
 )
-from modbridge.link.io import LinkIO
+from modbridge.link.io import MAX_WAIT_S, LinkIO
 from modbridge.link.keys import KeyStore
 from modbridge.link.session import LinkError, ModuleLink
-from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
+from modbridge.model import SILENT, BridgeSnapshot, LinkFreshness, ModuleStatus, PairState
 from modbridge.policy.blindspots import FAN_MODE_AUTO
 from modbridge.policy.engine import LEVEL_NAMES, PairInput, PolicyEngine
 from modbridge.sanitize import sanitize
@@ -82,6 +82,10 @@ REFUSED_RETRY_S = 30.0
 # systemd's Restart=on-failure starts it again from a known state.
 TICK_FAIL_LIMIT = 10
 STOP_TICK_WAIT_S = 5.0  # stop() waits this long for a tick in progress
+# The links' I/O thread wakes at least every MAX_WAIT_S (every heartbeat while a link is
+# up): not woken for this long of the loop's running time, it is wedged, and the links'
+# verdicts (its own) cannot be news: every module with frames is taken for silent.
+IO_STALL_S = MAX_WAIT_S + 2.0
 TICK_FAIL_MIN_S = 5.0
 
 
@@ -214,6 +218,8 @@ class Bridge:
         self._mapped: dict[tuple, str | None] = {}  # _gpu_for's answers, while valid for
         self._mapped_for: tuple | None = None  # (GPUs read, _id_port, duplicates)
         self.ticks = 0
+        self.io_stalled_s = 0.0  # the loop's running time since the I/O thread last woke
+        self._io_watch: tuple | None = None  # (its iterations, the loop's last tick)
         self.tick_errors = 0
         self.tick_failures_in_a_row = 0
         self._failing_since: float | None = None
@@ -765,6 +771,7 @@ class Bridge:
     def _tick(self) -> BridgeSnapshot:
         now = self.clock()
         self.ticks += 1
+        self._watch_io(now)
         self._refresh_gpus()
         for uuid, lim in self.limiters.items():
             lim.observe(self.samples.get(uuid))  # the current limit is the truth
@@ -882,6 +889,26 @@ class Bridge:
         self._note_duplicates()
         return before != (self.duplicates, self._id_port)
 
+    def _watch_io(self, now: float) -> None:
+        """The loop's watch on the I/O thread (the one that decides silence): its
+        running time without a wake-up of that thread, the loop's own pauses left out
+        (a tick counts at most two tick periods and a half second)."""
+        if self.io.thread is None:  # links of their own (tests' doubles): nothing to watch
+            return
+        it = self.io.iterations
+        seen = self._io_watch
+        self._io_watch = (it, now)
+        if seen is None or seen[0] != it:
+            if self.io_stalled_s > IO_STALL_S:
+                log.warning("the links' I/O thread runs again")
+            self.io_stalled_s = 0.0
+            return
+        was = self.io_stalled_s
+        self.io_stalled_s += min(max(now - seen[1], 0.0), 2 * self.config.tick_s + 0.5)
+        if was <= IO_STALL_S < self.io_stalled_s:
+            log.error("the links' I/O thread has not run for %.1f s: every module is taken "
+                      "for silent until it does", self.io_stalled_s)  # fmt: skip
+
     def _pair_input(self, port: str, now: float) -> PairInput:
         """The policy's input for ``port``'s pair (its state made anew if its module
         or its GPU changed)."""
@@ -904,10 +931,18 @@ class Bridge:
             gpu=self.samples.get(uuid) if uuid else None,
             link_up=st.link_up,
             last_frame_age_s=st.last_frame_age_s(now),
-            link=st.freshness,
+            link=self._link_verdict(st, now),
             original_limit_w=pair.original_limit_w,
             no_gpu=no_gpu,
         )
+
+    def _link_verdict(self, st: ModuleStatus, now: float) -> LinkFreshness | None:
+        """The link's verdict on its module, unless the I/O thread that makes it is
+        wedged (:meth:`_watch_io`; judged in the loop only)."""
+        if (self.io_stalled_s > IO_STALL_S and st.last_frame_at is not None
+                and threading.current_thread() is not self.io.thread):  # fmt: skip
+            return LinkFreshness(SILENT, st.last_frame_age_s(now))
+        return st.freshness
 
     def _named_gpu_absent(self, st: ModuleStatus) -> bool:
         """Does a ``[[module]]`` table that applies to this module name a GPU that is not
