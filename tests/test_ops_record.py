@@ -436,7 +436,8 @@ def test_the_progress_line_redraws_on_a_tty_and_prints_lines_otherwise():
     line(p)
     line(p)  # within 0.5 s: not redrawn
     line(p, final=True)
-    assert out.getvalue().count("\r") == 2 and out.getvalue().endswith("\x1b[K\n")
+    # redrawn in place (CR, erase), the final state kept on its own line
+    assert out.getvalue().count("\r") == 2 and out.getvalue().endswith("-> r.csv\n")
     out = io.StringIO()
     line = cli_record._ProgressLine("r.csv", stream=out)
     line(p)

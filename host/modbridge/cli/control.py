@@ -80,28 +80,27 @@ class _Progress:
     def __init__(self, cmd: str, started: str):
         import threading
 
+        from modbridge.cli.term import StatusLine
+
         self.prefix = f"modbridge {cmd}: {started}"
-        self.tty = sys.stderr.isatty()
+        self.line = StatusLine(sys.stderr)
         self._stop = threading.Event()
         self._t0 = time.monotonic()
-        click.echo(self.prefix + ("" if self.tty else " ..."), err=True, nl=not self.tty)
+        self.line.show(self.prefix + ("" if self.line.tty else " ..."))
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self):
-        step = 1.0 if self.tty else 10.0
+        step = 1.0 if self.line.tty else 10.0
         while not self._stop.wait(step):
             s = time.monotonic() - self._t0
-            if self.tty:
-                click.echo(f"\r\x1b[K{self.prefix} {s:.0f} s", err=True, nl=False)
-            else:
-                click.echo(f"modbridge: still running, {s:.0f} s", err=True)
+            self.line.show(f"{self.prefix} {s:.0f} s" if self.line.tty
+                           else f"modbridge: still running, {s:.0f} s")  # fmt: skip
 
     def done(self):
         self._stop.set()
         self._thread.join(2.0)
-        if self.tty:
-            click.echo("\r\x1b[K", err=True, nl=False)
+        self.line.done()
 
 
 def _execute(cmd: str, module, op, *, sim, direct, socket_path, config_path, keys_dir,

@@ -48,7 +48,9 @@ def main(verbose: int) -> None:
         level = logging.INFO
     elif verbose >= 2:
         level = logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from modbridge.cli.term import setup_logging
+
+    setup_logging(level)  # records never break a status or progress line
 
 
 EXIT_USAGE = 2  # docs/bridge.md "Commands": 0 ok, 1 runtime, 2 usage or config, 3 not found

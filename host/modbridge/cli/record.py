@@ -59,11 +59,14 @@ def progress_text(p, path: str) -> str:
 
 
 class _ProgressLine:
-    """stderr: one ``\\r``-redrawn line on a terminal, else a line every 10 s."""
+    """stderr: one ``\\r``-redrawn line on a terminal (log records go above it: see
+    :mod:`modbridge.cli.term`), else a line every 10 s."""
 
     def __init__(self, path: str, enabled: bool = True, stream=None):
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        from modbridge.cli.term import StatusLine
+
+        self.line = StatusLine(stream or sys.stderr)
+        self.stream, self.tty = self.line.stream, self.line.tty
         self.path, self.enabled = path, enabled
         self._last = None
 
@@ -76,11 +79,10 @@ class _ProgressLine:
             return
         self._last = now
         text = progress_text(p, self.path)
-        if self.tty:
-            self.stream.write("\r" + text + "\x1b[K" + ("\n" if final else ""))
+        if final:
+            self.line.done(text)
         else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+            self.line.show(text)
 
 
 def _default_output(fmt: str | None) -> str:
