@@ -41,6 +41,67 @@ RESET_CAUSES = (
 )
 
 
+# --- reset causes from the real flags (issue 23 item 12) --------------------------
+# machine.reset_cause() alone is wrong for a software reset on both MCU families
+# (MicroPython v1.28.0):
+# - stm32 (ports/stm32/modmachine.c machine_init): WDT if IWDGRSTF/WWDGRSTF, POWER_ON
+#   if PORRSTF/BORRSTF, else HARD if PINRSTF, else SOFT; then it sets RMVF, which clears
+#   RCC_CSR before any Python runs. NVIC_SystemReset (machine.reset()) pulls NRST low,
+#   so PINRSTF is set with SFTRSTF and a software reset reads HARD_RESET, like the
+#   reset button. SFTRSTF (RCC_CSR bit 28 at 0x40023874 on the F4) is gone by then, so
+#   the firmware leaves its own mark: HAL.reset() writes _REBOOT_MARK to the RTC backup
+#   register BKP0R (kept through a system reset, lost with VDD unless a battery holds
+#   VBAT) and the next boot reads HARD + mark as "soft" and clears the mark.
+#   (BKP19R is MicroPython's, MICROPY_HW_CLK_LAST_FREQ on the pyboard.)
+# - rp2 (ports/rp2/modmachine.c): WDT_RESET if watchdog_caused_reboot() (WATCHDOG
+#   REASON != 0), else PWRON_RESET; machine.reset() is watchdog_reboot(0, SRAM_END, 0),
+#   so a software reset reads WDT_RESET. pico-sdk's watchdog_enable() (machine.WDT)
+#   writes WATCHDOG_NON_REBOOT_MAGIC to scratch[4] and watchdog_reboot() writes 0 there,
+#   so REASON != 0 with the magic is the watchdog, without it a software reset.
+_STM32_RCC_APB1ENR = 0x40023840  # PWREN bit 28: the PWR interface clock
+_STM32_PWR_CR = 0x40007000  # DBP bit 8: write access to the backup domain
+_STM32_RTC_BKP0R = 0x40002850  # RTC base 0x40002800 + 0x50 (RM0383 / RM0090)
+_REBOOT_MARK = 0x2EB0072D  # a small int on the MCU (< 2**30)
+_RP2_WATCHDOG_REASON = 0x40058008  # bit 0 TIMER, bit 1 FORCE
+_RP2_WATCHDOG_SCRATCH4 = 0x4005801C
+_RP2_WDT_ENABLE_MAGIC = 0x6AB73121  # pico-sdk WATCHDOG_NON_REBOOT_MAGIC
+
+
+def stm32_reset_cause(machine):
+    """The reset cause on stm32: ``machine.reset_cause()``, except that HARD with the
+    firmware's reboot mark is "soft" (a software reset, see above). Clears the mark."""
+    name = reset_cause_name(machine)
+    mem = getattr(machine, "mem32", None)
+    if mem is None or mem[_STM32_RTC_BKP0R] != _REBOOT_MARK:
+        return name
+    _stm32_backup_write(mem, 0)
+    return "soft" if name == "hard" else name
+
+
+def _stm32_backup_write(mem, value):
+    mem[_STM32_RCC_APB1ENR] = mem[_STM32_RCC_APB1ENR] | (1 << 28)
+    mem[_STM32_PWR_CR] = mem[_STM32_PWR_CR] | (1 << 8)
+    mem[_STM32_RTC_BKP0R] = value
+
+
+def stm32_reboot(machine):
+    """A software reset that the next boot reads as "soft": mark, then reset."""
+    mem = getattr(machine, "mem32", None)
+    if mem is not None:
+        _stm32_backup_write(mem, _REBOOT_MARK)
+    machine.reset()
+
+
+def rp2_reset_cause(machine):
+    """The reset cause on rp2 from the watchdog's registers (see above): "watchdog"
+    only for a watchdog that machine.WDT started, "soft" for machine.reset()."""
+    name = reset_cause_name(machine)
+    mem = getattr(machine, "mem32", None)
+    if mem is None or not mem[_RP2_WATCHDOG_REASON] & 3:
+        return name  # "power": power-on, brown-out or the RUN pin
+    return "watchdog" if mem[_RP2_WATCHDOG_SCRATCH4] == _RP2_WDT_ENABLE_MAGIC else "soft"
+
+
 def stm32_pin(machine, name):
     """``machine.Pin.cpu.<X><n>`` for a datasheet name such as ``"PB12"``."""
     if name[0] != "P":
@@ -286,12 +347,14 @@ def build(
     adc_ids=None,
     i2c=None,
     fan_model=None,
+    family=None,
 ):
     """Construct the HAL from a board's ``PINS`` table.
 
     ``resolve`` maps a table name to what ``machine.Pin`` accepts (STM32: ``Pin.cpu``).
     ``adc_ids`` / ``i2c`` let a board override the ADC list (e.g. a mux) or the bus.
-    ``fan_model`` is the board's ``FAN_MODEL`` (``hal.fan_model``).
+    ``fan_model`` is the board's ``FAN_MODEL`` (``hal.fan_model``). ``family``
+    (``"stm32"``, ``"rp2"``) reads the reset cause from that port's real flags.
     """
     if resolve is None:
 
@@ -313,4 +376,9 @@ def build(
     port = make_port(machine, port_cfg)
     hal = Hal(machine, name, fs_dir, adc, i2c, pwm, tach, port, wdt_max_ms)
     hal.fan_model = fan_model
+    if family == "stm32":
+        hal._cause = stm32_reset_cause(machine)
+        hal.reset = lambda: stm32_reboot(machine)
+    elif family == "rp2":
+        hal._cause = rp2_reset_cause(machine)
     return hal

@@ -41,4 +41,5 @@ def make_hal(machine=None):
         WDT_MAX_MS,
         resolve=lambda p: _common.stm32_pin(machine, p),
         fan_model=FAN_MODEL,
+        family="stm32",
     )

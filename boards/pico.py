@@ -57,5 +57,13 @@ def make_hal(machine=None):
             else:
                 adc.append(machine.ADC(machine.Pin(gp)))
     return _common.build(
-        machine, NAME, FS_DIR, PINS, WDT_MAX_MS, adc_ids=adc, i2c=i2c, fan_model=FAN_MODEL
+        machine,
+        NAME,
+        FS_DIR,
+        PINS,
+        WDT_MAX_MS,
+        adc_ids=adc,
+        i2c=i2c,
+        fan_model=FAN_MODEL,
+        family="rp2",
     )
