@@ -31,10 +31,9 @@ def silent_decisions(r) -> list:
     return [d for d in r.decisions("module_silent") if d["level"] == "CRITICAL"]
 
 
-def stall_bridge(r, seconds: float) -> None:
-    """Both bridge threads stop for ``seconds`` (what SIGSTOP does to them), the module
-    keeps writing; the loop is let go first, the I/O thread 0.5 s later (the worst
-    order: the loop ticks before anything has read the port)."""
+def wedge_io(r, at_most_s: float):
+    """The links' I/O thread stops (at most ``at_most_s``) after its next wake-up;
+    returns the function that lets it go."""
     io = r.bridge.io
     real = io.after_iteration
     blocked, release = threading.Event(), threading.Event()
@@ -42,16 +41,27 @@ def stall_bridge(r, seconds: float) -> None:
     def stuck():
         if not release.is_set():
             blocked.set()
-            release.wait(seconds + 5)
+            release.wait(at_most_s)
         real()
 
+    def let_go():
+        release.set()
+        io.after_iteration = real
+
     io.after_iteration = stuck
-    wait_for(blocked.is_set, 10, "the I/O thread stalled")
+    wait_for(blocked.is_set, 10, "the I/O thread stopped")
+    return let_go
+
+
+def stall_bridge(r, seconds: float) -> None:
+    """Both bridge threads stop for ``seconds`` (what SIGSTOP does to them), the module
+    keeps writing; the loop is let go first, the I/O thread 0.5 s later (the worst
+    order: the loop ticks before anything has read the port)."""
+    let_go = wedge_io(r, seconds + 5)
     with r.bridge._tick_lock:  # the loop's next tick waits here
         time.sleep(seconds)
     time.sleep(0.5)  # the loop ticks on a port nobody has read for `seconds`
-    release.set()
-    io.after_iteration = real
+    let_go()
 
 
 def test_a_stalled_bridge_does_not_take_its_live_module_for_silent():
@@ -122,21 +132,9 @@ def test_a_wedged_io_thread_is_not_taken_for_a_fresh_module():
 
     with bridged(**REAL_TIME) as r:
         wait_for(lambda: r.module().freshness is not None, 10, "a verdict")
-        io = r.bridge.io
-        real = io.after_iteration
-        blocked, release = threading.Event(), threading.Event()
-
-        def stuck():
-            if not release.is_set():
-                blocked.set()
-                release.wait(IO_STALL_S + 20)
-            real()
-
-        io.after_iteration = stuck
+        let_go = wedge_io(r, IO_STALL_S + 20)
         try:
-            wait_for(blocked.is_set, 10, "the I/O thread wedged")
             wait_for(lambda: silent_decisions(r), IO_STALL_S + 15, "silence from the loop")
             assert r.bridge.io_stalled_s > IO_STALL_S
         finally:
-            release.set()
-            io.after_iteration = real
+            let_go()
