@@ -60,7 +60,7 @@ def _children(pid):
 
 
 def test_watch_prints_the_port_and_a_line_per_second():
-    r = run("--duration", "5", "--speed", "max", "--watch")
+    r = run("--world-duration", "5", "--speed", "max", "--watch")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()  # the MCU's lines are on stderr
     m = re.match(r"^module 0: (\S+) -> (/dev/pts/\d+) \(uid ([0-9a-f]{24}), ", lines[0])
@@ -74,7 +74,8 @@ def test_watch_prints_the_port_and_a_line_per_second():
 
 
 def test_json_lines_parse():
-    r = run("--duration", "4", "--speed", "max", "--watch", "--json", "--fault", "dip:1V/1s@1.5s")
+    r = run("--world-duration", "4", "--speed", "max", "--watch", "--json",
+            "--fault", "dip:1V/1s@1.5s")  # fmt: skip
     assert r.exit_code == 0, r.output
     objs = [json.loads(line) for line in r.stdout.splitlines()]
     assert objs[0]["type"] == "module" and objs[0]["pty"].startswith("/dev/pts/"), objs[0]
@@ -107,7 +108,7 @@ def test_json_lines_parse():
 
 def test_faults_show_in_the_watch_and_two_modules():
     r = run(
-        "--duration", "4", "--speed", "max", "--watch", "--modules", "2",
+        "--world-duration", "4", "--speed", "max", "--watch", "--modules", "2",
         "--fault", "m1:ntc_open:gpu@2s",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
@@ -123,7 +124,7 @@ def test_each_module_is_provisioned_and_says_where_its_key_is(tmp_path):
     from modbridge.link.keys import read_key_file
 
     kd = tmp_path / "keys"
-    r = run("--duration", "1", "--speed", "max", "--watch", "--json", "--modules", "2",
+    r = run("--world-duration", "1", "--speed", "max", "--watch", "--json", "--modules", "2",
             "--state-dir", str(tmp_path / "st"), "--keys-dir", str(kd))  # fmt: skip
     assert r.exit_code == 0, r.output
     mods = [json.loads(line) for line in r.stdout.splitlines()[:2]]
@@ -136,7 +137,7 @@ def test_each_module_is_provisioned_and_says_where_its_key_is(tmp_path):
     assert read_key_file(mods[0]["key"]) != read_key_file(mods[1]["key"])
     # a second run over the same state keeps the keys (the module keeps its secret)
     before = read_key_file(mods[0]["key"])
-    r = run("--duration", "1", "--speed", "max", "--state-dir", str(tmp_path / "st"),
+    r = run("--world-duration", "1", "--speed", "max", "--state-dir", str(tmp_path / "st"),
             "--keys-dir", str(kd))  # fmt: skip
     assert r.exit_code == 0, r.output
     assert read_key_file(mods[0]["key"]) == before
@@ -155,11 +156,13 @@ def test_each_module_is_provisioned_and_says_where_its_key_is(tmp_path):
         (["--world", "nowhere"], "no built-in world 'nowhere'"),
         (["--profile", "nothing"], "profile 'nothing' is neither a built-in"),
         (["--json"], "--json goes with --watch"),
-        (["--duration", "0"], "--duration: simulated seconds > 0"),
+        (["--world-duration", "0"], "--world-duration: simulated seconds > 0"),
+        (["--duration", "-1"], "--duration: wall-clock seconds > 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words):
-    r = run(*args, "--duration", "1") if "--duration" not in args else run(*args)
+    timed = any("duration" in a for a in args)
+    r = run(*args) if timed else run(*args, "--world-duration", "1")
     assert r.exit_code == 2, r.output
     assert r.stdout == "", r.stdout  # nothing started
     err = r.stderr.splitlines()
@@ -216,3 +219,35 @@ def test_signal_stops_it_cleanly(tmp_path, sig):
     assert not os.path.lexists(link)
     assert (tmp_path / "module-0" / "flash").is_dir()  # --state-dir: kept for the next run
     assert "Traceback" not in err, err
+
+
+def test_options_mean_what_they_mean_in_run():
+    """--duration is wall-clock seconds (as run and record), --world-duration simulated
+    seconds; the --sim-* names of run are accepted; the default profile is run's."""
+    import time
+
+    t0 = time.monotonic()
+    r = run("--duration", "2", "--sim-speed", "1", "--sim-profile", "idle", "--watch",
+            "--json", "--sim-fault", "dip:1V/1s@0.5s")  # fmt: skip
+    wall = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    objs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert any(o.get("type") == "fault" for o in objs), objs
+    seen = [o for o in objs if o.get("type") == "status"]
+    # about 2 simulated s at real time; at most what 2 wall seconds could hold
+    assert seen and max(o["t"] for o in seen) <= wall + 1, (seen[-1], wall)
+    from modbridge.cli.sim import sim_cmd
+
+    prof = [p for p in sim_cmd.params if p.name == "profile"][0]
+    from modbridge.cli.bridge import status_cmd
+
+    assert prof.default == [p for p in status_cmd.params if p.name == "sim_profile"][0].default
+
+
+def test_sim_speed_max_is_accepted_wherever_sim_speed_is():
+    from modbridge.cli.main import main as cli
+
+    for cmd in ("run", "status", "doctor", "record", "healthcheck", "monitor"):
+        sub = cli.get_command(None, cmd)
+        ctx = sub.make_context(cmd, ["--sim", "--sim-speed", "max"])
+        assert ctx.params["sim_speed"] > 1, (cmd, ctx.params["sim_speed"])

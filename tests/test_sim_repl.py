@@ -251,12 +251,10 @@ def test_missing_micropython_is_one_clear_error(tmp_path, monkeypatch):
     assert not (tmp_path / "p.tty").exists()  # nothing made before the error
     from modbridge.cli.main import main
 
-    r = CliRunner().invoke(main, ["sim", "--duration", "1"], catch_exceptions=False)
+    r = CliRunner().invoke(main, ["sim", "--world-duration", "1"], catch_exceptions=False)
     assert r.exit_code == 1
-    assert r.stderr.startswith(
-        "modbridge sim: micropython not found: run make setup, or put the MicroPython "
-        "unix port on PATH"
-    ), r.stderr
+    assert r.stderr.startswith("modbridge sim: " + MICROPYTHON_MISSING), r.stderr
+    assert "[sim] extra" in r.stderr
     assert "Traceback" not in r.output and r.stderr.count("\n") == 1
 
 
@@ -264,7 +262,7 @@ def test_modbridge_sim_prints_what_the_mcu_does():
     from modbridge.cli.main import main
 
     r = CliRunner().invoke(
-        main, ["sim", "--speed", "max", "--duration", "1"], catch_exceptions=False
+        main, ["sim", "--speed", "max", "--world-duration", "1"], catch_exceptions=False
     )
     assert r.exit_code == 0, r.output
     lines = r.stderr.splitlines()

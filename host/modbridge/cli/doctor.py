@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from modbridge.cli.bridge import SIM_SPEED
 from modbridge.ops import doctor as D
 
 _MARK = {D.PASS: "pass", D.WARN: "WARN", D.FAIL: "FAIL", D.SKIP: "skip"}
@@ -54,8 +55,8 @@ def format_report(report: D.Report) -> list[str]:
               help="--sim: world file, a built-in name or a path.")
 @click.option("--sim-fault", "sim_faults", multiple=True, metavar="SPEC",
               help="--sim: a scheduled fault, e.g. fan_stall:1@0s (docs/simulator.md).")
-@click.option("--sim-speed", default=10.0, show_default=True, type=click.FloatRange(0.1, 100),
-              help="--sim: world time per wall-clock second.")
+@click.option("--sim-speed", default="10", show_default=True, type=SIM_SPEED,
+              help="--sim: world time per wall-clock second, or 'max' (as run --sim).")
 @click.option("--active", is_flag=True,
               help="Also step the fans to 100 % (signed fan_mode) and back to auto.")
 @click.option("--timeout", "timeout_s", default=5.0, show_default=True,

@@ -59,6 +59,7 @@ def register(group) -> None:
 @click.command("sim")
 @click.option(
     "--world",
+    "--sim-world",
     "world",
     default="default",
     show_default=True,
@@ -66,9 +67,12 @@ def register(group) -> None:
 )
 @click.option(
     "--profile",
-    default="idle",
+    "--sim-profile",
+    "profile",
+    default="demo",
     show_default=True,
-    help="GPU load: idle, step650, bursts, bench, demo or a profile file.",
+    help="GPU load: idle, step650, bursts, bench, demo or a profile file (the default "
+    "of run --sim too).",
 )
 @click.option(
     "--seed",
@@ -77,9 +81,11 @@ def register(group) -> None:
     type=int,
     help="Noise seed; module i uses seed+i (also its MCU unique id).",
 )
-@click.option("--speed", "speed_text", default="1", show_default=True, help=SPEED_HELP)
+@click.option("--speed", "--sim-speed", "speed_text", default="1", show_default=True,
+              help=SPEED_HELP)  # fmt: skip
 @click.option(
     "--modules",
+    "--sim-modules",
     "n",
     default=1,
     show_default=True,
@@ -107,6 +113,7 @@ def register(group) -> None:
 )
 @click.option(
     "--fault",
+    "--sim-fault",
     "faults",
     multiple=True,
     metavar="SPEC",
@@ -115,7 +122,16 @@ def register(group) -> None:
     "host_silence@20s-40s, mcu_reset@50s, gpu_lost@100s; m<i>: for one module.",
 )
 @click.option(
-    "--duration", type=float, default=None, help="Stop after this many simulated seconds (exit 0)."
+    "--duration",
+    type=float,
+    default=None,
+    help="Stop after this many wall-clock seconds (exit 0), as run and record do.",
+)
+@click.option(
+    "--world-duration",
+    type=float,
+    default=None,
+    help="Stop after this many simulated seconds (exit 0): the same world at any --speed.",
 )
 @click.option("--watch", is_flag=True, help="One status line per module per simulated second.")
 @click.option(
@@ -142,6 +158,7 @@ def sim_cmd(
     keys_dir,
     faults,
     duration,
+    world_duration,
     watch,
     interval,
     as_json,
@@ -165,8 +182,9 @@ def sim_cmd(
     While the firmware runs it owns the port and mpremote fails: stderr says so.
 
     Stderr: one line per change of each MCU (running firmware vX, at the REPL and
-    why, soft reset, reset, halted and why, powered off). Runs until Ctrl-C, SIGTERM
-    or --duration.
+    why, soft reset, reset, halted and why, powered off). Runs until Ctrl-C, SIGTERM,
+    --duration (wall seconds) or --world-duration (simulated seconds). The --sim-*
+    names of run, status and doctor are accepted for the same options.
     """
     try:
         code = _run(
@@ -179,7 +197,7 @@ def sim_cmd(
             state_dir,
             keys_dir,
             faults,
-            duration,
+            (duration, world_duration),
             watch,
             interval,
             as_json,
@@ -216,13 +234,20 @@ def _run(
         specs = parse_faults(faults)
     except (ValueError, FaultSpecError) as e:
         raise _Usage(f"--{e}" if isinstance(e, FaultSpecError) else str(e)) from None
-    if duration is not None and not (duration > 0 and math.isfinite(duration)):
-        raise _Usage(f"--duration: simulated seconds > 0, got {duration:g}")
+    wall_s, duration = duration  # --duration (wall), --world-duration (simulated)
+    for name, what, v in (("--duration", "wall-clock", wall_s),
+                          ("--world-duration", "simulated", duration)):  # fmt: skip
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise _Usage(f"{name}: {what} seconds > 0, got {v:g}")
     if as_json and not watch:
         raise _Usage("--json goes with --watch")
 
     stop = threading.Event()
     old = _install_signals(stop)
+    timer = None
+    if wall_s is not None:  # the wall clock's limit: the loop sees stop like a Ctrl-C
+        timer = threading.Timer(wall_s, stop.set)
+        timer.daemon = True
     fleet = None
     out = _Out(as_json)
     try:
@@ -256,13 +281,14 @@ def _run(
                 f"MODBRIDGE_KEYS_DIR={fleet.keys.dir}"
             )
             out.info(_describe_faults(fleet.schedule.faults))
-            out.info(
-                "running; Ctrl-C to stop"
-                if duration is None
-                else f"running for {duration:g} simulated s"
-            )
+            limits = [f"{wall_s:g} s"] if wall_s is not None else []
+            limits += [f"{duration:g} simulated s"] if duration is not None else []
+            out.info("running for " + " or ".join(limits) if limits
+                     else "running; Ctrl-C to stop")  # fmt: skip
         watcher = _Watcher(fleet, out, interval * 1000) if watch else None
         sim_ms = None if duration is None else int(round(duration * 1000))
+        if timer is not None:
+            timer.start()
         try:
             fleet.run_for(sim_ms, on_step=watcher, stop=stop)
         except BrokenPipeError:
@@ -277,6 +303,8 @@ def _run(
             out.info(f"stopped at {fleet.now_ms / 1000:.1f} simulated s")
         return 0
     finally:
+        if timer is not None:
+            timer.cancel()
         if fleet is not None:
             fleet.stop()
         _restore_signals(old)
