@@ -202,16 +202,20 @@ def test_monitor_line_mode_when_not_a_tty():
 def test_live_view_redraws_in_place_on_a_tty():
     import io
 
+    import pyte
+
     from modbridge.cli.monitor import LiveView
 
     out = io.StringIO()
-    view = LiveView(out, tty=True)
+    view = LiveView(out, tty=True, keys=False, size=(80, 24))
     rep = {"backend": "virtual", "modules": [], "gpus": []}
     view.draw(rep)
     view.draw(rep)
-    text = out.getvalue()
-    assert text.startswith("\x1b[H\x1b[2J") and text.count("\x1b[H") == 2
-    assert "no modules" in text
+    view.close()
+    screen = pyte.Screen(80, 24)
+    pyte.Stream(screen).feed(out.getvalue().replace("\n", "\r\n"))
+    shown = "\n".join(x.rstrip() for x in screen.display)
+    assert shown.count("modbridge monitor") == 1 and "0 modules" in shown, shown
 
 
 # -- config -----------------------------------------------------------------------------

@@ -509,8 +509,9 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
                 click.echo(f"modbridge: metrics on {server.url}", err=True)
             if once and b.wait_ready(READY_TIMEOUT_S) and s.fleet is not None:
                 wait_settled(b, READY_TIMEOUT_S)
-            if live:
-                view = monitor.LiveView(title="modbridge run")
+            if live:  # q stops the service as Ctrl-C does (the limits go back)
+                view = monitor.LiveView(title="modbridge run",
+                                        on_quit=lambda: b.request_stop("q"))  # fmt: skip
                 show = monitor.Throttled(lambda snap: view.draw(br.report(snap)), 1.0)
             else:
                 show = monitor.Throttled(
@@ -525,7 +526,11 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
                     return True
                 return deadline is not None and time.monotonic() >= deadline
 
-            b.run(until=until, on_tick=show)
+            try:
+                b.run(until=until, on_tick=show)
+            finally:
+                if live:
+                    view.close()
             if once:
                 for line in monitor.table(br.report(b.snapshot())):
                     click.echo(line)
@@ -558,9 +563,12 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
 @click.option("--count", type=click.IntRange(1), default=None,
               help="Stop after this many redraws.")  # fmt: skip
 def monitor_cmd(ports, backend, config_path, interval, count, **sim):
-    """Live view of modules and GPUs (Ctrl-C quits). Never writes a power limit.
+    """Live view of modules and GPUs: one line per module, the worst first (q or
+    Ctrl-C quits). Never writes a power limit.
 
-    Plain lines instead of the redrawn table when stdout is not a terminal.
+    Keys (stdin a terminal): 1-9 open a module's details (again: close), up/down and
+    Enter the same, Esc closes. When stdout is not a terminal: one plain line per
+    module per refresh.
     """
     from modbridge import bridge as br
     from modbridge.cli import monitor
@@ -568,16 +576,15 @@ def monitor_cmd(ports, backend, config_path, interval, count, **sim):
     with _setup(config_path, ports, backend, **sim) as s:
         s.config.dry_run = True  # a view, not the service
         b = _start_bridge(s)
-        view = monitor.LiveView()
+        view = monitor.LiveView(on_quit=lambda: b.request_stop("q"))
         show = monitor.Throttled(lambda snap: view.draw(br.report(snap)), interval)
         try:
             b.run(until=(lambda: view.frames >= count) if count else None, on_tick=show)
         except KeyboardInterrupt:
             pass
         finally:
+            view.close()
             b.stop("monitor")
-    if view.tty:
-        click.echo("")
 
 
 # ----------------------------------------------------------------------------- restore
