@@ -26,7 +26,10 @@ I5 no internal error, no failed tick (``App.failures``), boot always answers hel
 I6 an unauthenticated heartbeat changes nothing: the host-timeout clock restarts only
    after a signed heartbeat was sent, no value that only unsigned or forged heartbeats
    carried (``POISON_*``) reaches the module, and a signed heartbeat in a burst of
-   unauthenticated ones is taken (SPEC section 14.1).
+   unauthenticated ones is taken (SPEC section 14.1);
+I7 no time at or above the GPU's slowdown without an over-temperature alarm: once the
+   module has ticked on a fresh heartbeat whose die is at or above its slowdown, with
+   the GPU NTC inside the nominal table, it reports over-temperature or critical.
 
 A violation raises ``InvariantError`` naming the invariant and the values.
 """
@@ -37,6 +40,7 @@ from fakehal import FakeHal, adc_code
 from device import calib, config
 from device import safety as S
 from device.app import MODE_MANUAL, App
+from protocol import catalog as C
 from protocol import frame, jsonl, sign
 
 KEY = bytes([0x5A ^ i for i in range(32)])
@@ -372,17 +376,33 @@ class Harness:
                 since = None
         return 0 if since is None else self.now - since
 
-    def _die_floor(self):
-        """The die-margin floor (tests/oracle_floors.py) of the last heartbeat, once the
-        module has ticked on it and while it is certainly fresh and the host present
-        (sent less than the shortest host timeout, 1 s, ago); 0 otherwise, and when a
-        heartbeat the harness did not record (a burst's) came after it."""
+    def _fresh_die(self):
+        """(die, slowdown) of the last heartbeat once the module has ticked on it, while
+        it is certainly fresh and the host present (sent less than the shortest host
+        timeout, 1 s, ago); None otherwise, and when a heartbeat the harness did not
+        record (a burst's) came after it."""
         hb = self.die_hb
         if hb is None or not self.host_on or hb[0] != self.last_hb or hb[0] < self.boot_at:
-            return 0
+            return None
         if self.now - hb[0] >= 900 or hb[1] is None or self.app.ticks <= hb[1]:
-            return 0
-        return O.die_floor(hb[2], hb[3])
+            return None
+        return hb[2], hb[3]
+
+    def _die_floor(self):
+        """The die-margin floor (tests/oracle_floors.py) of a fresh die, else 0."""
+        d = self._fresh_die()
+        return 0 if d is None else O.die_floor(d[0], d[1])
+
+    def _check_slowdown_alarm(self):
+        """I7 (see the module docstring)."""
+        d = self._fresh_die()
+        if d is None or not d[1] or d[0] < d[1]:
+            return
+        t = self._min_temp(0, 1000)
+        if t is None or t is UNSURE:
+            return  # an open/short GPU NTC: FAILSAFE(sensor), the die floor at 100 %
+        if not self.app.sup.faults & (C.FAULT_OVER_TEMP | C.FAULT_CRITICAL_TEMP):
+            self._fail("I7: die %d at or above slowdown %d without an alarm" % d)
 
     def oracle_floor(self):
         """The floor every fan must be at, from the raw ADC codes, the fans, the host's
@@ -465,6 +485,7 @@ class Harness:
                 "I5: %d failed ticks, %d internal errors" % (app.failures, app.internal_errors)
             )
         self._check_unauthenticated()
+        self._check_slowdown_alarm()
 
     def _fail(self, text):
         self.violations += 1
