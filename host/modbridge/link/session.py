@@ -81,7 +81,7 @@ The link only reports: what a silent module means is the policy's business.
 
 Cost. A thread wake-up is what costs (~50-200 us of CPU on a small VM), so there is
 one thread for all links, it wakes for data and for deadlines only (no poll), and
-heartbeats share one grid: at the 1 Hz default telemetry, 8 modules cost ~9
+heartbeats share one grid: at 1 Hz telemetry (the default is 5 Hz), 8 modules cost ~9
 wake-ups a second. Good binary frames take a CPython fast path (:class:`HostDecoder`),
 2-4x cheaper than the pure-Python reference decoder it falls back to for anything
 unusual.
