@@ -303,50 +303,69 @@ def _event_lines(ax):
     return [ln for ln in ax.lines if ln.get_gid() == "event"]
 
 
+def _row_axes(fig, row):
+    """Row ``row``'s (temperatures, fans, power, event list) axes (not the rpm twin)."""
+    out = {}
+    for ax in fig.axes:
+        spec = ax.get_subplotspec()
+        if spec is not None and spec.rowspan.start == row and ax.get_ylabel() != "rpm":
+            out.setdefault(spec.colspan.start, ax)
+    return tuple(out[j] for j in range(4))
+
+
+def _listed(ax):
+    return [t.get_text() for t in ax.texts if t.get_gid() == "event-list"]
+
+
 def test_the_figure_has_the_curves_and_the_event_markers():
     rec = _handmade()
     fig = P.figure(rec, title="bench 3")
-    main_axes = [ax for ax in fig.axes if ax.get_subplotspec() is not None]
     grid = fig.axes[0].get_subplotspec().get_gridspec()
-    assert (grid.nrows, grid.ncols) == (4, 2)  # panels x modules
-    first = [ax for ax in main_axes if ax.get_subplotspec().colspan.start == 0]
-    temps, fans, power, level = (ax for ax in first
-                                 if ax.get_ylabel() in ("degC", "duty %", "W", "policy"))
+    assert (grid.nrows, grid.ncols) == (2, 4)  # modules x (temps, fans, power, events)
+    temps, fans, power, events = _row_axes(fig, 0)
+    assert (temps.get_ylabel(), fans.get_ylabel(), power.get_ylabel()) == ("degC", "duty %", "W")
     labels = [ln.get_label() for ln in temps.lines if ln.get_gid() != "event"]
     assert labels == ["NTC gpu", "NTC vram", "NTC mos", "NTC amb", "GPU (NVML)"]
     assert {"GPU power limit", "policy target", "GPU power", "module input"} <= {
         ln.get_label() for ln in power.lines}
     assert {"fan1 duty", "fan2 duty"} <= {ln.get_label() for ln in fans.lines}
-    # module aa11: its alarm and its GPU's limit action, on every panel; not the cleared
-    # alarm, not the bridge's start
-    for ax in (temps, fans, power, level):
+    # module aa11: its alarm and its GPU's limit action, on every plot; not the cleared
+    # alarm, not the bridge's start; numbered on the temperatures, listed beside
+    for ax in (temps, fans, power):
         assert sorted(ln.get_xdata()[0] for ln in _event_lines(ax)) == [10.0, 12.0]
     texts = [t.get_text() for t in temps.texts if t.get_gid() == "event"]
-    assert texts == ["fan_stall", "limit lower 490 W"]
-    assert level.get_xlabel() == "elapsed (s)"  # no world time: the wall clock's
-    assert "bench 3" in fig.get_suptitle()
+    assert texts == ["1", "2"]
+    listed = _listed(events)
+    assert listed[0] == "events (s)" and "fan_stall" in listed[1] and listed[1].startswith(" 1")
+    assert "limit lower 490 W" in listed[2] and listed[2].startswith(" 2")
+    # the WARN while fan 1 stalled: shaded on the three plots
+    assert any(p.get_gid() == "policy" for p in temps.patches)
+    assert power.get_xlabel() == ""  # the bottom row has the time axis
+    assert _row_axes(fig, 1)[0].get_xlabel() == "elapsed (s)"  # no world time: the wall's
+    assert "bench 3" in fig.get_suptitle() and "2 modules" in fig.get_suptitle()
     assert temps.get_title(loc="left").startswith("module aa11  GPU GPU-0")
     # module bb22 had no event
-    other = next(ax for ax in main_axes if ax.get_subplotspec().colspan.start == 1
-                 and ax.get_ylabel() == "degC")  # fmt: skip
-    assert _event_lines(other) == [] and "bb22" in other.get_title(loc="left")
+    other = _row_axes(fig, 1)
+    assert _event_lines(other[0]) == [] and "bb22" in other[0].get_title(loc="left")
+    assert _listed(other[3]) == ["no events"]
     # the limit line steps down where the limit was lowered
     limit = next(ln for ln in power.lines if ln.get_label() == "GPU power limit")
     assert list(limit.get_ydata()[9:11]) == [700.0, 490.0]
 
 
-def test_markers_close_together_share_one_label_and_a_gpu_alone_gets_a_column():
+def test_markers_close_together_share_one_number_and_a_gpu_alone_gets_a_row():
     rec = _handmade(modules=("aa11",))
     rec.events.append(R.EventRow(1010.05, 10.05, module="aa11", event_kind="decision",
                                  event="NORMAL -> WARN", level="warning"))  # fmt: skip
     rec.samples += [R.SampleRow(1000.0 + i, float(i), gpu_uuid="GPU-9", gpu_temp_c=30.0,
                                 gpu_power_w=50.0) for i in range(5)]  # fmt: skip
     fig = P.figure(rec)
-    temps = fig.axes[0]
+    temps, _f, _p, events = _row_axes(fig, 0)
     texts = [t.get_text() for t in temps.texts if t.get_gid() == "event"]
-    assert texts == ["fan_stall\nNORMAL -> WARN", "limit lower 490 W"]
-    titles = [ax.get_title(loc="left") for ax in fig.axes if ax.get_title(loc="left")]
-    assert titles[1].startswith("GPU GPU-9 (no module)")
+    assert texts == ["1", "2"]
+    assert "fan_stall, NORMAL -> WARN" in _listed(events)[1]
+    lone = _row_axes(fig, 1)[0]
+    assert lone.get_title(loc="left").startswith("GPU GPU-9 (no module cools it)")
 
 
 def test_a_module_known_by_its_port_before_its_hello_is_one_column():

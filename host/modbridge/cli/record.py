@@ -237,8 +237,9 @@ def _start(s, tap):
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was drawn.")
 def report_cmd(recording, output, title, as_json):  # fmt: skip
     """Plot a recording (CSV or JSON lines, from `modbridge record`) as a PNG:
-    temperatures, fan duty and rpm, input and GPU power with the power limit, the
-    policy level, and events as labelled vertical lines; one column per module."""
+    one row per module on a shared time axis: temperatures, fan duty and rpm, input
+    and GPU power with the power limit, the policy level as shading, and events as
+    numbered vertical lines listed beside the row."""
     from modbridge.extras import ExtraMissing, require
     from modbridge.ops.record import RecordingError
 
@@ -258,7 +259,8 @@ def report_cmd(recording, output, title, as_json):  # fmt: skip
     if as_json:
         click.echo(json.dumps(res.as_dict(), indent=2))
         return
-    click.echo(f"wrote {res.path} ({len(res.columns)} column(s), {res.samples} samples, "
+    click.echo(f"wrote {res.path} ({len(res.panels)} row(s) of panels, {res.width_px}x"
+               f"{res.height_px} px, {res.samples} samples, "
                f"{res.events} events, {res.markers} marked)")  # fmt: skip
 
 
