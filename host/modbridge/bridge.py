@@ -55,6 +55,7 @@ from modbridge.actuator.power import SIGNALS, signal_name
 from modbridge.config import BridgeConfig, ModuleMapping, match_gpu
 from modbridge.errors import ModbridgeError
 from modbridge.exporter.eventlog import EventLog
+from modbridge.gpu import simguard
 from modbridge.gpu.base import (
     GpuBackend,
     GpuError,
@@ -213,6 +214,7 @@ class Bridge:
         self._refused: dict[str, tuple[float, float]] = {}  # uuid -> (target W, when)
         self.duplicates: dict[str, tuple[str, ...]] = {}  # module id -> its ports (>= 2)
         self._had_module: set[str] = set()  # GPUs a module was mapped to once
+        self._refused_pairs: set[tuple] = set()  # (port, id) told why it has no GPU
         self._untrusted: dict[str, str] = {}  # GPU -> why its module is untrusted (alerted)
         self._id_port: dict[str, str] = {}  # module id -> the one port that may map it
         self._mapped: dict[tuple, str | None] = {}  # _gpu_for's answers, while valid for
@@ -614,6 +616,10 @@ class Bridge:
         return self._mapped[key]
 
     def _find_gpu(self, status: ModuleStatus) -> str | None:
+        why = simguard.refusal(status.board, getattr(self.backend, "simulated", False))
+        if why is not None:  # never a simulated module on a real GPU, nor the reverse
+            self._refuse_pair(status, why)
+            return None
         mid = status.module_id
         maps = self.config.modules
         if mid is not None and mid in self.duplicates:
@@ -646,6 +652,17 @@ class Bridge:
         if not maps and len(self.links) == 1 and len(self.samples) == 1:
             return next(iter(self.samples))
         return None
+
+    def _refuse_pair(self, status: ModuleStatus, why: str) -> None:
+        """Say once per module (port and id) why it is paired with no GPU."""
+        key = (status.port, status.module_id)
+        if key in self._refused_pairs:
+            return
+        self._refused_pairs.add(key)
+        msg = f"module {sanitize(status.module_id or '?')} on {status.port}: {why}"
+        log.warning("%s", msg)
+        self._write_event("config", level="alert", module_id=status.module_id or status.port,
+                          port=status.port, message=msg)  # fmt: skip
 
     def _note_links(self) -> None:
         """Log link transitions (up, down, reconnect, another module) once each."""

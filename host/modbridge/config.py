@@ -4,7 +4,7 @@ Example (``docs/bridge.md`` has every key)::
 
     [bridge]
     heartbeat_period_s = 1.0
-    backend = "auto"            # auto | nvml | nvidia-smi | sim
+    backend = "auto"            # auto | nvml | nvidia-smi | sim | sim-remote
     on_exit = "restore"         # restore | keep
     dry_run = false
     event_log = "/var/log/modbridge/events.jsonl"
@@ -50,7 +50,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 DEFAULT_PATHS = (Path("/etc/modbridge/modbridge.toml"), Path("~/.config/modbridge.toml"))
-BACKENDS = ("auto", "nvml", "nvidia-smi", "sim")
+BACKENDS = ("auto", "nvml", "nvidia-smi", "sim", "sim-remote")
 ON_EXIT = ("restore", "keep")
 ACTUATORS = ("power", "clocks", "both")  # modbridge.actuator.ACTUATORS
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")

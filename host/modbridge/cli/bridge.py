@@ -45,32 +45,46 @@ def _port_option(f):
     )(f)
 
 
+def _env_path_option(name: str, env: str, help: str, dirs: bool):
+    """An option that sets ``$env`` for the whole command (no parameter of its own):
+    what a library default reads, so every link or backend the command opens sees it."""
+
+    def to_env(ctx, param, value):
+        if value is not None:
+            os.environ[env] = value
+        return value
+
+    kind = click.Path(file_okay=False) if dirs else click.Path(dir_okay=False)
+    return click.option(name, type=kind, default=None, expose_value=False, callback=to_env,
+                        help=help)  # fmt: skip
+
+
 def _backend_option(f):
+    f = _env_path_option(
+        "--gpu-socket",
+        "MODBRIDGE_SIM_GPU_SOCKET",  # modbridge.gpu.remote.ENV: find_socket reads it
+        "With --backend sim-remote: the `modbridge sim`'s gpu.sock (default: the one "
+        "beside the --port symlink).",
+        dirs=False,
+    )(f)
     return click.option(
         "--backend",
-        type=click.Choice(["auto", "nvml", "nvidia-smi"]),
+        type=click.Choice(["auto", "nvml", "nvidia-smi", "sim-remote"]),
         default=None,
-        help="GPU backend (default: the config's, else auto: NVML, then nvidia-smi).",
+        help="GPU backend (default: the config's, else auto: NVML, then nvidia-smi); "
+        "sim-remote: the virtual GPUs of a `modbridge sim` (docs/simulator.md).",
     )(f)
 
 
-def _set_keys_dir(ctx, param, value):
+def _config_option(f):
     # the process-wide override modbridge.link.keys.default_dir() reads first after an
     # explicit argument, so every link this command opens signs with these keys
-    if value is not None:
-        os.environ["MODBRIDGE_KEYS_DIR"] = value
-    return value
-
-
-def _config_option(f):
-    f = click.option(
+    f = _env_path_option(
         "--keys-dir",
-        type=click.Path(file_okay=False),
-        default=None,
-        expose_value=False,
-        callback=_set_keys_dir,
-        help="The modules' signing keys (default: [bridge] keys_dir, the state dir; "
+        "MODBRIDGE_KEYS_DIR",
+        "The modules' signing keys (default: [bridge] keys_dir, the state dir; "
         "docs/pairing.md).",
+        dirs=True,
     )(f)
     return click.option(
         "--config",
@@ -164,13 +178,19 @@ def _load_config(path: str | None):
               "`modbridge config validate` checks it", EXIT_USAGE)  # fmt: skip
 
 
-def _open_backend(kind: str, sim_gpus=None):
+def _open_backend(kind: str, sim_gpus=None, ports=()):
+    """The GPU backend ``kind`` (exit 3 naming why when there is none); ``ports``: the
+    ports as given, beside which a ``modbridge sim`` serves its GPUs (sim-remote)."""
     from modbridge.gpu import select
     from modbridge.gpu.base import GpuError
+    from modbridge.gpu.remote import find_socket
 
+    sock = find_socket(ports)
     try:
-        return select.open_backend(kind, sim_gpus=sim_gpus)
+        return select.open_backend(kind, sim_gpus=sim_gpus, sim_socket=sock)
     except GpuError as e:
+        if kind != "sim-remote" and sock is not None and sock.exists():
+            e = f"{e} (the port is a `modbridge sim`'s: add --backend sim-remote)"
         _fail(e, EXIT_NOT_FOUND)
 
 
@@ -229,10 +249,25 @@ def _setup(config_path, ports, backend, sim, sim_modules, sim_world, sim_profile
     kind = backend or cfg.backend
     if kind == "sim":
         _fail('backend "sim" needs --sim', EXIT_USAGE)
-    gpu_backend = _open_backend(kind)
+    given = list(ports) + cfg.ports()
+    gpu_backend = _open_backend(kind, ports=given)
     try:
-        yield _Setup(cfg, gpu_backend, _module_ports(ports, cfg), None,
-                     state_dir or default_state_dir(cfg))  # fmt: skip
+        where = state_dir or default_state_dir(cfg)
+        if kind == "sim-remote":  # a `modbridge sim` elsewhere: its pairs, its pace
+            where = state_dir or cfg.state_dir or (gpu_backend.path.parent / "bridge")
+            if not cfg.modules:
+                from modbridge.config import ModuleMapping
+
+                cfg.modules = [ModuleMapping(module_id=m["module_id"], gpu=m["gpu"],
+                                             port=m["port"])
+                               for m in gpu_backend.mappings(given)]  # fmt: skip
+            cfg.heartbeat_period_s = br.sim_heartbeat_period_s(cfg.heartbeat_period_s,
+                                                               gpu_backend.speed)  # fmt: skip
+            if gpu_backend.keys_dir:  # its modules' keys: looked up there too
+                from modbridge.link.keys import attach_dir
+
+                attach_dir(gpu_backend.keys_dir)
+        yield _Setup(cfg, gpu_backend, _module_ports(ports, cfg), None, where)
     finally:
         gpu_backend.close()
 
@@ -256,8 +291,11 @@ def list_cmd(ports, backend, config_path, as_json, timeout):
     cfg = _load_config(config_path)
     modules = br.probe_modules(find_modules(list(ports) + cfg.ports()), timeout=timeout)
     gpus, gpu_error = [], None
+    from modbridge.gpu.remote import find_socket
+
     try:
-        gb = select.open_backend(backend or cfg.backend)
+        gb = select.open_backend(backend or cfg.backend,
+                                 sim_socket=find_socket(list(ports) + cfg.ports()))  # fmt: skip
     except GpuError as e:
         gpu_error = str(e)
     else:
@@ -478,10 +516,14 @@ def run_cmd(config_path, ports, backend, dry_run, metrics_address, metrics_port,
     journaled original is restored at start.
     """
     from modbridge import bridge as br
+    from modbridge import fdlimit
     from modbridge.cli import monitor
     from modbridge.exporter import prometheus as exporter
     from modbridge.exporter.eventlog import EventLog
 
+    # soft RLIMIT_NOFILE up to the hard one, before anything opens a descriptor; the
+    # servers size their connection limits from it (docs/bridge.md, "File descriptors")
+    fdlimit.raise_nofile()
     with _setup(config_path, ports, backend, **sim) as s:
         cfg = s.config
         if dry_run:

@@ -171,6 +171,11 @@ def sim_cmd(
     process: MODBRIDGE_KEYS_DIR=<dir>; a terminal: `modbridge frame encode --jsonl
     --sign-key <key> --nonce <hello nonce>`).
 
+    The virtual GPUs are served on <state dir>/gpu.sock (a Unix socket, mode 0600; the
+    module line shows it after "gpus"): a bridge in another process cools them with
+    `modbridge run --port <symlink> --backend sim-remote` (module i cools GPU i; a
+    real GPU is never paired with a virtual module).
+
     \b
     mpremote works once the module is at MicroPython's REPL: after a `repl` command
     (`modbridge repl <symlink> --keys-dir <keys dir>`, or {"type":"repl"}) or when
@@ -248,7 +253,7 @@ def _run(
     if wall_s is not None:  # the wall clock's limit: the loop sees stop like a Ctrl-C
         timer = threading.Timer(wall_s, stop.set)
         timer.daemon = True
-    fleet = None
+    fleet = gpu_server = None
     out = _Out(as_json)
     try:
         try:
@@ -272,6 +277,8 @@ def _run(
         except ModbridgeError as e:  # no micropython: the simulator cannot run here
             click.echo(f"modbridge sim: {e}", err=True)
             return 1
+        gpu_server = _serve_gpus(fleet)
+        out.gpu_socket = None if gpu_server is None else str(gpu_server.path)
         for i, vm in enumerate(fleet.modules):
             out.module(i, vm, fleet)
             vm.on_mcu_event = _McuLines(i, len(fleet.modules) > 1, out)
@@ -280,6 +287,11 @@ def _run(
                 f"signing keys in {fleet.keys.dir}: a bridge in another process signs with "
                 f"MODBRIDGE_KEYS_DIR={fleet.keys.dir}"
             )
+            if gpu_server is not None:
+                out.info(
+                    f"virtual GPUs on {gpu_server.path}: a bridge in another process uses "
+                    f"them with `modbridge run --port {fleet.ports[0]} --backend sim-remote`"
+                )
             out.info(_describe_faults(fleet.schedule.faults))
             limits = [f"{wall_s:g} s"] if wall_s is not None else []
             limits += [f"{duration:g} simulated s"] if duration is not None else []
@@ -305,9 +317,25 @@ def _run(
     finally:
         if timer is not None:
             timer.cancel()
+        if gpu_server is not None:
+            gpu_server.stop()
         if fleet is not None:
             fleet.stop()
         _restore_signals(old)
+
+
+def _serve_gpus(fleet):
+    """Publish the fleet's GPUs for a bridge in another process (``gpu.sock`` in its
+    state directory, modbridge.sim.gpuserver); None, said on stderr, if it cannot."""
+    from modbridge.ops.ctlsock import SocketError
+    from modbridge.sim import gpuserver
+
+    try:
+        return gpuserver.serve(fleet)
+    except (SocketError, OSError) as e:
+        click.echo(f"modbridge sim: the virtual GPUs are not published ({e}); "
+                   "only `run --sim` can use them", err=True)  # fmt: skip
+        return None
 
 
 def _describe_faults(faults) -> str:
@@ -357,6 +385,7 @@ def _silence_stdout() -> None:
 class _Out:
     def __init__(self, as_json: bool):
         self.json = as_json
+        self.gpu_socket = None  # where the virtual GPUs are served (gpuserver)
 
     def emit(self, text: str, obj: dict) -> None:
         click.echo(json.dumps(obj, separators=(",", ":")) if self.json else text)
@@ -370,7 +399,8 @@ class _Out:
         self.emit(
             f"module {i}: {vm.port_symlink} -> {vm.port} (uid {vm.uid.hex()}, "
             f"world {w.params['world']['name']}, profile {w.profile.name}, seed {vm.seed}) "
-            f"key {vm.host_key_path}",
+            f"key {vm.host_key_path}"
+            + ("" if self.gpu_socket is None else f" gpus {self.gpu_socket}"),
             {
                 "type": "module",
                 "module": i,
@@ -383,6 +413,8 @@ class _Out:
                 "state_dir": str(vm.state_dir),
                 "key": str(vm.host_key_path),
                 "secret": str(vm.key_path),
+                "gpu_socket": self.gpu_socket,
+                "gpu": vm.world.gpu.uuid,
             },
         )
 

@@ -166,6 +166,9 @@ class GpuBackend(abc.ABC):
     """A source of GPU readings and the power-limit actuator's only way to write."""
 
     name = "abstract"
+    #: Its GPUs are the simulator's (virtual); a module is paired with a GPU only when
+    #: both are simulated or both are real (:func:`modbridge.bridge.pairing_refusal`).
+    simulated = False
 
     def owner_key(self, uuid: str) -> str:
         """The name under which ``uuid`` is owned machine-wide, whatever the state dir

@@ -163,6 +163,8 @@ class FakeDevice:
 class FakeNvml:
     """A module-like stand-in for ``pynvml``. See the module docstring."""
 
+    SIMULATED = True  # no real GPU behind it: NvmlBackend.simulated (gpu/simguard.py)
+
     def __init__(self, fixture=None, devices=1, *, real=None):
         self._removed = set()
         self._real = real if real is not None else importlib.import_module("pynvml")

@@ -102,6 +102,9 @@ class NvmlBackend(GpuBackend):
                     "or use --backend nvidia-smi / --sim"
                 ) from e
         self._nv = nvml
+        # a stand-in for pynvml over simulated GPUs (fake_nvml.FakeNvml) says so: its
+        # GPUs may cool virtual modules (modbridge.gpu.simguard); pynvml never does
+        self.simulated = getattr(nvml, "SIMULATED", False) is True
         self._clock = clock
         self._code = {k: getattr(nvml, k, v) for k, v in _CODES.items()}
         self._error_type = getattr(nvml, "NVMLError", None) or _NoSuchError

@@ -9,13 +9,15 @@ from modbridge.gpu.base import GpuBackend, GpuDriverNotLoaded, GpuError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("auto", "nvml", "nvidia-smi", "sim")
+KINDS = ("auto", "nvml", "nvidia-smi", "sim", "sim-remote")
 
 
-def open_backend(kind="auto", sim_gpus=None, nvml_module=None, smi_path=None) -> GpuBackend:
+def open_backend(kind="auto", sim_gpus=None, nvml_module=None, smi_path=None,
+                 sim_socket=None) -> GpuBackend:  # fmt: skip
     """Open the GPU backend ``kind``: ``"nvml"``, ``"nvidia-smi"``, ``"sim"`` (the
-    ``sim_gpus`` VirtualGPUs) or ``"auto"`` (NVML, else nvidia-smi; GpuError naming
-    why each failed and what to do when neither works).
+    ``sim_gpus`` VirtualGPUs), ``"sim-remote"`` (the GPUs a ``modbridge sim`` serves
+    on ``sim_socket``: :mod:`modbridge.gpu.remote`) or ``"auto"`` (NVML, else
+    nvidia-smi; GpuError naming why each failed and what to do when neither works).
 
     ``nvml_module`` replaces ``pynvml`` (e.g. ``fake_nvml.FakeNvml()``); ``smi_path``
     the ``nvidia-smi`` found on PATH.
@@ -26,6 +28,10 @@ def open_backend(kind="auto", sim_gpus=None, nvml_module=None, smi_path=None) ->
         from modbridge.gpu.virtual import VirtualBackend
 
         return VirtualBackend(sim_gpus)
+    if kind == "sim-remote":
+        from modbridge.gpu.remote import SimRemoteBackend
+
+        return SimRemoteBackend(sim_socket)
     if kind == "nvml":
         from modbridge.gpu.nvml import NvmlBackend
 

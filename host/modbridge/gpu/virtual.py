@@ -51,6 +51,7 @@ class VirtualBackend(GpuBackend):
     """``gpus``: VirtualGPU objects (anything with the VirtualGPU methods)."""
 
     name = "virtual"
+    simulated = True
 
     def __init__(self, gpus, clock=time.monotonic):
         self._gpus = {}
