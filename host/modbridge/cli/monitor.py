@@ -429,7 +429,7 @@ def summary(all_rows: list[Row]) -> str:
     """``8 modules: 2 bad, 1 warn, 5 ok`` for the header."""
     n = sum(1 for r in all_rows if r.module is not None)
     counts = [sum(1 for r in all_rows if r.rank == k) for k in range(4)]
-    parts = [f"{c} {w}" for c, w in zip(counts, ("bad", "no module", "warn", "ok"),
+    parts = [f"{c} {w}" for c, w in zip(counts, ("alarm", "no module", "warn", "ok"),
                                          strict=True) if c]  # fmt: skip
     return f"{n} module{'s' if n != 1 else ''}" + (": " + ", ".join(parts) if parts else "")
 
