@@ -101,6 +101,13 @@ def module_lines(m: dict) -> list[str]:
         lines.append("  " + gpu_line(g))
     else:
         lines.append("  gpu -  (not paired: map it in [[module]], see docs/bridge.md)")
+    return _lines(lines + _policy_and_error(m))
+
+
+def _policy_and_error(m: dict) -> list[str]:
+    """The last rows of a module in the table and in the details: its policy, and
+    why its link is down."""
+    lines = []
     p = m.get("policy")
     if p:
         target = p.get("target_limit_w")
@@ -112,7 +119,7 @@ def module_lines(m: dict) -> list[str]:
         )
     if not m.get("link_up") and m.get("last_error"):
         lines.append(f"  error: {_t(m['last_error'])}")
-    return _lines(lines)
+    return lines
 
 
 def gpu_line(g: dict) -> str:
@@ -383,18 +390,7 @@ def detail_lines(row: Row) -> list[str]:
             f"  (min {_num(g.get('min_limit_w'), '{:g}')},"
             f" max {_num(g.get('max_limit_w'), '{:g}')})",
         ]  # fmt: skip
-    p = m.get("policy")
-    if p:
-        target = p.get("target_limit_w")
-        lines.append(
-            f"  policy {p['level']}  reasons {','.join(p.get('reasons') or []) or 'none'}  "
-            f"target {'original' if target is None else _num(target, '{:g}', ' W')}"
-            f"  original {_num(p.get('original_limit_w'), '{:g}', ' W')}"
-            + (f"  refused {p['limit_writes_refused']}" if p.get("limit_writes_refused") else "")
-        )
-    if not m.get("link_up") and m.get("last_error"):
-        lines.append(f"  error: {_t(m['last_error'])}")
-    return _lines(lines)
+    return _lines(lines + _policy_and_error(m))
 
 
 def column_widths(shown: list[Row], width: int) -> list[int]:
