@@ -512,7 +512,10 @@ class Bridge:
         """A change of the module's fault bits is news: decide now, not at the next
         tick (one int comparison per frame; the firmware also sends telemetry at once
         after an alarm event)."""
-        # the first frame of a module (a new id on the port) is news too: a duplicate id
+        # the first frame of a module (a new id on the port) is news too: a duplicate id;
+        # a frame before the module's hello names no module yet: the tick decides it
+        if status.module_id is None:
+            return
         seen = (msg.fields.get("faults", 0), status.module_id, status.reconnects)
         if self._faults_seen.get(status.port, (0,)) != seen:
             self._faults_seen[status.port] = seen
