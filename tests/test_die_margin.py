@@ -237,3 +237,43 @@ def test_offset_is_low_passed_then_rises_at_once_and_falls_slowly():
     assert sf.learn_off_mc == F.OFFSET_MAX_MC or sf.learn_off_mc > 14700, sf.learn_off_mc
     sf.learn(SLOW, 60000, 70000, 100)
     assert sf._off_f >= 0
+
+
+def test_the_die_floor_and_the_learning_do_not_allocate():
+    from mpcompat import heap_locked
+    from test_app import boot, cmd
+
+    from protocol import catalog as CC
+
+    hal, app = boot()
+    hal.set_temp(0, 70)  # a jump from 25 degC: implausible for 30 s, then cleared
+    fields = {"gpu_temp": SLOW - 2000, "gpu_power": 300000, "gpu_slowdown": SLOW}
+    k = 0
+    while k < 400:
+        if k % 10 == 0:
+            cmd(hal, "heartbeat", fields)
+        app.step()
+        hal.advance(100)
+        k += 1
+    hal.take()
+    assert app.sup.state == CC.STATE_HOSTED, CC.STATES[app.sup.state]
+    assert app.safety.slow_mc == SLOW and app.safety.learn_off_mc > 0
+
+    def ticks():
+        n = 0
+        while n < 1000:
+            now = hal.ticks_ms()
+            app.hb_ms = now  # no heartbeat under the lock: keep the host and its die fresh
+            app.gpu_temp_ms = now
+            # the floor and the offset move; under slowdown - 2 (a warning: an event)
+            app.gpu_temp_mc = SLOW - 4000 + (n % 20) * 90
+            app.step()
+            hal.advance(100)
+            n += 1
+            if hal.tx_len > 60000:
+                hal.tx_len = 0
+
+    heap_locked(ticks)
+    assert app.failures == 0 and app.missed == 0, (app.failures, app.missed)
+    assert app.sup.state == CC.STATE_HOSTED, CC.STATES[app.sup.state]
+    assert app.safety.floor[0] > 13107
