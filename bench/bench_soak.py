@@ -80,25 +80,26 @@ class Invariants:
     the floor from the raw ADC samples of the steps it acted on, through the board's
     *nominal* NTC curve alone (tests/safety_harness.nominal_mc): the fan model's
     minimum spin, the hot floor of the lowest reading of the last 10 steps minus the
-    calibration band, 100 % past the compiled critical end."""
+    calibration band, 100 % past the compiled critical end. Every number from the
+    oracle's own table (tests/oracle_floors.py, written from docs/safety.md), none
+    from device.floors (issue 23 item 14)."""
 
     def __init__(self):
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tests"))
+        import oracle_floors
         from safety_harness import UNSURE, nominal_mc
 
-        from device import floors
-
-        self.F = floors
+        self.orc = oracle_floors
         self.nominal_mc = nominal_mc
         self.unsure = UNSURE
-        self.min_spin = floors.fan_model("sim")[floors.FM_MIN_SPIN]
+        self.min_spin = oracle_floors.MIN_SPIN  # the sim fans' model: 20 % as well
         self.recent = [[] for _ in range(4)]
         self.ticks = 0
         self.violations = 0
         self.first = None
 
     def __call__(self, now_ms, duty, adc):
-        F = self.F
+        orc = self.orc
         fl = self.min_spin
         for ch in range(4):
             code = sum(adc[ch]) // len(adc[ch])
@@ -109,11 +110,11 @@ class Invariants:
             temps = [self.nominal_mc(c) for c in r]
             if any(t is None or t is self.unsure for t in temps):
                 continue
-            prot = min(temps) - F.CAL_BAND_MC - 500
-            fl = max(fl, F.hot_floor(ch, prot, self.min_spin))
-            full = F.HOT_FULL_MC[ch]
+            prot = min(temps) - orc.CAL_BAND_MC - 500
+            fl = max(fl, orc.hot_floor(ch, prot))
+            full = orc.hot_full(ch)
             if full is not None and prot >= full + 1000:
-                fl = 65535
+                fl = orc.CRITICAL
         self.ticks += 1
         if min(duty) < fl:
             self.violations += 1
