@@ -9,7 +9,7 @@ Everything runs the real firmware (``device.app.App``) on the fake board of the 
 does, reusing its file selection and staging (``host.modbridge.tools.flash.stage``) for the
 board ``BOARD``:
 
-- "mpy" (the deployed form): device/, protocol/ (minus flash.EXCLUDE) and boards/
+- "mpy" (the deployed form): what firmware/allowlist.py names (device/, protocol/, boards/)
   compiled with ``mpy-cross`` for the host (no ``-march``) into a temp dir;
 - "source": the same firmware imported from the .py files of the checkout;
 - "romfs" (extra keys): the .mpy files packed into a ROMFS image (``mpremote romfs``'s
@@ -58,6 +58,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / "bench"
 TESTS_DIR = REPO_ROOT / "tests"
+SIGN_HOST = REPO_ROOT / "host" / "modbridge" / "firmware_host" / "sign_host.py"
 MPY_SCRIPT = "mpy_firmware_bench"  # bench/mpy_firmware_bench.py, run with -m
 FAKE_BOARD = ("fakes", "fakehal", "mpcompat")  # tests/<name>.py
 BOARD = "pyboard_v11"  # an STM32 board (boards.BOARDS)
@@ -186,10 +187,11 @@ def run() -> dict:
         for name in FAKE_BOARD:
             _compile(TESTS_DIR / f"{name}.py", harness / f"{name}.mpy")
         _compile(BENCH_DIR / f"{MPY_SCRIPT}.py", harness / f"{MPY_SCRIPT}.mpy")
-        # The host's signer, for the bench's signed heartbeats: protocol/sign_host.py
-        # is host code that no board deploys, so it joins the harness as a top-level
-        # module (it imports protocol.sign and protocol.errors from the firmware).
-        _compile(REPO_ROOT / "protocol" / "sign_host.py", harness / "sign_host.mpy")
+        # The host's signer, for the bench's signed heartbeats:
+        # host/modbridge/firmware_host/sign_host.py is host code that no board deploys,
+        # so it joins the harness as a top-level module (it imports protocol.sign and
+        # protocol.errors from the firmware).
+        _compile(SIGN_HOST, harness / "sign_host.mpy")
 
         # what `modbridge flash` deploys, compiled for the host and for an STM32
         fw_mpy = tmp / "fw_mpy"

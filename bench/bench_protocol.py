@@ -3,7 +3,7 @@
 Codec keys say which decoder they time: ``..._reference_cpython`` the MicroPython-clean
 StreamDecoder (protocol/) under CPython, ``..._bridge`` the decoder the bridge's links
 feed (HostDecoder, cbor2 fast path); ``fuzz_*_bridge*`` fuzz the latter beside the
-former (:func:`protocol.fuzz.differential`).
+former (:func:`modbridge.firmware_host.fuzz.differential`).
 
     python -m bench.run protocol
     python -c "import bench.bench_protocol as b; print(b.run())"
@@ -20,8 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from modbridge.firmware_host import fuzz
 from protocol import catalog as C
-from protocol import fuzz
 from protocol.frame import StreamDecoder, encode_frame
 from protocol.telemetry import TelemetryEncoder, index
 
@@ -123,7 +123,7 @@ print(json.dumps({"alloc": alloc, "locked": locked, "locked_json": locked_json, 
 
 _MPY_FUZZ = """
 import json
-from protocol import fuzz
+from modbridge.firmware_host import fuzz
 r = fuzz.run(%d, %d)
 print(json.dumps({"cases": r["cases"], "escaped": r["escaped"], "bugs": r["decoder_bugs"],
                   "lost": r["sentinels_lost"], "inconsistent": r["inconsistent"],
@@ -140,7 +140,7 @@ def find_micropython():
 def run_micropython(code, timeout=300):
     """Run ``code`` under MicroPython with the repo importable; return its JSON output."""
     env = dict(os.environ)
-    env["MICROPYPATH"] = ".frozen:" + str(REPO_ROOT)
+    env["MICROPYPATH"] = ":".join([".frozen", str(REPO_ROOT), str(REPO_ROOT / "host")])
     proc = subprocess.run(
         [find_micropython(), "-X", "heapsize=4M", "-c", code],
         cwd=REPO_ROOT,

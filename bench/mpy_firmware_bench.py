@@ -153,8 +153,8 @@ class Host:
     """Signed heartbeats, prepared before a measured run (encoding allocates)."""
 
     def __init__(self, app):
-        try:  # the qemu test image freezes the whole protocol package
-            from protocol.sign_host import Signer
+        try:  # the qemu test image freezes modbridge.firmware_host (firmware/qemu.py)
+            from modbridge.firmware_host.sign_host import Signer
         except ImportError:  # a deployment (bench_firmware): the harness's copy, as no
             from sign_host import Signer  # board deploys the host side
 

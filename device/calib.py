@@ -12,9 +12,10 @@ Models (temperatures in kelvin, resistances in ohms):
 - an optional additive correction in degC, a polynomial in the model temperature in
   degC (``poly_eval``).
 
-Fitting those parameters from reference points is ``device/calib_fit.py``: shared
-pure code too (tested on both interpreters), but run on the host only and never
-flashed, so its code does not take the module's RAM (docs/calibration.md).
+Fitting those parameters from reference points is
+``host/modbridge/firmware_host/calib_fit.py``: shared pure code too (tested on both
+interpreters), but run on the host only and never flashed, so its code does not take
+the module's RAM (docs/calibration.md).
 
 >>> round(beta_temp_k(10000.0, 3950.0, 10000.0, 298.15) - KELVIN, 6)
 25.0

@@ -45,7 +45,17 @@ UPSTREAM = "https://github.com/micropython/micropython.git"
 SUBMODULES = ("lib/micropython-lib", "lib/stm32lib", "lib/tinyusb", "lib/littlefs")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BUILD_ROOT = REPO_ROOT / "build"
+#: In an installed wheel REPO_ROOT is modbridge/_fw/ (read-only site-packages): builds
+#: go to $MODBRIDGE_BUILD_DIR, else ~/.cache/modbridge/build; in a checkout to build/.
+INSTALLED = REPO_ROOT.name == "_fw" and (REPO_ROOT.parent / "__init__.py").is_file()
+BUILD_ROOT = (
+    Path(
+        os.environ.get("MODBRIDGE_BUILD_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "modbridge" / "build"
+    )
+    if INSTALLED
+    else REPO_ROOT / "build"
+)
 TREE_NAME = f"micropython-{VERSION}"
 SHARED_TARBALL = REPO_ROOT.parent / "shared" / "micropython" / f"{TREE_NAME}.tar.xz"
 CACHE_DIR = BUILD_ROOT / "mp-cache"

@@ -75,8 +75,17 @@ MAKE_VARS = {
     # the heap and instruction figures do not depend on this choice.
     "MICROPY_FLOAT_IMPL": "double",
 }
-#: Firmware trees and helper folders whose modules may be frozen.
-PACKAGES = ("device", "protocol", "boards")
+#: Packages whose modules may be frozen -> the folder holding each: the firmware's
+#: trees, and of modbridge only the host-side halves of the firmware's packages that
+#: the DUAL tests import (modbridge.firmware_host, MicroPython-clean, and
+#: modbridge/__init__.py, which runs there); the rest of modbridge is CPython's.
+PACKAGES = {
+    "device": REPO_ROOT,
+    "protocol": REPO_ROOT,
+    "boards": REPO_ROOT,
+    "modbridge": REPO_ROOT / "host",
+}
+MODBRIDGE_FROZEN = "modbridge.firmware_host"
 #: Folders of top-level modules the DUAL tests import (host/modbridge/sim/link.py is
 #: dual-interpreter code that test_sim_board.py imports as ``link``).
 TOP_LEVEL_DIRS = (TESTS_DIR, REPO_ROOT / "host" / "modbridge" / "sim")
@@ -138,8 +147,12 @@ def _module_file(name: str) -> Path | None:
     """The repository file of module ``name`` (a firmware package's module, or a
     top-level helper in tests/), or None for anything else (stdlib, micropython)."""
     parts = name.split(".")
+    if parts[0] == "modbridge" and name != "modbridge" and not (
+        name == MODBRIDGE_FROZEN or name.startswith(MODBRIDGE_FROZEN + ".")
+    ):
+        return None
     if parts[0] in PACKAGES:
-        base = REPO_ROOT.joinpath(*parts)
+        base = PACKAGES[parts[0]].joinpath(*parts)
         for cand in (base.with_suffix(".py"), base / "__init__.py"):
             if cand.is_file():
                 return cand
@@ -195,9 +208,18 @@ def _frozen_files() -> tuple[tuple[Path, ...], tuple[Path, ...]]:
                 init = _module_file(".".join(parts[:i]))
                 if init is not None:
                     todo.append(init)
-    packaged = sorted(p for p in seen if p.relative_to(REPO_ROOT).parts[0] in PACKAGES)
+    packaged = sorted(p for p in seen if _package_root(p) is not None)
     top = sorted(p for p in seen if p not in packaged)
     return tuple(packaged), tuple(top)
+
+
+def _package_root(path: Path) -> Path | None:
+    """The folder of ``path``'s top package (:data:`PACKAGES`), None for a top-level
+    module."""
+    for name, root in PACKAGES.items():
+        if path.is_relative_to(root / name):
+            return root
+    return None
 
 
 def repo_files_read() -> list[str]:
@@ -266,8 +288,9 @@ def write_manifest() -> Path:
         f"module('_repo_files.py', base_path={str(data)!r})",
     ]
     for path in packaged:
-        rel = path.relative_to(REPO_ROOT).as_posix()
-        out.append(f"module({rel!r}, base_path={str(REPO_ROOT)!r})")
+        root = _package_root(path)
+        rel = path.relative_to(root).as_posix()
+        out.append(f"module({rel!r}, base_path={str(root)!r})")
     for path in top:
         out.append(f"module({path.name!r}, base_path={str(path.parent)!r})")
     manifest = GEN_DIR / "manifest.py"

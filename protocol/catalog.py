@@ -3,7 +3,7 @@
 This module is the single source of truth; protocol/SPEC.md documents it and a test
 checks that the two agree. Everything is constant tuples (see MESSAGES), which stay
 in flash when frozen into a MicroPython image. The descriptions of messages and
-fields live in protocol/catalog_doc.py, which is host-only (SPEC.md, humans) and
+fields live in host/modbridge/firmware_host/catalog_doc.py, which is host-only (SPEC.md, humans) and
 never flashed.
 
 Field keys are small integers, append-only: a field keeps its key for the life of the
@@ -249,8 +249,9 @@ H2D = const("h2d")  # host -> module
 # ``lo``/``hi`` bound integers (and list/str/bytes/map lengths); None = unbounded.
 # ``json_scale`` is one of the scales above, or for K_ENUM the tuple of names.
 # A message: (type id, name, direction, fields)
-# The prose (what a message or field means) is in protocol/catalog_doc.py, keyed by
-# these names: it is for SPEC.md and humans, so it stays on the host (not flashed).
+# The prose (what a message or field means) is in
+# host/modbridge/firmware_host/catalog_doc.py, keyed by these names: it is for SPEC.md
+# and humans, so it stays on the host (not flashed).
 #
 # Every field is a literal of constants (the names above are ``const()``), so
 # MicroPython's compiler folds it into one constant tuple, which stays in flash when

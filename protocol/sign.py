@@ -17,9 +17,10 @@ Module side, allocation-free (the receive path runs inside the control loop):
 :class:`Mac` (HMAC with the key's inner and outer states precomputed once) and
 :class:`Verifier` (``verify(raw, n)`` returns one of the ``AUTH_*`` codes). Host
 side, free to allocate: :class:`Signer`, :func:`new_key`, :func:`load_key_file`, in
-protocol/sign_host.py (with SigningError, ts_from_unix and TS_UNIX_EPOCH, TS_PER_S):
-imported by the first use of one of those names here (``sign.Signer``), so the
-module's firmware, which only verifies, never holds them in RAM.
+host/modbridge/firmware_host/sign_host.py (with SigningError, ts_from_unix,
+TS_UNIX_EPOCH and TS_PER_S): imported by the first use of one of those names here
+(``sign.Signer``), so the module's firmware, which only verifies, never holds them in
+RAM.
 """
 
 from protocol.sha256 import BLOCK_LEN, DIGEST_LEN, Sha256
@@ -208,9 +209,9 @@ _HOST_NAMES = (
 
 
 def __getattr__(name):
-    """The host side's names (protocol.sign_host), imported on first use."""
+    """The host side's names (modbridge.firmware_host.sign_host), imported on first use."""
     if name in _HOST_NAMES:
-        from protocol import sign_host
+        from modbridge.firmware_host import sign_host
 
         return getattr(sign_host, name)
     raise AttributeError(name)

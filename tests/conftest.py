@@ -150,8 +150,11 @@ def run_module(path: Path, info: DualModuleInfo) -> ModuleRun:
     cmd += [_display_path(path)] + [name for name, _ in info.tests]
     env = dict(os.environ)
     # MICROPYPATH replaces the whole default path; ".frozen" keeps the modules frozen
-    # into the unix port (asyncio among them) importable.
-    env["MICROPYPATH"] = ":".join([".frozen", str(REPO_ROOT), str(TESTS_DIR)])
+    # into the unix port (asyncio among them) importable; host/ for the host-side
+    # halves of the firmware packages (modbridge.firmware_host) the DUAL tests import.
+    env["MICROPYPATH"] = ":".join(
+        [".frozen", str(REPO_ROOT), str(REPO_ROOT / "host"), str(TESTS_DIR)]
+    )
     timed_out = False
     try:
         proc = subprocess.run(
@@ -334,10 +337,24 @@ class _MicroPythonTally:
 
 
 def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: measured slow (tests/slowtier.py); `make check` leaves these out"
+    )
     config.pluginmanager.register(_MicroPythonTally(), "micropython-tally")
     from _qemu_column import QemuColumn
 
     config.pluginmanager.register(QemuColumn(config), "qemu-arm")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The ``slow`` marker from tests/slow_tests.txt and the qemu-arm rule
+    (tests/slowtier.py), so that ``-m "not slow"`` is the fast tier."""
+    import slowtier
+
+    listed = slowtier.load()
+    for item in items:
+        if slowtier.is_slow(item.nodeid, listed):
+            item.add_marker(pytest.mark.slow)
 
 
 _VERSION_SNIPPET = (

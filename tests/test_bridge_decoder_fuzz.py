@@ -1,7 +1,7 @@
 """The bridge's fast decoder (HostDecoder, cbor2 fast path) against the reference
 StreamDecoder: every input gives the same verdict from both, never an exception.
 
-A deterministic differential run of protocol/fuzz.py (the benchmark runs 100,000
+A deterministic differential run of host/modbridge/firmware_host/fuzz.py (the benchmark runs 100,000
 cases, bench/bench_protocol.py) and hypothesis properties over arbitrary bytes and
 over frames whose CRC is valid, split into arbitrary chunks. CPython only (cbor2).
 """
@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.bench_protocol import bridge_decoder
-from protocol import VERSION_MAJOR, cbor, fuzz
+from modbridge.firmware_host import fuzz
+from protocol import VERSION_MAJOR, cbor
 from protocol import catalog as C
 from protocol.frame import StreamDecoder, encode_frame
 

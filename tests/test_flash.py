@@ -25,18 +25,30 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # ---------------------------------------------------------------------- staging
 
 
-def test_sources_exclude_host_only_files():
+def test_sources_are_the_allow_list():
     srcs = flash.firmware_sources("pico")
     assert "boards/pico.py" in srcs
     assert {"boards/__init__.py", "boards/_common.py"} <= set(srcs)
     assert not any(s.startswith("boards/") and s.endswith("pyboard_v11.py") for s in srcs)
     assert "protocol/frame.py" in srcs and "device/__init__.py" in srcs
-    host_only = ("protocol/specgen.py", "protocol/fuzz.py", "protocol/catalog_doc.py",
-                 "device/calib_fit.py")
-    for excluded in host_only:
-        assert excluded not in srcs
+    assert "device/drivers/fan.py" in srcs and "device/control/pid.py" in srcs
     assert not any(s.startswith("protocol/vectors/") for s in srcs)
     assert all(s.endswith(".py") and "__pycache__" not in s for s in srcs)
+    # the host-only halves live outside the firmware's packages (no deny-list)
+    for name in ("specgen", "fuzz", "catalog_doc", "sign_host"):
+        assert not (REPO_ROOT / "protocol" / f"{name}.py").exists(), name
+    assert not (REPO_ROOT / "device" / "calib_fit.py").exists()
+
+
+def test_every_firmware_package_directory_is_allowed_or_test_data():
+    # a new package directory under device/ or protocol/ is named in the allow-list
+    # (firmware/allowlist.py), or it would silently not ship
+    from firmware import allowlist
+
+    dirs = {p.parent.relative_to(REPO_ROOT).as_posix()
+            for tree in ("device", "protocol") for p in (REPO_ROOT / tree).rglob("*.py")
+            if "__pycache__" not in p.parts}  # fmt: skip
+    assert dirs - {"protocol/vectors"} == set(allowlist.PACKAGES)
 
 
 def test_stage_py_and_mpy(tmp_path):

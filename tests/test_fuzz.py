@@ -1,4 +1,4 @@
-"""Fuzz the stream decoder, the CBOR decoder and JSON lines (protocol/fuzz.py).
+"""Fuzz the stream decoder, the CBOR decoder and JSON lines (host/modbridge/firmware_host/fuzz.py).
 
 Runs on CPython and under MicroPython: 100k stream cases on CPython, 10k on the MCU
 interpreter (both deterministic, seeded).
@@ -6,7 +6,7 @@ interpreter (both deterministic, seeded).
 
 from mpcompat import IS_MICROPYTHON
 
-from protocol import fuzz
+from modbridge.firmware_host import fuzz
 from protocol.frame import ERROR_KINDS
 
 DUAL = True

@@ -3,8 +3,9 @@
 from fakes import FakeADC
 from mpcompat import IS_MICROPYTHON, raises
 
-from device import calib, calib_fit
+from device import calib
 from device.drivers.ntc import FAULT_NONE, FAULT_OPEN, FAULT_SHORT, INVALID_MC, NTC
+from modbridge.firmware_host import calib_fit
 
 DUAL = True
 

@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from device import calib, calib_fit
+from device import calib
 from device import config as devcfg
 from modbridge.cli.main import main
+from modbridge.firmware_host import calib_fit
 from modbridge.ops import calibrate as K
 from protocol import catalog as C
 

@@ -23,12 +23,12 @@ from e2e_helpers import wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from modbridge.firmware_host.sign_host import TS_PER_S
 from modbridge.link import session
 from modbridge.link import stamps as S
 from modbridge.link.keys import KeyStore
 from modbridge.link.session import ModuleLink
 from protocol import sign
-from protocol.sign_host import TS_PER_S
 
 HOUR = 3600 * TS_PER_S
 REPAIR_WORDS = ("pair --force", "is not its secret", "re-pair the module")

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import click
 
+import modbridge
 from modbridge.errors import ModbridgeError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
-EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "modbridge.toml"
+#: examples/ of the checkout, or its copy in the wheel (modbridge/_fw/examples/).
+EXAMPLE_CONFIG = Path(modbridge.FIRMWARE_ROOT) / "examples" / "modbridge.toml"
 READY_TIMEOUT_S = 10.0  # status/--once: how long to wait for every module's hello
 
 

@@ -108,6 +108,7 @@ try:  # POSIX: the output queue of a port (_out_queued)
 except ImportError:  # pragma: no cover - Windows: pyserial's own out_waiting
     fcntl = termios = None
 
+from modbridge.firmware_host.sign_host import TS_PER_S
 from modbridge.link.codec import (  # noqa: F401 - re-exported: the link's public names
     BANNER_PREFIX,
     Banner,
@@ -170,7 +171,6 @@ from protocol.errors import ProtocolError
 from protocol.frame import encode_frame
 from protocol.message import Message, lookup
 from protocol.sign import NONCE_LEN, SIG_LEN, TS_LEN, TS_MAX, TS_UNIX_EPOCH, Signer
-from protocol.sign_host import TS_PER_S
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ import os
 import stat
 from pathlib import Path
 
+from modbridge.firmware_host.sign_host import TS_PER_S
 from modbridge.fsutil import atomic_write
 from protocol.sign import TS_MAX
-from protocol.sign_host import TS_PER_S
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The library behind ``modbridge calibrate`` (docs/calibration.md). The physics and the
 fits are the firmware's own shared code, run here on the host: ``device.calib``
-(models, divider, the lookup table the module builds) and ``device.calib_fit`` (the
+(models, divider, the lookup table the module builds) and ``modbridge.firmware_host.calib_fit`` (the
 fits and their rejections). This module adds what a person needs around them:
 
 - parsing reference points ``T:VALUE`` (``25:32776`` a raw ``read_u16()`` code,
@@ -35,8 +35,9 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 
-from device import calib, calib_fit
+from device import calib
 from modbridge.errors import ModbridgeError
+from modbridge.firmware_host import calib_fit
 from protocol import catalog as C
 
 CHANNELS = tuple(C.CHANNELS)  # ("gpu", "vram", "mos", "amb"): the firmware's order

@@ -171,7 +171,7 @@ def help_lines(name: str | None = None) -> list[str]:
         if mdef is None:
             raise KeyError(name)
         try:
-            from protocol.catalog_doc import field_doc, message_doc
+            from modbridge.firmware_host.catalog_doc import field_doc, message_doc
 
             doc = message_doc(name)
         except (ImportError, KeyError):  # pragma: no cover - every message is documented

@@ -22,21 +22,11 @@ from __future__ import annotations
 
 import math
 import random
-import sys
-from pathlib import Path
 
+from device import calib
 from modbridge.sim import params as _params
 from modbridge.sim.gpu import VirtualGPU
 from modbridge.sim.profiles import Profile
-
-try:
-    from device import calib
-except ImportError:  # installed without the checkout on sys.path: use the checkout's
-    _ROOT = Path(__file__).resolve().parents[3]
-    if not (_ROOT / "device" / "calib.py").is_file():
-        raise
-    sys.path.insert(0, str(_ROOT))
-    from device import calib
 
 CHANNELS = _params.CHANNELS  # ("gpu", "vram", "mos", "amb"), the firmware's order
 FANS = 2

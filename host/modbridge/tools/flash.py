@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from firmware import mpsource
+from firmware.allowlist import firmware_files
 from modbridge.errors import ModbridgeError
 from modbridge.tools.mpy import CODE_ROOT
 
@@ -53,21 +55,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-#: Firmware trees copied to the board, relative to the repository root.
-FIRMWARE_TREES = ("device", "protocol")
-#: CPython-only files inside those trees, never deployed (explicit on purpose).
-EXCLUDE = (
-    # Calibration fitting runs on the host (docs/calibration.md); the module only
-    # evaluates coefficients (device/calib.py), so fitting code would only take RAM.
-    "device/calib_fit.py",
-    "protocol/catalog_doc.py",  # message/field descriptions, for SPEC.md and humans
-    "protocol/specgen.py",  # writes SPEC.md on the host
-    "protocol/fuzz.py",  # host fuzzing harness
-    "protocol/sign_host.py",  # signing, keys (host side): the module only verifies
-    "protocol/vectors",  # golden vectors (JSON) for the test suite
-)
-#: Always deployed from boards/, besides the board's own module.
-BOARD_SUPPORT = ("boards/__init__.py", "boards/_common.py")
 #: Entry point on the board: ``main.py`` runs after boot.py on every hard reset.
 MAIN_PY = (
     "# Written by `modbridge flash` for the {board} board. Starts the module firmware\n"
@@ -97,8 +84,18 @@ class UnknownBoard(FlashError):
     exit_code = 2
 
 
-#: Where ``make firmware`` puts each board's image (firmware/stm32.py).
-IMAGE_DIR = CODE_ROOT / "build" / "firmware"
+#: Where ``make firmware`` (``python -m firmware.stm32``) puts each board's image:
+#: build/firmware/ in a checkout, the user's build directory when installed
+#: (firmware/mpsource.py BUILD_ROOT). Looked in first.
+IMAGE_DIR = mpsource.BUILD_ROOT / "firmware"
+#: The images a wheel built by ``make dist`` carries (modbridge/_fw/images/<board>/).
+PACKAGED_IMAGES = CODE_ROOT / "images"
+#: How to get an image into a wheel without one (what a missing image says).
+IMAGE_HOWTO = (
+    "install a modbridge wheel built with `make dist` (it carries the stm32 images), or "
+    "build the image: MICROPY_DIR=<MicroPython 1.28.0 source> python -m "
+    "modbridge.tools.image {board} (needs gcc-arm-none-eabi; docs/install.md)"
+)
 #: Flash addresses of the two parts of MicroPython's F4 images (TEXT0_ADDR, TEXT1_ADDR
 #: in each board's mpconfigboard.mk): sector 0 with the vector table, then the
 #: application region after the filesystem sectors.
@@ -148,6 +145,17 @@ def mpy_refusal(board: str, port: str) -> str:
     )
 
 
+def find_image_dir(board: str, method: str | None = None) -> Path:
+    """The folder holding ``board``'s image: the one built here (:data:`IMAGE_DIR`)
+    if it has the files ``method`` writes, else the wheel's (:data:`PACKAGED_IMAGES`)
+    if that has them, else :data:`IMAGE_DIR` (where a build would put them)."""
+    names = IMAGE_FILES[method or METHODS[image_boards()[board]][0]]
+    for base in (IMAGE_DIR, PACKAGED_IMAGES):
+        if all((base / board / name).is_file() for name in names):
+            return base
+    return IMAGE_DIR
+
+
 def image_commands(
     board: str, method: str | None = None, drive: str | None = None, image_dir: Path | None = None
 ) -> tuple[str, list[list[str]]]:
@@ -159,7 +167,7 @@ def image_commands(
         raise FlashError(
             f"{board} is flashed with {' or '.join(METHODS[kind])}, not {method!r}"
         )
-    d = (image_dir or IMAGE_DIR) / board
+    d = (image_dir or find_image_dir(board, method)) / board
     if method == "dfu":
         return method, [
             ["dfu-util", "-a", "0", "-d", DFU_ID, "-D", str(d / "firmware.dfu"), "-s", ":leave"]
@@ -181,7 +189,13 @@ def image_commands(
 
 
 def image_notes(board: str, method: str) -> list[str]:
-    notes = [f"flashes the image in {IMAGE_DIR / board} (make firmware BOARD={board})"]
+    base = find_image_dir(board, method)
+    if base == PACKAGED_IMAGES:
+        notes = [f"flashes the image this modbridge carries ({base / board})"]
+    elif (base / board).is_dir():
+        notes = [f"flashes the image in {base / board} (make firmware BOARD={board})"]
+    else:
+        notes = [f"no image for {board} yet: " + _image_howto(board)]
     if method == "dfu":
         notes.append(
             f"put the board in DFU mode first: {ENTER_DFU[board]} (`dfu-util -l` lists "
@@ -199,16 +213,24 @@ def image_notes(board: str, method: str) -> list[str]:
 
 def _check_image(board: str, method: str) -> None:
     """The image files and the tool a real run needs, or a FlashError saying how."""
-    image_dir = IMAGE_DIR
+    base = find_image_dir(board, method)
     for name in IMAGE_FILES[method]:
-        if not (image_dir / board / name).is_file():
+        if not (base / board / name).is_file():
             raise FlashError(
-                f"no image for {board} ({image_dir / board / name} is missing): "
-                f"run `make firmware BOARD={board}`"
+                f"no image for {board} ({base / board / name} is missing): "
+                + _image_howto(board)
             )
     tool, package = TOOLS[method]
     if shutil.which(tool) is None:
         raise FlashError(f"{tool} not found: install it (Debian: apt-get install {package})")
+
+
+def _image_howto(board: str) -> str:
+    """What to run for ``board``'s image: ``make firmware`` in a checkout, else
+    :data:`IMAGE_HOWTO`."""
+    if mpsource.INSTALLED:
+        return IMAGE_HOWTO.format(board=board)
+    return f"run `make firmware BOARD={board}`"
 
 
 def _wait_for_port(port: str, timeout_s: float = PORT_WAIT_S) -> None:
@@ -246,11 +268,10 @@ class Plan:
 
 
 def _checkout() -> None:
-    """Make the checkout's ``boards``/``device`` importable (they are not installed)."""
+    """The firmware beside the protocol package (importing modbridge put its folder,
+    modbridge/_fw/ or the checkout's root, on sys.path), or a FlashError."""
     if not (CODE_ROOT / "boards" / "__init__.py").is_file():
-        raise FlashError(f"no firmware beside the protocol package ({CODE_ROOT}): use a checkout")
-    if str(CODE_ROOT) not in sys.path:
-        sys.path.insert(0, str(CODE_ROOT))
+        raise FlashError(f"no firmware beside the protocol package ({CODE_ROOT})")
 
 
 def board_names() -> list[str]:
@@ -275,18 +296,7 @@ def firmware_sources(board: str, root: Path = CODE_ROOT) -> list[str]:
     board_file = modname.replace(".", "/") + ".py"
     if not (root / board_file).is_file():
         raise FlashError(f"board {board!r} has no module yet ({board_file} is missing)")
-    out = set(BOARD_SUPPORT) | {board_file}
-    for tree in FIRMWARE_TREES:
-        for p in (root / tree).rglob("*.py"):
-            rel = p.relative_to(root).as_posix()
-            if "__pycache__" in p.parts or _excluded(rel):
-                continue
-            out.add(rel)
-    return sorted(out)
-
-
-def _excluded(rel: str) -> bool:
-    return any(rel == e or rel.startswith(e + "/") for e in EXCLUDE)
+    return firmware_files(str(root), board_file)  # the one allow-list
 
 
 def find_tool(name: str) -> str:
@@ -548,7 +558,7 @@ def deploy(
             remote_dir = importlib.import_module(modname).FS_DIR
         except ImportError as e:
             raise FlashError(f"board {board!r}: cannot import {modname} ({e})") from e
-    staging = (build_dir or CODE_ROOT / "build" / "flash") / board
+    staging = (build_dir or mpsource.BUILD_ROOT / "flash") / board
     plan = Plan(board=board, staging=staging)
     staged = stage(board, staging, files=files, compile=compile, march=march)
     plan.files = staged

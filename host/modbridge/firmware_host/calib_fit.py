@@ -3,7 +3,7 @@
 Host-side half of ``device/calib.py`` (which holds the models, the divider and the
 lookup table the module builds at boot). Pure functions, no I/O, no numpy, and kept
 MicroPython-clean: tests/test_calib.py runs it on both interpreters. It is never
-flashed (``host.modbridge.tools.flash.EXCLUDE``): the module only evaluates coefficients,
+flashed (it is not in firmware/allowlist.py): the module only evaluates coefficients,
 so fitting code would only take its RAM. Fit on the host, send the result with
 ``cal_write`` (docs/calibration.md).
 

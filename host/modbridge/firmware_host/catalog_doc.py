@@ -2,11 +2,11 @@
 
 The prose half of :mod:`protocol.catalog`: ``DOCS[name]`` says what a message is for,
 ``DOCS[(name, field)]`` what one of its fields means ("" where the name, type, unit
-and range already say it all). protocol/specgen.py renders them into SPEC.md; the
-module never needs them, so they are not flashed (``host.modbridge.tools.flash.EXCLUDE``)
-and cost no RAM there. tests/test_catalog.py checks that every message and field of
-the catalog has an entry here, and that nothing here names a message or field the
-catalog does not have.
+and range already say it all). :mod:`modbridge.firmware_host.specgen` renders them
+into SPEC.md; the module never needs them, so they are not flashed (they are not in
+firmware/allowlist.py) and cost no RAM there. tests/test_catalog.py checks that every
+message and field of the catalog has an entry here, and that nothing here names a
+message or field the catalog does not have.
 """
 
 DOCS = {

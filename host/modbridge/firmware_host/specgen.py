@@ -1,14 +1,14 @@
 """Regenerate the generated parts of protocol/SPEC.md from the code.
 
-    python -m protocol.specgen            rewrite the generated regions in place
-    python -m protocol.specgen --check    exit 1 if SPEC.md is stale (CI, tests)
-    python -m protocol.specgen --print    write the catalog region to stdout
+    python -m modbridge.firmware_host.specgen            rewrite the generated regions in place
+    python -m modbridge.firmware_host.specgen --check    exit 1 if SPEC.md is stale (CI, tests)
+    python -m modbridge.firmware_host.specgen --print    write the catalog region to stdout
 
 Two regions are generated, each between its own marker comments:
 
 - CATALOG: constants, message index, one field table per message, enumerations,
   fault bits and display scales, all from :mod:`protocol.catalog` (descriptions from
-  :mod:`protocol.catalog_doc`);
+  :mod:`modbridge.firmware_host.catalog_doc`);
 - EXAMPLE: the worked telemetry frame, byte by byte, produced by
   :func:`protocol.frame.encode_frame` (so the hex in the spec is never hand-typed).
 
@@ -21,10 +21,10 @@ import sys
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, cbor, cobs, frame, jsonl
 from protocol import catalog as C
-from protocol.catalog_doc import field_doc, message_doc
+from modbridge.firmware_host.catalog_doc import field_doc, message_doc
 from protocol.crc import crc16
 
-SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "SPEC.md")
+SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(C.__file__)), "SPEC.md")  # protocol/
 
 CATALOG = "CATALOG"
 EXAMPLE = "EXAMPLE"
@@ -524,7 +524,8 @@ def main(argv=None):
             path = argv[i]
         else:
             sys.stderr.write(
-                "usage: python -m protocol.specgen [--check] [--print] [--path SPEC.md]\n"
+                "usage: python -m modbridge.firmware_host.specgen"
+                " [--check] [--print] [--path SPEC.md]\n"
             )
             return 2
         i += 1
@@ -540,7 +541,9 @@ def main(argv=None):
         return 1
     if check:
         if new != old:
-            sys.stderr.write("%s is stale: run `python -m protocol.specgen`\n" % path)
+            sys.stderr.write(
+                "%s is stale: run `python -m modbridge.firmware_host.specgen`\n" % path
+            )
             return 1
         return 0
     if new != old:
