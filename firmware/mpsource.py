@@ -112,16 +112,21 @@ def unpack(tarball: Path, build_root: Path) -> Path:
     """Unpack ``tarball`` (which holds ``micropython-<v>/``) into ``build_root``.
 
     Unpacks into a temporary folder first and renames it, so an interrupted unpack
-    never looks like a tree."""
+    never looks like a tree; under a lock, so that two processes wanting it at once
+    (pytest-xdist workers, two test runs side by side) unpack it once."""
     build_root.mkdir(parents=True, exist_ok=True)
-    tmp = build_root / f".{TREE_NAME}.unpacking"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    with tarfile.open(tarball) as tar:
-        tar.extractall(tmp, filter="data")
-    (tmp / TREE_NAME).rename(build_root / TREE_NAME)
-    tmp.rmdir()
-    return build_root / TREE_NAME
+    tree = build_root / TREE_NAME
+    with _locked(tree):
+        if (tree / "py" / "mpconfig.h").is_file():
+            return tree  # unpacked by another process while we waited
+        tmp = build_root / f".{TREE_NAME}.unpacking"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        with tarfile.open(tarball) as tar:
+            tar.extractall(tmp, filter="data")
+        (tmp / TREE_NAME).rename(tree)
+        tmp.rmdir()
+    return tree
 
 
 def clone(dest: Path) -> Path:

@@ -115,6 +115,10 @@ class QemuColumn:
                 modules.setdefault(parent.nodeid, parent)
         if not modules:
             return
+        if hasattr(session.config, "workerinput"):
+            # a pytest-xdist worker collects every item but runs only those it is
+            # sent: each module's qemu run starts with its first item (result())
+            return
         if self.reason is None:
             qemu.plan()  # its ast parsing here, in the main thread (qemu.plan says why)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qemu-arm")
