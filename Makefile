@@ -69,6 +69,18 @@ firmware: $(STAMP)
 	@test -n "$(BOARD)" || { echo "usage: make firmware BOARD=<blackpill_f411|nucleo_f411re|pyboard_v11>"; exit 2; }
 	$(VENV)/bin/python -m firmware.stm32 $(BOARD)
 
+# make dist: the sdist and the wheel in dist/ (what pip, the container and
+# docs/install.md install). The wheel carries the firmware in modbridge/_fw/ (setup.py)
+# and the stm32 boards' images, built here first (cached) like `make firmware`, so a
+# user flashes without the MicroPython source or the toolchain.
+DIST_BOARDS ?= blackpill_f411 nucleo_f411re pyboard_v11
+.PHONY: dist
+dist: $(STAMP)
+	@for b in $(DIST_BOARDS); do $(VENV)/bin/python -m firmware.stm32 $$b || exit 1; done
+	rm -rf dist
+	MODBRIDGE_WHEEL_IMAGES=$(abspath build/firmware) $(VENV)/bin/python -m build --outdir dist .
+	@ls -l dist
+
 # make flash BOARD=pico PORT=/dev/ttyACM0 [FLASH_ARGS=--dry-run]; an stm32 board's
 # image is built first (cached: seconds when nothing changed), except for a dry run.
 flash: $(STAMP)
@@ -92,5 +104,5 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis *.egg-info host/*.egg-info
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .hypothesis *.egg-info host/*.egg-info
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
