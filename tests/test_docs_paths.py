@@ -33,6 +33,8 @@ REPO_DIRS = ("device/", "boards/", "protocol/", "host/", "tests/", "bench/", "do
 FOREIGN = ("ports/", "py/", "extmod/", "lib/", "/")
 SPAN = re.compile(r"`([^`\n]+)`")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+# a fenced block tagged as output shows what a command prints, not commands
+OUTPUT_FENCE = re.compile(r"^```(?:text|output)[^\n]*\n.*?^```", re.S | re.M)
 PLACEHOLDER = re.compile(r"[<>*{}$]|\.\.\.|\.\.")
 
 
@@ -74,7 +76,7 @@ def _command_lines(page: Path):
     """``(line, complete)`` for every ``modbridge ...`` a page shows: fenced lines (a
     ``$ `` prompt allowed, ``\\`` continuations joined, comments cut) are complete
     invocations; a code span in prose only names a command and some of its options."""
-    text = page.read_text(encoding="utf-8")
+    text = OUTPUT_FENCE.sub("", page.read_text(encoding="utf-8"))
     for block in FENCE.findall(text):
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
