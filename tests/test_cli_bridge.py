@@ -109,12 +109,13 @@ def test_status_json_with_nvml_leaves_unsupported_fan_speed_out(fleet, fake_nvml
     out = json.loads(res.output)
     [m] = out["modules"]
     assert m["module_id"] == fleet.modules[0].uid.hex() and m["link_up"]
-    assert m["state"] is not None and m["temperatures_c"]["gpu"] > 0
-    assert m["v_in_v"] > 11 and len(m["fans"]) == 2
+    assert out["schema"] == 2  # docs/vocabulary.md's names
+    assert m["state"] is not None and m["temp_gpu_c"] > 0
+    assert m["v_in_v"] > 11 and {"fan1_rpm", "fan2_duty_pct"} <= set(m) and "fan3_rpm" not in m
     gpu = m["gpu"]  # one module, one GPU: paired automatically
     assert gpu["uuid"] == out["gpus"][0]["uuid"]
-    assert gpu["temperature_c"] is not None and gpu["enforced_limit_w"] > 0
-    assert "fan_speed_ratio" not in gpu  # NotSupported on an H200: absent, not 0
+    assert gpu["temp_c"] is not None and gpu["limit_w"] > 0
+    assert "fan_speed_pct" not in gpu  # NotSupported on an H200: absent, not 0
     assert m["policy"]["level"] in ("NORMAL", "WARN", "CRITICAL")
     assert fake_nvml.writes == []  # status never writes a limit
 
@@ -135,7 +136,8 @@ def test_status_sim_and_unknown_module():
     # a virtual module has just powered on: status waits until it left BOOT, fans turning
     m = out["modules"][0]
     assert m["state"] not in (None, "BOOT"), m
-    assert any(f["rpm"] for f in m["fans"]) and all(f["duty"] is not None for f in m["fans"])
+    assert m["fan1_rpm"] or m["fan2_rpm"], m
+    assert m["fan1_duty_pct"] is not None and m["fan2_duty_pct"] is not None, m
     res = run("status", "--sim", "--module", "00ff")
     assert res.exit_code == 3
     assert "modbridge list" in res.output

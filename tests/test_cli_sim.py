@@ -80,17 +80,19 @@ def test_json_lines_parse():
     objs = [json.loads(line) for line in r.stdout.splitlines()]
     assert objs[0]["type"] == "module" and objs[0]["pty"].startswith("/dev/pts/"), objs[0]
     status = [o for o in objs if o["type"] == "status"]
-    assert [o["t"] for o in status] == [1.0, 2.0, 3.0, 4.0], objs
+    assert [o["world_s"] for o in status] == [1.0, 2.0, 3.0, 4.0], objs
     last = status[-1]
     assert last["state"] == "STANDALONE" and last["mcu"] == "running", last
-    assert 20 < last["temp_gpu"] < 40 and last["fan1_duty"] >= 20.0 and last["gpu_lost"] is False
-    assert 11.5 < last["v_in"] < 12.5 and last["gpu_limit_w"] == 700.0, last
-    assert {"fan1_rpm", "fan2_rpm", "p_in", "gpu_power_w", "faults", "reason"} <= set(last)
+    assert 20 < last["temp_gpu_c"] < 40 and last["fan1_duty_pct"] >= 20.0
+    assert last["gpu_lost"] is False and 20 < last["gpu_temp_c"] < 40, last
+    assert 11.5 < last["v_in_v"] < 12.5 and last["gpu_limit_w"] == 700.0, last
+    assert {"fan1_rpm", "fan2_rpm", "p_in_w", "i_in_a", "gpu_power_w", "faults",
+            "reason"} <= set(last)
     faults = [o for o in objs if o["type"] == "fault"]
     assert faults == [
         {
             "type": "fault",
-            "t": 1.5,
+            "world_s": 1.5,
             "module": "all",
             "fault": "dip",
             "on": True,
@@ -235,7 +237,7 @@ def test_options_mean_what_they_mean_in_run():
     assert any(o.get("type") == "fault" for o in objs), objs
     seen = [o for o in objs if o.get("type") == "status"]
     # about 2 simulated s at real time; at most what 2 wall seconds could hold
-    assert seen and max(o["t"] for o in seen) <= wall + 1, (seen[-1], wall)
+    assert seen and max(o["world_s"] for o in seen) <= wall + 1, (seen[-1], wall)
     from modbridge.cli.sim import sim_cmd
 
     prof = [p for p in sim_cmd.params if p.name == "profile"][0]

@@ -90,8 +90,10 @@ def _rep(state="HOSTED", reason="host_ok", fans=((1200, 0.4), (1180, 0.4))):
                 "state": state,
                 "reason": reason,
                 "faults": [],
-                "temperatures_c": {"gpu": 60.0},
-                "fans": [{"rpm": r, "duty": d} for r, d in fans],
+                "temp_gpu_c": 60.0,
+                **{k: v for i, (r, d) in enumerate(fans, 1)
+                   for k, v in ((f"fan{i}_rpm", r),
+                                (f"fan{i}_duty_pct", None if d is None else d * 100))},
                 "gpu": None,
                 "policy": None,
             }

@@ -55,7 +55,7 @@ def test_manual_from_another_process_warns_and_is_returned_to_auto():
         assert warn["level"] == "WARN" and warn["target_w"] == WARN_W
         assert warn["want_auto"] is True and warn["values"]["return_to_auto"]["attempt"] == 1
         # what the fans get: the MANUAL duty, or a safety floor above it; below full
-        assert floor / C.DUTY_MAX - 1e-3 <= warn["values"]["manual"]["duty"] < 0.98
+        assert floor / C.DUTY_MAX - 1e-3 <= warn["values"]["manual"]["duty_pct"] / 100 < 0.98
         assert warn["values"]["gpu_temp_c"] > warn["values"]["manual"]["hot_c"]
         # the bridge asks once, signed through its link; the module is back in automatic
         [ask] = wait_for(lambda: r.events("fan_mode", result="ok"), 20, "fan_mode auto")

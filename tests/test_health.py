@@ -257,9 +257,10 @@ EXPECT = {"critical": "module_critical", "failsafe": "module_failsafe",
           "never_heard": "module_silent"}  # fmt: skip
 _floats = st.floats(-50, 200, allow_nan=False)
 NOISE = st.fixed_dictionaries({
-    "temperatures_c": st.dictionaries(st.sampled_from(["gpu", "vram", "mos", "amb"]), _floats),
-    "fans": st.lists(st.fixed_dictionaries({"rpm": st.integers(0, 9000),
-                                            "duty": st.floats(0, 1)}), max_size=2),
+    "temp_gpu_c": st.none() | _floats,
+    "temp_vram_c": st.none() | _floats,
+    "fan1_rpm": st.none() | st.integers(0, 9000),
+    "fan1_duty_pct": st.none() | st.floats(0, 100),
     "v_in_v": st.none() | _floats,
     "reconnects": st.integers(0, 10**6),
     "last_frame_age_s": st.floats(0, 9.99),

@@ -199,7 +199,7 @@ def test_telemetry_updates_status_in_base_units(links):
         assert st.telemetry_at is not None and st.telemetry_at == st.last_frame_at
         assert st.frames_total >= 2  # hello + telemetry
         assert got[0][0] is st and got[0][1].name == "telemetry"
-        assert json.loads(json.dumps(st.as_dict()))["temperatures_c"]["gpu"] == 72.3
+        assert json.loads(json.dumps(st.as_dict()))["temp_gpu_c"] == 72.3
 
 
 def test_events_counted_by_reason_and_bounded(links):

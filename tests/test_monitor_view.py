@@ -43,8 +43,8 @@ def _module(i: int, **kw) -> dict:
         "state": "HOSTED",
         "reason": "host_ok",
         "faults": [],
-        "temperatures_c": {"gpu": 61.5, "vram": 66.0, "mos": 55.0, "amb": 30.2},
-        "fans": [{"rpm": 1380, "duty": 0.4}, {"rpm": 1370, "duty": 0.4}],
+        "temp_gpu_c": 61.5, "temp_vram_c": 66.0, "temp_mos_c": 55.0, "temp_amb_c": 30.2,
+        "fan1_rpm": 1380, "fan1_duty_pct": 40.0, "fan2_rpm": 1370, "fan2_duty_pct": 40.0,
         "v_in_v": 12.02,
         "i_in_a": 25.0,
         "p_in_w": 300.5,
@@ -53,10 +53,10 @@ def _module(i: int, **kw) -> dict:
             "uuid": uuid,
             "name": "NVIDIA H200",
             "pci_bus_id": f"00000000:00:0{i}.0",
-            "temperature_c": 64.0,
-            "memory_temperature_c": 70.0,
+            "temp_c": 64.0,
+            "memory_temp_c": 70.0,
             "power_w": 410.0,
-            "enforced_limit_w": 700.0,
+            "limit_w": 700.0,
             "min_limit_w": 200.0,
             "max_limit_w": 700.0,
             "state": "ok",
@@ -64,8 +64,8 @@ def _module(i: int, **kw) -> dict:
         "policy": {
             "level": "NORMAL",
             "reasons": [],
-            "target_limit_w": None,
-            "original_limit_w": 700.0,
+            "target_w": None,
+            "original_w": 700.0,
             "limit_writes_refused": 0,
         },
     }
@@ -82,12 +82,12 @@ def eight() -> dict:
     #3 FAILSAFE (fan 1 stalled), #5 CRITICAL, #6 silent (link down), #8 WARN."""
     mods = [_module(i) for i in range(8)]
     mods[2] = _module(2, state="FAILSAFE", reason="fan_stall", faults=["fan1_stall"],
-                      fans=[{"rpm": 0, "duty": 1.0}, {"rpm": 3900, "duty": 1.0}],
+                      fan1_rpm=0, fan1_duty_pct=100.0, fan2_rpm=3900, fan2_duty_pct=100.0,
                       policy={"level": "WARN", "reasons": ["fan_stall"]})  # fmt: skip
-    mods[4] = _module(4, temperatures_c={"gpu": 91.0, "vram": 95.5, "mos": 80.0, "amb": 33.0},
-                      gpu={"temperature_c": 92.0, "power_w": 350.0, "enforced_limit_w": 350.0},
+    mods[4] = _module(4, temp_gpu_c=91.0, temp_vram_c=95.5, temp_mos_c=80.0, temp_amb_c=33.0,
+                      gpu={"temp_c": 92.0, "power_w": 350.0, "limit_w": 350.0},
                       policy={"level": "CRITICAL", "reasons": ["critical_temp"],
-                              "target_limit_w": 350.0})  # fmt: skip
+                              "target_w": 350.0})  # fmt: skip
     mods[5] = _module(5, link_up=False, last_frame_age_s=12.0, state=None,
                       last_error="read failed: device disconnected",
                       policy={"level": "CRITICAL", "reasons": ["module_silent"]})  # fmt: skip
@@ -157,8 +157,8 @@ def test_more_modules_than_rows_shows_the_worst_and_counts_the_rest():
 
 def test_a_gpu_without_a_module_has_its_own_line():
     rep = eight()
-    rep["gpus"].append({"uuid": "GPU-lone-0000", "temperature_c": 50.0, "power_w": 100.0,
-                        "enforced_limit_w": 300.0, "state": "ok"})  # fmt: skip
+    rep["gpus"].append({"uuid": "GPU-lone-0000", "temp_c": 50.0, "power_w": 100.0,
+                        "limit_w": 300.0, "state": "ok"})  # fmt: skip
     text = monitor.render_text(rep, WIDTH, HEIGHT)
     row = next(x for x in text.splitlines() if "no module" in x and "GPU-lone" in x)
     assert "100/300" in row and "9 modules" not in text and "1 no module" in text

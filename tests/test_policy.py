@@ -186,7 +186,7 @@ def test_original_limit_from_the_actuator_wins_over_the_default():
     p = PairPolicy(cfg())
     d = run(p, 0.0, module(0.0, gpu_c=60.0, faults=C.FAULT_FAN1_STALL), original_limit_w=300.0)
     assert d.target_limit_w == pytest.approx(210.0)
-    assert d.values["original_limit_w"] == 300.0
+    assert d.values["original_w"] == 300.0
 
 
 def test_no_module_mapped_uses_the_gpu_alone():

@@ -80,7 +80,7 @@ def test_frozen_uptime_is_silence_after_stale_telemetry_s():
     assert d.reasons == ["module_silent"]
     assert d.values["sources"]["module_silent"] == ["telemetry_stale"]
     assert d.values["telemetry_stale_s"] == 10.0
-    assert "ntc_gpu_c" not in d.values  # stale telemetry is not trusted either
+    assert "temp_gpu_c" not in d.values  # stale telemetry is not trusted either
 
 
 def test_frozen_sequence_number_is_silence_too():
@@ -125,7 +125,7 @@ def test_manual_at_the_floor_while_hot_warns():
                target_c=6.0, ntc_c=72.0)  # fmt: skip
     d = p.evaluate(0.0, m, gpu(HOT_C + 1))
     assert (d.level, d.reasons) == (WARN, ["manual_low_duty"])
-    assert d.values["manual"] == {"duty": pytest.approx(0.3, abs=1e-4), "target_error_c": 6.0,
+    assert d.values["manual"] == {"duty_pct": pytest.approx(30.0, abs=1e-2), "target_error_c": 6.0,
                                   "hot_c": HOT_C}  # fmt: skip
 
 

@@ -22,7 +22,7 @@ END_S = 120.0
 
 def _gpu(i: int, t: float, limit: float = 700.0) -> dict:
     return {"uuid": f"GPU-5e1f0c2a-0000-4c8e-9a61-00000000000{i}", "name": "NVIDIA H200",
-            "temperature_c": 40.0 + t / 6 + i, "power_w": 300.0 + 2 * t, "enforced_limit_w": limit,
+            "temp_c": 40.0 + t / 6 + i, "power_w": 300.0 + 2 * t, "limit_w": limit,
             "state": "ok"}  # fmt: skip
 
 
@@ -41,14 +41,15 @@ def _report(n: int, t: float, extra_gpus=()) -> dict:
             "port": f"/dev/ttyACM{i}", "module_id": f"{i:02d}c0ffee{i:016d}", "link_up": True,
             "state": "FAILSAFE" if stalled else "HOSTED",
             "reason": "fan_stall" if stalled else "host_ok", "faults": [],
-            "temperatures_c": {"gpu": 38 + t / 6, "vram": 41 + t / 8, "mos": 36.0, "amb": 25.0},
-            "fans": [{"rpm": 0 if stalled else 1400, "duty": 1.0 if stalled else 0.4},
-                     {"rpm": 1500, "duty": 1.0 if stalled else 0.4}],
+            "temp_gpu_c": 38 + t / 6, "temp_vram_c": 41 + t / 8, "temp_mos_c": 36.0,
+            "temp_amb_c": 25.0, "fan1_rpm": 0 if stalled else 1400,
+            "fan1_duty_pct": 100.0 if stalled else 40.0, "fan2_rpm": 1500,
+            "fan2_duty_pct": 100.0 if stalled else 40.0,
             "v_in_v": 12.0, "i_in_a": 20.0, "p_in_w": 240.0 + i,
             "gpu": g if paired else None,
             "policy": {"level": "CRITICAL" if critical else "WARN" if stalled else "NORMAL",
-                       "reasons": [], "target_limit_w": limit if limit < 700 else None,
-                       "original_limit_w": 700.0} if paired else None,
+                       "reasons": [], "target_w": limit if limit < 700 else None,
+                       "original_w": 700.0} if paired else None,
         })  # fmt: skip
     return {"backend": "virtual", "modules": mods, "gpus": gpus + list(extra_gpus)}
 
@@ -147,8 +148,8 @@ def _no_collisions(fig):
 
 
 def test_a_gpu_no_module_cools_gets_a_row_only_with_readings(tmp_path):
-    lone = {"uuid": "GPU-lone-0001", "name": "NVIDIA A100", "temperature_c": 33.0,
-            "power_w": 60.0, "enforced_limit_w": 400.0, "state": "ok"}  # fmt: skip
+    lone = {"uuid": "GPU-lone-0001", "name": "NVIDIA A100", "temp_c": 33.0,
+            "power_w": 60.0, "limit_w": 400.0, "state": "ok"}  # fmt: skip
     empty = {"uuid": "GPU-empty-0002", "state": "lost"}  # no reading at all
     res = P.report_file(_recording(tmp_path, 8, (lone, empty)), tmp_path / "r.png")
     assert len(res.panels) == 9, res.panels

@@ -122,18 +122,18 @@ def _report(link_up=True):
         "state": "HOSTED",
         "reason": None,
         "faults": [],
-        "temperatures_c": {"gpu": 60.0},
-        "fans": [{"rpm": 1200}],
+        "temp_gpu_c": 60.0,
+        "fan1_rpm": 1200,
         "last_frame_age_s": 0.1,
         "last_error": f"/dev/ttyACM0: module {EVIL} is not paired",
         "gpu": {
             "uuid": "GPU-0",
             "name": "NVIDIA \x1b[8mH100",
-            "temperature_c": 60.0,
+            "temp_c": 60.0,
             "power_w": 300.0,
-            "enforced_limit_w": 700.0,
+            "limit_w": 700.0,
         },
-        "policy": {"level": "NORMAL", "reasons": [], "target_limit_w": None},
+        "policy": {"level": "NORMAL", "reasons": [], "target_w": None},
     }
     gpu_err = {"uuid": "GPU-1", "state": "lost", "error": "gone\x1b[2J"}
     return {"backend": "virtual\x1b[31m", "modules": [module], "gpus": [module["gpu"], gpu_err]}

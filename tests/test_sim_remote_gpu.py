@@ -310,7 +310,7 @@ def test_status_json_through_the_sims_gpu(sim_process, tmp_path):
     [m] = rep["modules"]
     assert m["link_up"] and m["board"] == "sim"
     assert m["gpu"]["uuid"] == remote.SimRemoteBackend(d / "gpu.sock").devices()[0].uuid
-    assert m["gpu"]["enforced_limit_w"] == 700.0
+    assert m["gpu"]["limit_w"] == 700.0
 
 
 def test_run_lowers_the_virtual_gpu_on_a_fan_stall_and_gives_it_back(sim_process, tmp_path):

@@ -1068,14 +1068,35 @@ class Bridge:
 # ----------------------------------------------------------------------------- views
 
 
+#: The status document's version (``schema``): 2 since the names of docs/vocabulary.md
+#: (flat ``temp_gpu_c``, ``fan1_duty_pct``, ``gpu.temp_c``, ``policy.target_w``).
+REPORT_SCHEMA = 2
+
+# GpuSample fields whose JSON name differs (docs/vocabulary.md: the unit in the name,
+# percent for a share), with the factor from the sample's unit
+_GPU_JSON = {
+    "temperature_c": ("temp_c", 1),
+    "memory_temperature_c": ("memory_temp_c", 1),
+    "enforced_limit_w": ("limit_w", 1),
+    "utilization": ("utilization_pct", 100),
+    "fan_speed_ratio": ("fan_speed_pct", 100),
+}
+
+
 def gpu_dict(sample: GpuSample | None) -> dict | None:
-    """A GPU reading as JSON: values the GPU does not support are absent, never 0."""
+    """A GPU reading as JSON (docs/vocabulary.md's names): values the GPU does not
+    support are absent, never 0."""
     if sample is None:
         return None
     d = dataclasses.asdict(sample)
     d.pop("timestamp", None)
     extra = d.pop("extra", None) or {}
-    out = {k: v for k, v in d.items() if v is not None}
+    out = {}
+    for k, v in d.items():
+        if v is None:
+            continue
+        name, factor = _GPU_JSON.get(k, (k, 1))
+        out[name] = v if factor == 1 else round(v * factor, 3)
     if extra:
         out["extra"] = extra
     return out
@@ -1097,8 +1118,8 @@ def report(snap: BridgeSnapshot, now: float | None = None) -> dict:
             {
                 "level": LEVEL_NAMES[pair.level],
                 "reasons": list(pair.reasons),
-                "target_limit_w": pair.target_limit_w,
-                "original_limit_w": pair.original_limit_w,
+                "target_w": pair.target_limit_w,
+                "original_w": pair.original_limit_w,
                 "eta_s": pair.eta_s,
                 "actions": dict(pair.actions_total),
                 "limit_writes_refused": pair.limit_writes_refused,
@@ -1108,6 +1129,7 @@ def report(snap: BridgeSnapshot, now: float | None = None) -> dict:
         )
         modules.append(d)
     return {
+        "schema": REPORT_SCHEMA,
         "backend": snap.backend,
         "modules": modules,
         "gpus": [gpu_dict(s) for s in snap.gpus],

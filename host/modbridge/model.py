@@ -236,8 +236,22 @@ class ModuleStatus:
         f = self.faults
         return bool(f & C.FAULT_FAN1_STALL) + bool(f & C.FAULT_FAN2_STALL)
 
+    def fan_duty_pct(self, fan: int) -> float | None:
+        """Fan ``fan``'s commanded duty in percent (0..100, to 0.001 %)."""
+        r = self.fan_duty_ratio(fan)
+        return None if r is None else round(r * 100.0, 3)
+
+    def fan_fields(self) -> dict:
+        """``fan1_rpm``, ``fan1_duty_pct``, ``fan2_rpm``, ... (docs/vocabulary.md)."""
+        out = {}
+        for i in range(1, (self.fans or 2) + 1):
+            out[f"fan{i}_rpm"] = self.fan_rpm(i)
+            out[f"fan{i}_duty_pct"] = self.fan_duty_pct(i)
+        return out
+
     def as_dict(self, now: float | None = None) -> dict:
-        """JSON-ready view (CLI ``status --json``)."""
+        """JSON-ready view (CLI ``status --json``); the names are docs/vocabulary.md's:
+        a quantity's key ends in its unit (``temp_gpu_c``, ``fan1_duty_pct``)."""
         return {
             "port": self.port,
             "module_id": self.module_id,
@@ -249,11 +263,8 @@ class ModuleStatus:
             "state": self.state,
             "reason": self.reason,
             "faults": self.fault_names(),
-            "temperatures_c": self.temperatures_c,
-            "fans": [
-                {"rpm": self.fan_rpm(i), "duty": self.fan_duty_ratio(i)}
-                for i in range(1, (self.fans or 2) + 1)
-            ],
+            **{f"temp_{ch}_c": t for ch, t in self.temperatures_c.items()},
+            **self.fan_fields(),
             "v_in_v": self.v_in_v,
             "i_in_a": self.i_in_a,
             "p_in_w": self.p_in_w,

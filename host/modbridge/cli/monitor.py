@@ -55,16 +55,32 @@ def _short(ident: str | None, n: int = 12) -> str:
     return ident if len(ident) <= n else ident[:n] + ".."
 
 
+_CHANNELS = ("gpu", "vram", "mos", "amb")
+
+
+def _temps(m: dict) -> dict:
+    """A module's NTC readings by channel (its ``temp_gpu_c`` ..., docs/vocabulary.md)."""
+    return {ch: m.get(f"temp_{ch}_c") for ch in _CHANNELS}
+
+
+def _fan_numbers(m: dict) -> list[int]:
+    """The module's fans (1, 2, ...): those with a ``fanN_rpm`` or ``fanN_duty_pct``."""
+    n = 1
+    while f"fan{n}_rpm" in m or f"fan{n}_duty_pct" in m:
+        n += 1
+    return list(range(1, n))
+
+
 def _fans(m: dict) -> str:
-    return "/".join(_num(f.get("rpm"), "{:d}") for f in m.get("fans") or []) or "-"
+    return "/".join(_num(m.get(f"fan{i}_rpm"), "{:d}") for i in _fan_numbers(m)) or "-"
 
 
 def _duties(m: dict) -> str:
     """Commanded fan duties in percent, ``40/40 %`` (``-`` for a fan without one)."""
-    d = [f.get("duty") for f in m.get("fans") or []]
+    d = [m.get(f"fan{i}_duty_pct") for i in _fan_numbers(m)]
     if not d or all(x is None for x in d):
         return "-"
-    return "/".join("-" if x is None else f"{x * 100:.0f}" for x in d) + " %"
+    return "/".join("-" if x is None else f"{x:.0f}" for x in d) + " %"
 
 
 def _state(m: dict) -> str:
@@ -79,7 +95,7 @@ def _state(m: dict) -> str:
 
 def module_lines(m: dict) -> list[str]:
     """The table rows of one module (``report()["modules"][i]``)."""
-    t = m.get("temperatures_c") or {}
+    t = _temps(m)
     link = "up" if m.get("link_up") else "DOWN"
     lines = [
         f"module {_t(m.get('module_id') or '?')}  port {_t(m['port'])}  link {link}"
@@ -110,11 +126,11 @@ def _policy_and_error(m: dict) -> list[str]:
     lines = []
     p = m.get("policy")
     if p:
-        target = p.get("target_limit_w")
+        target = p.get("target_w")
         lines.append(
             f"  policy {p['level']}  reasons {','.join(p.get('reasons') or []) or 'none'}  "
             f"target {'original' if target is None else _num(target, '{:g}', ' W')}"
-            f"  original {_num(p.get('original_limit_w'), '{:g}', ' W')}"
+            f"  original {_num(p.get('original_w'), '{:g}', ' W')}"
             + (f"  refused {p['limit_writes_refused']}" if p.get("limit_writes_refused") else "")
         )
     if not m.get("link_up") and m.get("last_error"):
@@ -128,14 +144,14 @@ def gpu_line(g: dict) -> str:
         return sanitize(
             f"gpu {_t(g['uuid'])}  {g['state'].upper()}: {_t(g.get('error') or '')}", None
         )
-    fan = g.get("fan_speed_ratio")
+    fan = g.get("fan_speed_pct")
     return sanitize(
         f"gpu {_t(g['uuid'])} ({_t(g.get('name', ''))}, {_t(g.get('pci_bus_id', ''))})  "
-        f"{_num(g.get('temperature_c'), '{:.0f}', ' C')}"
-        f"  mem {_num(g.get('memory_temperature_c'), '{:.0f}', ' C')}"
+        f"{_num(g.get('temp_c'), '{:.0f}', ' C')}"
+        f"  mem {_num(g.get('memory_temp_c'), '{:.0f}', ' C')}"
         f"  {_num(g.get('power_w'), '{:.0f}', ' W')}"
-        f" / limit {_num(g.get('enforced_limit_w'), '{:g}', ' W')}"
-        f"  fan {'-' if fan is None else f'{fan * 100:.0f} %'}",
+        f" / limit {_num(g.get('limit_w'), '{:g}', ' W')}"
+        f"  fan {'-' if fan is None else f'{fan:.0f} %'}",
         None,
     )
 
@@ -164,7 +180,7 @@ def module_clause(m: dict) -> str:
     line joins them, the monitor's plain mode prints one a line."""
     g = m.get("gpu") or {}
     p = m.get("policy") or {}
-    t = (m.get("temperatures_c") or {}).get("gpu")
+    t = m.get("temp_gpu_c")
     if not m.get("link_up"):
         down = "DOWN" if m.get("last_frame_age_s") is not None else "connecting"
         head = f"{_short(m.get('module_id') or m['port'])} {down}"
@@ -179,9 +195,9 @@ def module_clause(m: dict) -> str:
             gpu = f" gpu {g['state'].upper()}"
         else:
             gpu = (
-                f" gpu {_num(g.get('temperature_c'), '{:.0f}')}C"
+                f" gpu {_num(g.get('temp_c'), '{:.0f}')}C"
                 f" {_num(g.get('power_w'), '{:.0f}')}/"
-                f"{_num(g.get('enforced_limit_w'), '{:g}')}W"
+                f"{_num(g.get('limit_w'), '{:g}')}W"
             )
     level = p.get("level", "-")
     why = ",".join(r for r in p.get("reasons") or [] if r != "hold")
@@ -276,7 +292,7 @@ def module_rank(m: dict) -> int:
 
 
 def _hottest(m: dict) -> str:
-    t = {k: v for k, v in (m.get("temperatures_c") or {}).items() if v is not None}
+    t = {k: v for k, v in _temps(m).items() if v is not None}
     if not t:
         return "-"
     ch = max(t, key=t.get)
@@ -290,8 +306,8 @@ def _gpu_cells(g: dict | None) -> tuple[str, str]:
     if g.get("state", "ok") != "ok":
         return _t(g["state"]).upper(), "-"
     w = _num(g.get("power_w"), "{:.0f}")
-    lim = _num(g.get("enforced_limit_w"), "{:.0f}")
-    return _num(g.get("temperature_c"), "{:.0f}"), f"{w}/{lim}"
+    lim = _num(g.get("limit_w"), "{:.0f}")
+    return _num(g.get("temp_c"), "{:.0f}"), f"{w}/{lim}"
 
 
 def _module_state(m: dict) -> str:
@@ -361,7 +377,7 @@ def detail_lines(row: Row) -> list[str]:
         return [gpu_line(g or {}), "  no module cools this GPU: map one in [[module]] "
                 "(docs/bridge.md)"]  # fmt: skip
     m = row.module
-    t = m.get("temperatures_c") or {}
+    t = _temps(m)
     fw = (f"  fw {_t(m['fw_version'])} ({_t(m.get('board'))}, protocol {_t(m.get('protocol'))})"
           if m.get("fw_version") else "")  # fmt: skip
     age = m.get("last_frame_age_s")
@@ -383,10 +399,10 @@ def detail_lines(row: Row) -> list[str]:
     else:
         lines += [
             f"  gpu {_t(g['uuid'])}  {_t(g.get('name', ''))}  {_t(g.get('pci_bus_id', ''))}",
-            f"      {_num(g.get('temperature_c'), '{:.0f}', ' C')}"
-            f"  mem {_num(g.get('memory_temperature_c'), '{:.0f}', ' C')}"
+            f"      {_num(g.get('temp_c'), '{:.0f}', ' C')}"
+            f"  mem {_num(g.get('memory_temp_c'), '{:.0f}', ' C')}"
             f"  {_num(g.get('power_w'), '{:.0f}', ' W')}"
-            f" / limit {_num(g.get('enforced_limit_w'), '{:g}', ' W')}"
+            f" / limit {_num(g.get('limit_w'), '{:g}', ' W')}"
             f"  (min {_num(g.get('min_limit_w'), '{:g}')},"
             f" max {_num(g.get('max_limit_w'), '{:g}')})",
         ]  # fmt: skip

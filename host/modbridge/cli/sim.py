@@ -434,7 +434,7 @@ class _McuLines:
         if self.out.json:
             obj = {
                 "type": "mcu",
-                "t": ev.t_ms / 1000,
+                "world_s": ev.t_ms / 1000,
                 "module": self.i,
                 "kind": ev.kind,
                 "why": ev.why,
@@ -452,6 +452,12 @@ def _c(tel, key):
 
 def _pct(duty):
     return None if duty is None else round(duty * 100.0 / 65535, 1)
+
+
+def _milli(tel, key, digits):
+    """A wire value in milli-units (``v_in`` mV) in units, to ``digits`` places."""
+    v = tel.get(key)
+    return None if v is None else round(v / 1000, digits)
 
 
 _EDGE_ONLY = ("under_voltage", "power_monitor_fault")
@@ -499,7 +505,7 @@ class _Watcher:
             f"{act.t_ms / 1000:7.1f}s fault: {act.text()}{who}",
             {
                 "type": "fault",
-                "t": act.t_ms / 1000,
+                "world_s": act.t_ms / 1000,
                 "module": mods,
                 "fault": f.name,
                 "on": act.on,
@@ -548,7 +554,7 @@ class _Watcher:
             f"{now_ms / 1000:7.1f}s{self._tag(i)} event: {what} [{sev}]",
             {
                 "type": "event",
-                "t": now_ms / 1000,
+                "world_s": now_ms / 1000,
                 "module": i,
                 "code": code,
                 "severity": sev,
@@ -566,22 +572,23 @@ class _Watcher:
         gpu = self._gpu(vm)
         obj = {
             "type": "status",
-            "t": now_ms / 1000,
+            "world_s": now_ms / 1000,
             "module": i,
             "mcu": vm.mcu_state,
             "state": _name(C.STATES, tel["state"]) if "state" in tel else None,
             "reason": _name(C.REASONS, tel["reason"]) if "reason" in tel else None,
             "faults": _fault_names(tel.get("faults", 0)),
-            "temp_gpu": _c(tel, "temp_gpu"),
-            "temp_vram": _c(tel, "temp_vram"),
-            "temp_mos": _c(tel, "temp_mos"),
-            "temp_amb": _c(tel, "temp_amb"),
+            "temp_gpu_c": _c(tel, "temp_gpu"),
+            "temp_vram_c": _c(tel, "temp_vram"),
+            "temp_mos_c": _c(tel, "temp_mos"),
+            "temp_amb_c": _c(tel, "temp_amb"),
             "fan1_rpm": tel.get("fan1_rpm"),
             "fan2_rpm": tel.get("fan2_rpm"),
-            "fan1_duty": _pct(tel.get("fan1_duty")),
-            "fan2_duty": _pct(tel.get("fan2_duty")),
-            "v_in": None if tel.get("v_in") is None else round(tel["v_in"] / 1000, 3),
-            "p_in": None if tel.get("p_in") is None else round(tel["p_in"] / 1000, 1),
+            "fan1_duty_pct": _pct(tel.get("fan1_duty")),
+            "fan2_duty_pct": _pct(tel.get("fan2_duty")),
+            "v_in_v": _milli(tel, "v_in", 3),
+            "i_in_a": _milli(tel, "i_in", 3),
+            "p_in_w": _milli(tel, "p_in", 1),
             **gpu,
         }
         self.out.emit(self._line(obj, vm), obj)
@@ -595,14 +602,14 @@ class _Watcher:
             return {
                 "gpu_power_w": round(g.power_w(), 1),
                 "gpu_limit_w": round(g.power_limit_w(), 1),
-                "gpu_die_c": g.temperature_c(),
+                "gpu_temp_c": g.temperature_c(),
                 "gpu_lost": False,
             }
         except GpuLost:
-            return {"gpu_power_w": None, "gpu_limit_w": None, "gpu_die_c": None, "gpu_lost": True}
+            return {"gpu_power_w": None, "gpu_limit_w": None, "gpu_temp_c": None, "gpu_lost": True}
 
     def _line(self, o, vm) -> str:
-        head = f"{o['t']:7.1f}s{self._tag(o['module'])} "
+        head = f"{o['world_s']:7.1f}s{self._tag(o['module'])} "
         if vm.mcu_state != "running":
             why = f" ({vm.halt_reason})" if vm.halt_reason else ""
             state = f"MCU {vm.mcu_state}{why}"
@@ -617,17 +624,17 @@ class _Watcher:
             return "--".rjust(width) if v is None else format(v, fmt).rjust(width)
 
         temps = " ".join(
-            f"{k} {num(o['temp_' + k], '.1f', 4)}" for k in ("gpu", "vram", "mos", "amb")
+            f"{k} {num(o[f'temp_{k}_c'], '.1f', 4)}" for k in ("gpu", "vram", "mos", "amb")
         )
         fans = (
             f"fans {num(o['fan1_rpm'], 'd', 4)}/{num(o['fan2_rpm'], 'd', 4)} rpm "
-            f"{num(o['fan1_duty'], '.0f', 3)}/{num(o['fan2_duty'], '.0f', 3)} %"
+            f"{num(o['fan1_duty_pct'], '.0f', 3)}/{num(o['fan2_duty_pct'], '.0f', 3)} %"
         )
-        rail = f"{num(o['v_in'], '.2f', 5)} V {num(o['p_in'], '.0f', 3)} W"
+        rail = f"{num(o['v_in_v'], '.2f', 5)} V {num(o['p_in_w'], '.0f', 3)} W"
         if o["gpu_lost"]:
             gpu = "GPU lost"
         else:
-            gpu = f"GPU {o['gpu_die_c']:2d} C {o['gpu_power_w']:3.0f}/{o['gpu_limit_w']:.0f} W"
+            gpu = f"GPU {o['gpu_temp_c']:2d} C {o['gpu_power_w']:3.0f}/{o['gpu_limit_w']:.0f} W"
         line = f"{head}{state:<10}  {temps} C | {fans} | {rail} | {gpu}"
         if o["faults"]:
             line += " | faults " + ",".join(o["faults"])

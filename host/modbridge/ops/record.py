@@ -684,22 +684,22 @@ def _from_cell(name: str, cell: str):
 # ----------------------------------------------------------------------------- rows from a bridge
 
 
-def _pct(ratio) -> float | None:
-    r = _finite(ratio)
-    return None if r is None else round(r * 100.0, 3)
+# a module's quantities under the same name in the status document and a recording
+# (docs/vocabulary.md); its GPU's and policy's carry the object's name as a prefix here
+_MODULE_QUANTITIES = ("temp_gpu_c", "temp_vram_c", "temp_mos_c", "temp_amb_c", "fan1_rpm",
+                      "fan1_duty_pct", "fan2_rpm", "fan2_duty_pct", "v_in_v", "i_in_a",
+                      "p_in_w")  # fmt: skip
 
 
 def sample_rows(rep: dict, time_unix: float, elapsed_s: float) -> list[SampleRow]:
     """Rows for one instant from :func:`modbridge.bridge.report`: one per module (with
-    its paired GPU and policy), then one per GPU no module is paired with. Times are
-    kept to the millisecond."""
+    its paired GPU and policy: ``gpu.temp_c`` is ``gpu_temp_c``, ``policy.target_w``
+    ``policy_target_w``), then one per GPU no module is paired with. Times are kept to
+    the millisecond."""
     time_unix, elapsed_s = round(time_unix, 3), round(elapsed_s, 3)
     rows = []
     paired = set()
     for m in rep.get("modules", ()):
-        temps = m.get("temperatures_c") or {}
-        fans = list(m.get("fans") or ())
-        fans += [{}] * (2 - len(fans))
         gpu = m.get("gpu") or {}
         pol = m.get("policy") or {}
         if gpu.get("uuid"):
@@ -714,25 +714,15 @@ def sample_rows(rep: dict, time_unix: float, elapsed_s: float) -> list[SampleRow
                 state=m.get("state"),
                 reason=m.get("reason"),
                 faults=tuple(m.get("faults") or ()),
-                temp_gpu_c=temps.get("gpu"),
-                temp_vram_c=temps.get("vram"),
-                temp_mos_c=temps.get("mos"),
-                temp_amb_c=temps.get("amb"),
-                fan1_rpm=fans[0].get("rpm"),
-                fan1_duty_pct=_pct(fans[0].get("duty")),
-                fan2_rpm=fans[1].get("rpm"),
-                fan2_duty_pct=_pct(fans[1].get("duty")),
-                v_in_v=m.get("v_in_v"),
-                i_in_a=m.get("i_in_a"),
-                p_in_w=m.get("p_in_w"),
+                **{k: m.get(k) for k in _MODULE_QUANTITIES},
                 gpu_uuid=gpu.get("uuid"),
-                gpu_temp_c=gpu.get("temperature_c"),
+                gpu_temp_c=gpu.get("temp_c"),
                 gpu_power_w=gpu.get("power_w"),
-                gpu_limit_w=gpu.get("enforced_limit_w"),
+                gpu_limit_w=gpu.get("limit_w"),
                 policy_level=pol.get("level"),
                 policy_reasons=tuple(pol.get("reasons") or ()),
-                policy_target_w=pol.get("target_limit_w"),
-                policy_original_w=pol.get("original_limit_w"),
+                policy_target_w=pol.get("target_w"),
+                policy_original_w=pol.get("original_w"),
             )
         )
     for g in rep.get("gpus", ()):
@@ -742,9 +732,9 @@ def sample_rows(rep: dict, time_unix: float, elapsed_s: float) -> list[SampleRow
                     time_unix=time_unix,
                     elapsed_s=elapsed_s,
                     gpu_uuid=g["uuid"],
-                    gpu_temp_c=g.get("temperature_c"),
+                    gpu_temp_c=g.get("temp_c"),
                     gpu_power_w=g.get("power_w"),
-                    gpu_limit_w=g.get("enforced_limit_w"),
+                    gpu_limit_w=g.get("limit_w"),
                 )
             )
     return rows

@@ -106,7 +106,8 @@ class BlindSpots:
         wants_more = err is None or self.latches.above(
             "manual:err", err, cfg.manual_error_c, cfg.hysteresis_c
         )
-        values["manual"] = {"duty": duty, "target_error_c": err, "hot_c": hot_c}
+        values["manual"] = {"duty_pct": None if duty is None else round(duty * 100.0, 3),
+                            "target_error_c": err, "hot_c": hot_c}
         return hot and wants_more and duty is not None and duty < MANUAL_FULL_DUTY
 
 

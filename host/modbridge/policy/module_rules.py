@@ -21,7 +21,7 @@ from protocol import catalog as C
 
 # the channels the module's temperatures are judged on, with their names in values,
 # latches and sources
-_CHANNELS = tuple((ch, f"ntc_{ch}_c", f"ntc_{ch}:module", f"ntc_{ch}") for ch in
+_CHANNELS = tuple((ch, f"temp_{ch}_c", f"ntc_{ch}:module", f"ntc_{ch}") for ch in
                   ("gpu", "vram", "mos"))  # fmt: skip
 
 

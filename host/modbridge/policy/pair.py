@@ -252,13 +252,13 @@ class PairPolicy:
             level = max(level, REASON_LEVELS[R_GPU_LOST])
         self._level = level
         if held:
-            values["held_since"] = self._levels.since
+            values["held_since_s"] = self._levels.since  # the bridge clock (monotonic)
             values["min_hold_s"] = cfg.min_hold_s
 
         # target -----------------------------------------------------------------------
         original, mn = self.observe_limits(gpu, original_limit_w)
-        values["original_limit_w"] = original
-        values["min_limit_w"] = mn
+        values["original_w"] = original  # docs/vocabulary.md: the policy's own
+        values["gpu_min_limit_w"] = mn
         can_actuate = R_GPU_LOST not in active and not no_gpu
         target = None
         if can_actuate:
