@@ -16,4 +16,4 @@ import runpy
 _ROOT = "../.."
 _ALLOW = runpy.run_path(os.path.join(_ROOT, "firmware", "allowlist.py"))
 for _rel in _ALLOW["firmware_files"](_ROOT):
-    module(_rel, base_path=_ROOT)  # noqa: F821 - provided by MicroPython's manifest reader
+    module(_rel, base_path=_ROOT, opt=_ALLOW["MPY_OPT"])  # noqa: F821 - MicroPython's reader

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from firmware import mpsource
-from firmware.allowlist import firmware_files
+from firmware.allowlist import MPY_OPT, firmware_files
 from modbridge.errors import ModbridgeError
 from modbridge.tools.mpy import CODE_ROOT
 
@@ -422,7 +422,8 @@ def stage(
             out_rel = rel[:-3] + ".mpy"
             dst = staging / out_rel
             dst.parent.mkdir(parents=True, exist_ok=True)
-            argv = [mpy_cross] + ([f"-march={march}"] if march else []) + ["-o", str(dst), rel]
+            argv = [mpy_cross, f"-O{MPY_OPT}"] + ([f"-march={march}"] if march else [])
+            argv += ["-o", str(dst), rel]  # -O as the images freeze (firmware/allowlist.py)
             proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=60)
             if proc.returncode != 0:
                 raise FlashError(f"mpy-cross failed on {rel}: {_last_line(proc.stderr)}")
