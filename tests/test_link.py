@@ -996,15 +996,16 @@ def test_without_a_key_reads_work_commands_raise_heartbeats_withheld(links, stor
         assert link.request("config_get").name == "config"  # reads are open
         with pytest.raises(L.NotPaired) as e:
             link.request("fan_mode", {"mode": 0})
-        want = f"module {DEFAULT_UID} is not paired: run `modbridge pair {peer.path}`"
-        assert want in str(e.value)
+        # the module has a key (its hello says paired), this host's store has none
+        want = f"module {DEFAULT_UID} is paired, but there is no key for it in {store.dir}"
+        assert want in str(e.value) and f"modbridge pair {peer.path} --force" in str(e.value)
         assert wait_for(lambda: link.heartbeats_withheld >= 3)
         assert link.heartbeats_sent == 0 and peer.commands("heartbeat") == []
         assert peer.commands("fan_mode") == []  # never sent
         assert want in link.status.last_error and link.status.link_up
         peer.boot()  # a reset: logged once all the same
         assert wait_for(lambda: link.status.module_resets == 1)
-        warned = [r for r in caplog.records if "is not paired" in r.getMessage()]
+        warned = [r for r in caplog.records if "no key for it" in r.getMessage()]
         assert len(warned) == 1 and "STANDALONE" in warned[0].getMessage()
 
 
