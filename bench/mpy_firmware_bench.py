@@ -380,6 +380,195 @@ def mode_speed(telemetry_ms):
     return {"ticks_per_s": best, "telemetry_ms": app.telemetry_ms}
 
 
+# The fragmentation stress (bench/bench_arm_stress.py): seeded random operations on
+# the booted App with a stored config, each command signed and answered; a
+# MemoryError anywhere (an answer's text, a failed tick, the harness) fails the seed.
+STRESS_CMDS = (
+    ("hello_request", None),
+    ("config_get", None),
+    ("config_get", "section"),
+    ("config_set", "pid"),
+    ("config_set", "telemetry"),
+    ("config_save", None),
+    ("config_save", None),
+    ("setpoints", None),
+    ("pid_gains", None),
+    ("fan_mode", None),
+    ("cal_read", None),
+    ("cal_write", None),
+    ("selftest", None),
+    ("selftest", "abort"),
+    ("autotune", None),
+    ("autotune", "abort"),
+    ("pair", None),
+    ("reboot", None),
+)
+_SECTIONS = ("pid", "fans", "channels", "control", "ina226", "limits")
+
+
+class _Rand:
+    """xorshift32: the same sequence on every port for a seed."""
+
+    def __init__(self, seed):
+        self.x = (seed * 2654435761 + 12345) & 0xFFFFFFFF or 1
+
+    def below(self, n):
+        x = self.x
+        x ^= (x << 13) & 0xFFFFFFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFFFFFF
+        self.x = x
+        return x % n
+
+
+def _stress_fields(name, variant, r):
+    if name == "config_get":
+        return {"section": _SECTIONS[r.below(len(_SECTIONS))]} if variant else {}
+    if name == "config_set":
+        if variant == "pid":
+            return {"values": {"pid.kp": 3000 + r.below(4000)}}
+        return {"values": {"control.telemetry_ms": (200, 500, 1000)[r.below(3)]}}
+    if name == "setpoints":
+        return {"sp_gpu": 65000 + r.below(10000)}
+    if name == "pid_gains":
+        return {"kp": 4000 + r.below(3000)}
+    if name == "fan_mode":
+        if r.below(2):
+            return {"mode": 1, "duty1": 30000 + r.below(30000)}
+        return {"mode": 0}
+    if name == "cal_read":
+        return {"channel": r.below(4), "samples": 1 + r.below(64)}
+    if name == "cal_write":
+        return {"channel": r.below(4), "model": 1, "coeffs": [3900 + r.below(100), 10000, 25000]}
+    if name == "selftest":
+        return {"abort": True} if variant else {}
+    if name == "autotune":
+        return {"action": 1 if variant else 0}
+    if name == "pair":
+        return {"key": KEY}
+    return {}
+
+
+def store_factory_config(hal):
+    """config.json as ``modbridge flash`` writes it (flash.default_config: the
+    envelope of ``device.config.DEFAULTS``), before the first boot."""
+    from device import config
+
+    text = config.encode_file(config.DEFAULTS)
+    with open(hal.fs_dir.rstrip("/") + "/" + config.FILE_NAME, "wb") as f:
+        f.write(text)
+    from device.app import _release
+
+    text = config = None
+    _release()  # as App() leaves device.config: not imported
+    gc.collect()
+
+
+class _Stress:
+    def __init__(self, seed, collect):
+        self.r = _Rand(seed)
+        self.collect = collect
+        self.fakehal, self.hal = make_board()
+        store_factory_config(self.hal)
+        self.app = boot(self.fakehal, self.hal)
+        self.host = warm_up(self.fakehal, self.hal, self.app, True)
+        self.k = 0  # ticks since the warm-up: a heartbeat every 10th (1 s)
+        self.nacks = {}
+        self.answered = 0
+        self.reboots = 0
+        self.low = gc.mem_free()
+
+    def tick(self, keep=False):
+        from protocol import frame
+
+        hal = self.hal
+        if self.k % 10 == 0:
+            self.host.seq += 1
+            hal.send(frame.encode_frame("heartbeat", HB_FIELDS, self.host.seq,
+                                        signer=self.host.signer))
+        self.app.step()
+        hal.advance(TICK_MS)
+        if not keep:  # what the module sent: kept only while a command is answered
+            hal.tx_len = 0
+        self.k += 1
+        if hal.resets:  # the reboot command: a new App boots on the same filesystem
+            hal.resets = 0
+            self.reboot()
+
+    def reboot(self):
+        self.app = None
+        self.app = boot(self.fakehal, self.hal)
+        _keep_failure(self.app)
+        self.host.signer.nonce = self.app.nonce
+        self.reboots += 1
+
+    def command(self, name, fields):
+        from protocol import frame
+
+        hal = self.hal
+        if self.collect:
+            gc.collect()
+        self.host.seq += 1
+        seq = self.host.seq
+        hal.tx_len = 0
+        hal.decoder.reset()
+        hal.send(frame.encode_frame(name, fields, seq, signer=self.host.signer))
+        n = 0
+        while n < 30:
+            self.tick(True)
+            got = [m for m in hal.take() if m.ok and m.fields.get("ref") == seq]
+            for m in got:
+                if m.name == "nack":
+                    text = str(m.fields.get("text"))
+                    if "MemoryError" in text:
+                        raise MemoryError(text)
+                    self.nacks[name] = self.nacks.get(name, 0) + 1
+            if got or (name == "reboot" and self.reboots):
+                self.answered += 1
+                return
+            n += 1
+
+    def op(self):
+        r = self.r
+        if r.below(3):
+            self.what = "ticks"
+            for _ in range(1 + r.below(30)):
+                self.tick()
+            return
+        name, variant = STRESS_CMDS[r.below(len(STRESS_CMDS))]
+        self.what = name
+        self.command(name, _stress_fields(name, variant, r))
+
+    def check(self):
+        app = self.app
+        if app.failures or app.internal_errors:
+            if _Last.exc is not None:
+                sys.print_exception(_Last.exc)
+            raise RuntimeError(f"failures={app.failures} internal={app.internal_errors}")
+
+
+def mode_stress(seed, n_ops, collect):
+    st = _Stress(seed, collect)
+    _keep_failure(st.app)
+    st.what = "boot"
+    st.i = -1
+    try:
+        while st.i + 1 < n_ops:
+            st.i += 1
+            st.op()
+            st.check()
+            free = gc.mem_free()
+            if free < st.low:
+                st.low = free
+    except Exception as e:  # MemoryError or a failed tick: which seed, which operation
+        sys.print_exception(e)
+        return {"ok": 0, "seed": seed, "op": st.i, "what": st.what, "error": repr(e)}
+    gc.collect()
+    return {"ok": 1, "seed": seed, "ops": n_ops, "answered": st.answered,
+            "reboots": st.reboots, "nacks": st.nacks, "low_free": st.low,
+            "free_after": gc.mem_free()}
+
+
 def main(argv):
     import json
 
@@ -401,6 +590,8 @@ def main(argv):
         out = mode_alloc(True)
     elif mode == "speed":
         out = mode_speed(int(argv[2]))
+    elif mode == "stress":
+        out = mode_stress(int(argv[2]), int(argv[3]), int(argv[4]))
     else:
         raise SystemExit(
             "usage: mpy_firmware_bench.py heap|fit|fit_ticks|alloc|alloc_hosted|speed MS"

@@ -197,7 +197,7 @@ def build_lut(
         raise CalibrationError("LUT points must be 17..4097, got {}".format(points))
     step = (full_scale + points - 1) // (points - 1)
     r_mid = model_resistance(25.0, model, params)
-    lut = array("i", bytes(4 * points))
+    lut = array("i", range(points))  # sized from len(range): no temporary 1 KB bytes
     for i in range(points):
         r = adc_to_ohms(i * step, r_fixed_ohm, ntc_on_low_side, full_scale)
         lut[i] = _lut_entry(r, r_mid, model, params, correction, t_min_c, t_max_c)

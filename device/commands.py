@@ -153,6 +153,9 @@ def build(app, cfg):
     luts = {}  # channels with the same curve and divider share one table, and
     if app.safety is not None:  # with the safety layer's nominal one (1 KB each)
         luts[app.safety.nominal_key] = app.safety.nominal_table
+    for ntc in getattr(app, "ntcs", None) or ():  # and the running channels (read-only):
+        if ntc.table is not None:  # a change builds only the tables it changes (a 1 KB
+            luts[ntc.table] = (ntc._lut, ntc._step)  # block is the first to fail)
     ntcs = []
     for i in range(_N_CH):
         ch = chans[i]

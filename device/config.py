@@ -1257,12 +1257,13 @@ def save(cfg, dirpath, fs=os):
     tmp = final + TMP_SUFFIX
     if _holds(fs, final, cfg):
         return False
-    # one stored file parsed at a time, each dropped before the next and the write
-    cur = _peek(fs, final)
-    writes = _writes_in(cur)
-    rotate = cur is not None and _decodes(cur)  # a corrupt current is not kept
-    cur = None
-    writes = max(writes, _writes_in(_peek(fs, prev))) + 1
+    # the stored files are scanned in pieces, never read whole (a 2 KB block is what
+    # a fragmented heap refuses first): the trailer's writes count and the body's CRC
+    buf = bytearray(_SCAN)
+    crc_ok, writes = _scan(fs, final, buf)
+    rotate = crc_ok  # a corrupt current is not kept
+    writes = max(writes, _scan(fs, prev, buf)[1]) + 1
+    buf = None
     try:
         with _open(tmp, "wb") as f:
             _write_file(f, cfg, writes)
@@ -1302,7 +1303,71 @@ def is_saved(cfg, dirpath, fs=os):
 def flash_writes(dirpath, fs=os):
     """Lifetime number of saves: the ``writes`` count of the stored files (0 if none)."""
     final = _path(dirpath, FILE_NAME)
-    return max(_writes_in(_peek(fs, final)), _writes_in(_peek(fs, _path(dirpath, PREV_NAME))))
+    buf = bytearray(_SCAN)
+    return max(_scan(fs, final, buf)[1], _scan(fs, _path(dirpath, PREV_NAME), buf)[1])
+
+
+_SCAN = 128  # save()'s read buffer; a trailer is < 64 bytes
+
+
+def _scan(fs, path, buf):
+    """``(intact, writes)`` of a stored file, read in ``len(buf)`` pieces: ``intact``
+    if it is laid out as ``save`` writes it (``{"config":``, the body, a trailer that
+    parses with this schema's version) and the body's CRC matches; ``writes`` its
+    lifetime save count (0 if none or unreadable). What ``save`` needs of the
+    current and the last-good file; ``load`` checks the whole file at boot."""
+    try:
+        size = fs.stat(path)[6]
+        if size > MAX_FILE_BYTES or size < len(_HEAD) + len(_CRC_KEY):
+            return False, 0
+        with _open(path, "rb") as f:
+            n = len(buf)
+            tail = size - n if size > n else 0
+            f.seek(tail)
+            got = f.readinto(buf)
+            cut = bytes(buf[:got])
+            at = cut.rfind(_CRC_KEY)
+            if at < 0 or tail + at < len(_HEAD):
+                return _scan_whole(fs, path)
+            try:
+                doc = _parse(b'{"config":0' + cut[at:])[1]
+            except ConfigError:
+                return _scan_whole(fs, path)
+            w = doc.get("writes", 0)
+            writes = w if type(w) is int and w >= 0 else 0
+            f.seek(0)
+            if f.read(len(_HEAD)) != _HEAD:
+                return _scan_whole(fs, path)
+            crc = _CRC_INIT
+            left = tail + at - len(_HEAD)
+            while left > 0:
+                k = f.readinto(buf)  # whole pieces (CPython's readinto has no size)
+                if not k:
+                    return False, writes
+                k = k if k < left else left
+                crc = crc16(buf, 0, k, crc)
+                left -= k
+    except (OSError, ConfigError):
+        return False, 0
+    return doc.get("version") == SCHEMA_VERSION and doc.get("crc") == crc, writes
+
+
+def _scan_whole(fs, path):
+    """``_scan`` of a file in another layout (edited by hand; ``save`` rewrites it
+    canonically once): read and checked whole, as ``load`` does."""
+    try:
+        data = _read(fs, path)
+        if data is None:
+            return False, 0
+        data, doc = _parse(data)
+    except (OSError, ConfigError):
+        return False, 0
+    writes = _writes_in((data, doc))
+    try:
+        _check_doc(doc, data)
+    except ConfigError:
+        return False, writes
+    return True, writes
 
 
 def _read(fs, path):
@@ -1317,32 +1382,6 @@ def _read(fs, path):
         raise OSError("file is %d bytes, more than %d" % (size, MAX_FILE_BYTES))
     with _open(path, "rb") as f:
         return f.read(size)  # one block of the size: read() grows its buffer by steps
-
-
-def _peek(fs, path):
-    """``(data, doc)`` of a stored file for ``save``: None if missing, ``doc`` None
-    if it does not parse (``data`` None if it cannot even be read)."""
-    try:
-        data = _read(fs, path)
-    except OSError:
-        return None, None
-    if data is None:
-        return None
-    try:
-        return _parse(data)
-    except ConfigError:
-        return None, None
-
-
-def _decodes(peeked):
-    data, doc = peeked
-    if doc is None:
-        return False
-    try:
-        _check_doc(doc, data)
-    except ConfigError:
-        return False
-    return True
 
 
 def _writes_in(peeked):

@@ -103,6 +103,7 @@ class NTC:
         self.last_raw = 0  # averaged ADC code of the last read_mc()
         self.last_mc = _INVALID_MC  # last value read_mc() returned
         self.r_fixed_ohm = None  # set by from_config, used by ohms()
+        self.table = None  # from_config's table key (table_key)
         self.ntc_low = True
 
     @classmethod
@@ -136,6 +137,7 @@ class NTC:
         ntc = cls(adc, lut, step, **kwargs)
         ntc.r_fixed_ohm = r_fixed
         ntc.ntc_low = low
+        ntc.table = table  # its ``luts`` key: a reconfiguration reuses the table
         return ntc
 
     @staticmethod
