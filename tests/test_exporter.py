@@ -1021,8 +1021,9 @@ def test_gzip_state_kept_between_bodies_makes_one_complete_member_each():
 
 
 def test_clients_that_connect_and_stall_do_not_hold_up_a_scrape():
-    # each connection is served by a thread of its own; the threads that served a
-    # scrape wait for the next one, and stop() ends them
+    # stalled connections wait in the loop thread's selector, holding no worker; the
+    # workers serve the scrapes, and stop() ends every thread
+    # (tests/test_exporter_flood.py: the bounds under a flood)
     before = {t.ident for t in threading.enumerate()}
     server = X.serve(lambda: snapshot(), port=0, process_metrics=False)
     stalled = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]

@@ -1,7 +1,7 @@
 """A wake-up pipe: how another thread ends a sleep in ``epoll``/``selectors``.
 
 The link's I/O thread (:class:`modbridge.link.io.LinkIO`) and the exporter's
-accepting thread (:class:`modbridge.exporter.server._WorkerServer`) sleep on their
+loop thread (:class:`modbridge.exporter.server.BoundedServer`) sleep on their
 file descriptors with no poll period; :meth:`WakePipe.wake` (any thread) makes the
 pipe's read end readable, :meth:`WakePipe.drain` (the sleeper, once woken) empties
 it. One byte at most is in the pipe: a ``wake()`` while one is pending writes

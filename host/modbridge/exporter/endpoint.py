@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, exposition
@@ -130,7 +130,8 @@ class Endpoint:
     from a :class:`Renderer`. A request the Renderer does not write (``name[]``, an
     escaping scheme that rewrites names, an OpenMetrics version other than 1.0.0) is
     rendered by prometheus_client from
-    ``registry``: the same metrics."""
+    ``registry``: the same metrics. ``collectors`` (the server's counters) are
+    written after the process metrics, by both."""
 
     def __init__(
         self,
@@ -138,13 +139,18 @@ class Endpoint:
         process_metrics: bool = True,
         clock: Callable[[], float] = time.monotonic,
         live_max_age_s: float = LIVE_MAX_AGE_S,
+        collectors: Sequence = (),
     ):
         self._source = source
         self._clock = clock
         self.live_max_age_s = live_max_age_s
         extra = _add_process_collectors(CollectorRegistry()) if process_metrics else None
-        self.renderer = Renderer(source, clock, extra)
         self.registry = make_registry(source, process_metrics, clock)
+        for c in collectors:  # the server's own counters (server.py's ServerStats)
+            extra = extra or CollectorRegistry()
+            extra.register(c)
+            self.registry.register(c)
+        self.renderer = Renderer(source, clock, extra)
         self._gzip = _Gzip(GZIP_LEVEL)
         # (Accept, Accept-Encoding) -> their negotiation: a scraper sends the same ones
         self._negotiated: dict[tuple, tuple] = {}

@@ -28,8 +28,10 @@ modules that do the work, one job each, in the order a scrape goes through them:
 * ``process.py``: the ``process_*`` metrics, prometheus_client's for less CPU.
 * ``endpoint.py``: :class:`Endpoint`, what /metrics answers, as prometheus_client's
   WSGI app does (negotiation, ``name[]``, gzip from a deflate state kept).
-* ``server.py``: :func:`serve`, the HTTP server on worker threads, each answer in
-  one ``sendall``; :class:`MetricsServer`, its handle.
+* ``server.py``: :func:`serve`, the HTTP server: one loop thread (accepts, reads
+  requests) and a few workers (answers, each in one ``sendall``), every connection,
+  second and descriptor a client can take bounded (:class:`ServerLimits`);
+  :class:`MetricsServer`, its handle.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from modbridge.exporter.server import (
     DEFAULT_PORT,
     ExporterError,
     MetricsServer,
+    ServerLimits,
     serve,
 )
 from modbridge.exporter.walk import SnapshotSource
@@ -71,6 +74,7 @@ __all__ = [
     "ExporterError",
     "MetricsServer",
     "Renderer",
+    "ServerLimits",
     "SnapshotSource",
     "make_registry",
     "serve",

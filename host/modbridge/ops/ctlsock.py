@@ -28,8 +28,10 @@ it: docs/schedulers.md). Fields and replies are in wire units (the catalog's);
 :mod:`modbridge.ops.control` converts.
 
 The server never slows the bridge loop: it runs in its own threads (one accepting,
-sleeping in ``select`` with a wake-up pipe, no poll; one per connection, at most
-:data:`MAX_CLIENTS`), a connection has :data:`READ_TIMEOUT_S` to send its line,
+sleeping in a selector with a wake-up pipe, no poll; one per connection, at most
+:data:`MAX_CLIENTS`, more are answered ``busy`` at once; accept() failing for want
+of descriptors pauses 0.1 s, never spins), a connection has :data:`READ_TIMEOUT_S`
+in total to send its line,
 requests to one module run one at a time (another waits at most
 :data:`MODULE_WAIT_S`, then ``busy``), and the request itself goes through the
 module's :class:`~modbridge.link.session.ModuleLink` (thread-safe; the I/O thread
@@ -43,11 +45,12 @@ import errno
 import json
 import logging
 import os
-import select
+import selectors
 import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -361,30 +364,37 @@ class ControlServer:
 
     # -- accepting ---------------------------------------------------------------
     def _serve(self) -> None:
-        sock = self._sock
-        while not self._stop.is_set():
+        # a selector (epoll), not select(): a descriptor above 1023 is no error (the
+        # bridge raises RLIMIT_NOFILE: docs/bridge.md, "File descriptors")
+        with selectors.DefaultSelector() as sel:
             try:
-                ready, _, _ = select.select([sock, self._wake], [], [])
+                sel.register(self._sock, selectors.EVENT_READ)
+                sel.register(self._wake, selectors.EVENT_READ)
             except (OSError, ValueError):
                 return  # closed under us: stopping
-            if self._wake in ready:
-                self._wake.drain()
-                continue
-            try:
-                conn, _ = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE):
-                    log.warning("control socket: %s", e)
-                    self._stop.wait(0.1)
+            while not self._stop.is_set():
+                try:
+                    ready = {key.fileobj for key, _ in sel.select()}
+                except (OSError, ValueError):
+                    return  # closed under us: stopping
+                if self._wake in ready:
+                    self._wake.drain()
                     continue
-                return
-            try:
-                self._admit(conn)
-            except Exception:  # noqa: BLE001 - one connection never ends the server
-                log.exception("control socket: a connection failed")
-                conn.close()
+                try:
+                    conn, _ = self._sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError as e:
+                    if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        log.warning("control socket: %s", e)  # no spinning: a pause
+                        self._stop.wait(0.1)
+                        continue
+                    return
+                try:
+                    self._admit(conn)
+                except Exception:  # noqa: BLE001 - one connection never ends the server
+                    log.exception("control socket: a connection failed")
+                    conn.close()
 
     def _admit(self, conn: socket.socket) -> None:
         conn.setblocking(True)
@@ -436,10 +446,16 @@ class ControlServer:
             self._slots.release()
 
     def _read_line(self, conn: socket.socket):
-        conn.settimeout(self.read_timeout_s)
+        # read_timeout_s for the whole line, not per recv: a client sending a byte
+        # every second must not hold one of the MAX_CLIENTS slots for long
+        deadline = time.monotonic() + self.read_timeout_s
         buf = bytearray()
         try:
             while b"\n" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                conn.settimeout(left)
                 chunk = conn.recv(4096)
                 if not chunk:
                     break
