@@ -42,6 +42,7 @@ except ImportError:  # CPython
 
 _N_CH = const(4)
 _N_FAN = const(2)
+_LUT_POINTS = const(257)  # NTC.from_config's table size (the spare table's)
 _BOOT_TICKS = const(5)  # filter warm-up before sensor verdicts are trusted
 _RX_SIZE = const(128)
 _INA_RETRY_MS = const(5000)
@@ -149,9 +150,11 @@ class App:
         self._save_ms = now
         self._unauth_ms = now - _UNAUTH_EVENT_MS
         self.config_source = "factory"
+        self.lut_spare = None  # a free NTC table (device.commands._recycle)
         _commands().boot_config(self)
         self._load_learned()
         _release()  # configured: the config code's RAM is free again (device.commands)
+        self._spare_lut()
         if hal.reset_cause() == "watchdog":
             self.events.push(
                 C.REASON_WATCHDOG_RESET, C.SEV_ALARM, True, -1, 0, C.STATE_BOOT, C.STATE_BOOT
@@ -636,6 +639,17 @@ class App:
         except Exception as e:  # noqa: BLE001 - last resort: answer, count, keep cooling
             self._internal(e, item.seq, item.type)
         _release()
+        if self.lut_spare is None:  # a commit took it: replenish, the commands' RAM free
+            self._spare_lut()
+
+    def _spare_lut(self):
+        """The spare NTC table a configuring command builds into (device.commands.build):
+        allocated here, outside any command and transaction, never on the tick; a command
+        that finds none allocates its table as before."""
+        try:
+            self.lut_spare = array("i", range(_LUT_POINTS))
+        except MemoryError:
+            self.lut_spare = None
 
     def _internal(self, exc, ref, ref_type):
         self.internal_errors += 1

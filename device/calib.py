@@ -182,6 +182,7 @@ def build_lut(
     full_scale=65535,
     t_min_c=T_MIN_C,
     t_max_c=T_MAX_C,
+    out=None,
 ):
     """Table of milli-degC at evenly spaced ADC codes, for ``lut_interp_mc``.
 
@@ -192,12 +193,19 @@ def build_lut(
     ``LUT_SHORT`` (too hot: R too small) or ``LUT_OPEN`` (too cold: R too large).
     ``points`` must be 17..4097 so the integer interpolation stays below 2**30.
     Raises CalibrationError if the (corrected) curve is not monotonic.
+
+    ``out``: an ``array('i')`` of ``points`` entries to fill instead of a new one (the
+    App's spare table: a command builds a table without a fresh 1 KB block); on an
+    error its content is undefined, so it must be a table nobody reads.
     """
     if points < 17 or points > 4097:
         raise CalibrationError("LUT points must be 17..4097, got {}".format(points))
     step = (full_scale + points - 1) // (points - 1)
     r_mid = model_resistance(25.0, model, params)
-    lut = array("i", range(points))  # sized from len(range): no temporary 1 KB bytes
+    if out is not None and len(out) == points:
+        lut = out
+    else:
+        lut = array("i", range(points))  # sized from len(range): no temporary 1 KB bytes
     for i in range(points):
         r = adc_to_ohms(i * step, r_fixed_ohm, ntc_on_low_side, full_scale)
         lut[i] = _lut_entry(r, r_mid, model, params, correction, t_min_c, t_max_c)

@@ -156,13 +156,16 @@ def build(app, cfg):
     for ntc in getattr(app, "ntcs", None) or ():  # and the running channels (read-only):
         if ntc.table is not None:  # a change builds only the tables it changes (a 1 KB
             luts[ntc.table] = (ntc._lut, ntc._step)  # block is the first to fail)
+    # a table this config needs and nobody has is built into the App's spare (free,
+    # read by nobody: the running tables stay as they are until commit swaps them)
+    spare = [app.lut_spare] if getattr(app, "lut_spare", None) is not None else None
     ntcs = []
     for i in range(_N_CH):
         ch = chans[i]
         if ch.get("filter") == "none":
             ch = dict(ch)
             ch["filter"] = None
-        ntcs.append(NTC.from_config(hal.adc[i], ch, luts=luts))
+        ntcs.append(NTC.from_config(hal.adc[i], ch, luts=luts, spare=spare))
     b.ntcs = ntcs
     b.luts = luts
     b.setpoints = [chans[i]["setpoint_mc"] for i in range(_N_CH)]
@@ -208,6 +211,7 @@ def commit(app, b, cfg):
     app.telemetry_ms = b.telemetry_ms
     app.host_timeout_ms = b.host_timeout_ms
     app.standalone_curve = b.standalone_curve
+    old = getattr(app, "ntcs", None) or ()
     app.ntcs = b.ntcs
     for i in range(_N_CH):
         app.setpoints[i] = b.setpoints[i]
@@ -225,6 +229,7 @@ def commit(app, b, cfg):
         for i in range(_N_FAN):
             app.fans[i].configure(fans[i])
     app.safety.configure(cfg)
+    _recycle(app, old)
     app._crit0 = app.safety.crit_mc[0]  # the GPU channel's configured critical
     app.ina_cfg = cfg["ina226"]
     app.uv_mv = app.ina_cfg["uv_mv"]
@@ -479,6 +484,29 @@ def _send_range(app, ref, version, values, keys, lens, fixed, lo, hi):
     # one entry too big for a frame: the encoder's OversizeError says so
     part = {k: values[k] for k in keys[lo:hi]}
     app.send("config", {"ref": ref, "values": part, "version": version})
+
+
+def _recycle(app, old):
+    """After a commit: the App's spare table is a table nobody reads any more (the
+    spare itself if no new channel took it, else one the old channels let go), or
+    None (device.app replenishes it after the command, outside the transaction)."""
+    used = [n._lut for n in app.ntcs]
+    used.append(app.safety.nominal_table[0])
+    spare = app.lut_spare
+    if spare is not None and not _holds(used, spare):
+        return
+    app.lut_spare = None
+    for n in old:
+        if not _holds(used, n._lut):
+            app.lut_spare = n._lut
+            return
+
+
+def _holds(seq, x):
+    for y in seq:
+        if y is x:
+            return True
+    return False
 
 
 def cmd_cal_read(app, msg):

@@ -47,7 +47,7 @@ Besides types and ranges of every field and the rules between fields:
   floor; ``device.safety`` applies the board's own at run time;
 - a channel's ``correction`` (added to the model temperature, as ``device.calib``
   does) stays within +-``floors.CAL_BAND_MC`` at every whole degC from -20 to 150;
-- no value nests containers deeper than ``MAX_DEPTH`` (6; the schema needs 4):
+- no value nests containers deeper than ``_MAX_DEPTH`` (6; the schema needs 4):
   ``merge``, ``flatten``, ``unflatten`` and file decoding refuse deeper values with
   a ``ConfigError`` ("nested deeper than 6 levels") before anything recursive walks
   them, and error messages never ``repr`` such a value.
@@ -163,7 +163,6 @@ Schema versions and migration: ``SCHEMA_VERSION`` is 1, the only version so far,
 A stored version without a migration path is corrupt.
 """
 
-import math
 import os
 
 from device import floors
@@ -191,7 +190,7 @@ MAX_ENTRIES = 64  # text keys in one config / config_set message (catalog)
 # Containers nested in a config value: the config itself is 4 deep (root, channels,
 # a channel, its correction list) and a config_set map 4 as well; deeper is refused
 # before anything recursive walks it (a hostile value cannot exhaust the C stack).
-MAX_DEPTH = 6
+_MAX_DEPTH = const(6)
 
 DUTY_FULL = const(65535)
 _ENOENT = const(2)
@@ -343,13 +342,13 @@ def __getattr__(name):
 
 
 def _copy(v, parts=None, depth=1):
-    """Deep copy of a plain value; ConfigError (at ``parts``) past ``MAX_DEPTH``."""
+    """Deep copy of a plain value; ConfigError (at ``parts``) past ``_MAX_DEPTH``."""
     if isinstance(v, dict):
-        if depth > MAX_DEPTH:
+        if depth > _MAX_DEPTH:
             raise _too_deep(parts)
         return {k: _copy(x, parts, depth + 1) for k, x in v.items()}
     if isinstance(v, list):
-        if depth > MAX_DEPTH:
+        if depth > _MAX_DEPTH:
             raise _too_deep(parts)
         return [_copy(x, parts, depth + 1) for x in v]
     return v
@@ -371,7 +370,7 @@ def _deeper_than(v, limit):
 
 
 def _too_deep(parts):
-    return _err(parts or [], "nested deeper than %d levels" % MAX_DEPTH)
+    return _err(parts or [], "nested deeper than %d levels" % _MAX_DEPTH)
 
 
 # --- schema --------------------------------------------------------------------
@@ -552,7 +551,6 @@ FAULT_FLOOR_MIN = 32768
 # INA226: shunt full scale 81.92 mV; CAL = 0.00512 / (current_LSB * R_shunt) with
 # current_LSB = max_current / 2**15 must fit 15 bits.
 _INA_SHUNT_FS_UV = const(81920)
-_INA_CAL_NUM = 167772160000  # 0.00512 * 2**15 in mA * uohm units
 _INA_CAL_MAX = const(0x7FFF)
 
 
@@ -580,8 +578,8 @@ def _err(parts, problem):
 
 
 def _show(v):
-    if _deeper_than(v, MAX_DEPTH):  # repr() would recurse without bound
-        return "a %s nested deeper than %d levels" % (type(v).__name__, MAX_DEPTH)
+    if _deeper_than(v, _MAX_DEPTH):  # repr() would recurse without bound
+        return "a %s nested deeper than %d levels" % (type(v).__name__, _MAX_DEPTH)
     text = repr(v)
     if len(text) > 40:
         text = text[:37] + "..."
@@ -599,15 +597,12 @@ def _choices(choices):
 # --- validation ---------------------------------------------------------------------
 
 
-_INF = float("inf")
-
-
 def _is_number(v):
     t = type(v)
     if t is int:
         return True
     if t is float:
-        return v == v and v not in (_INF, -_INF)
+        return v - v == 0.0  # finite: inf - inf and nan - nan are nan
     return False
 
 
@@ -803,7 +798,7 @@ def _check_rules(cfg):
             "the INA226 shunt range of %d uV"
             % (ina["max_current_ma"], ina["shunt_uohm"], product // 1000, _INA_SHUNT_FS_UV),
         )
-    cal = _INA_CAL_NUM // product
+    cal = 167772160000 // product  # 0.00512 * 2**15 in mA * uohm units
     if cal > _INA_CAL_MAX:
         raise _err(
             ["ina226", "max_current_ma"],
@@ -890,7 +885,9 @@ def _fmt_mc(mc):
 
 
 def _sh_kelvin(sh, r_ohm):
-    ln = math.log(r_ohm)
+    from math import log  # here: a module global costs every import its dict slot
+
+    ln = log(r_ohm)
     inv = sh[0] + sh[1] * ln + sh[2] * ln * ln * ln
     return 1.0 / inv if inv > 0 else None
 
@@ -990,7 +987,7 @@ def _expandable(v):
 def flatten(value, prefix=""):
     """``{"pid": {"kp": 1}}`` -> ``{"pid.kp": 1}``; lists of dicts by index
     (``"channels.0.beta"``), other lists stay whole values. ConfigError for dicts
-    nested deeper than ``MAX_DEPTH``."""
+    nested deeper than ``_MAX_DEPTH``."""
     out = {}
     _flatten_into(out, value, prefix, 1)
     return out
@@ -1000,8 +997,8 @@ def _flatten_into(out, v, prefix, depth):
     if not _expandable(v):
         out[prefix] = v
         return
-    if depth > MAX_DEPTH:
-        raise ConfigError(prefix, "nested deeper than %d levels" % MAX_DEPTH)
+    if depth > _MAX_DEPTH:
+        raise ConfigError(prefix, "nested deeper than %d levels" % _MAX_DEPTH)
     items = v.items() if type(v) is dict else enumerate(v)
     for k, x in items:
         key = str(k) if not prefix else prefix + "." + str(k)
@@ -1011,12 +1008,12 @@ def _flatten_into(out, v, prefix, depth):
 def unflatten(flat):
     """Inverse of ``flatten``: dotted keys -> nested dicts, with dicts whose keys are
     exactly "0".."n-1" turned back into lists. ConfigError for a key of more than
-    ``MAX_DEPTH`` parts."""
+    ``_MAX_DEPTH`` parts."""
     root = {}
     for key in flat:
         parts = key.split(".")
-        if len(parts) > MAX_DEPTH:
-            raise ConfigError(key, "nested deeper than %d levels" % MAX_DEPTH)
+        if len(parts) > _MAX_DEPTH:
+            raise ConfigError(key, "nested deeper than %d levels" % _MAX_DEPTH)
         node = root
         for p in parts[:-1]:
             nxt = node.get(p)
@@ -1170,6 +1167,7 @@ _HEAD = const(b'{"config":')
 _CRC_KEY = const(b',"crc":')
 _CRC_INIT = const(0xFFFF)  # protocol.crc.INIT
 _CHUNK = const(256)  # about the bytes per write of a file being saved
+_SCAN = const(128)  # save()'s read buffer; a trailer is < 64 bytes
 
 
 def _trailer(crc, writes):
@@ -1307,7 +1305,6 @@ def flash_writes(dirpath, fs=os):
     return max(_scan(fs, final, buf)[1], _scan(fs, _path(dirpath, PREV_NAME), buf)[1])
 
 
-_SCAN = 128  # save()'s read buffer; a trailer is < 64 bytes
 
 
 def _scan(fs, path, buf):
@@ -1414,14 +1411,14 @@ def _parse(data):
     try:
         # the protocol's strict parser: bounded depth, duplicate keys and bad UTF-8
         # refused, the same verdict on both interpreters
-        doc = jsonparse.loads(data, max_depth=MAX_DEPTH + 1, max_len=MAX_FILE_BYTES)
+        doc = jsonparse.loads(data, max_depth=_MAX_DEPTH + 1, max_len=MAX_FILE_BYTES)
     except jsonparse.JSONError as e:
         if e.reason.startswith("nesting deeper"):
             doc = None
         else:
             raise ConfigError("", "file is not valid JSON (truncated?): %s" % e) from None
-    if doc is None or _deeper_than(doc, MAX_DEPTH):
-        raise ConfigError("", "file is nested deeper than %d levels" % MAX_DEPTH)
+    if doc is None or _deeper_than(doc, _MAX_DEPTH):
+        raise ConfigError("", "file is nested deeper than %d levels" % _MAX_DEPTH)
     if type(doc) is not dict:
         raise ConfigError("", "file holds %s, not an object" % type(doc).__name__)
     return data, doc

@@ -107,7 +107,7 @@ class NTC:
         self.ntc_low = True
 
     @classmethod
-    def from_config(cls, adc, cfg, points=257, luts=None, **kwargs):
+    def from_config(cls, adc, cfg, points=257, luts=None, spare=None, **kwargs):
         """Build the table from a channel config dict and return the driver.
 
         ``cfg``: ``{"model": "beta"|"sh", "beta": 3950, "r0": 10000, "t0_mc": 25000,
@@ -120,6 +120,10 @@ class NTC:
         ``luts``: a dict shared by the channels built together; a channel whose curve
         and divider equal an earlier one's reuses its table (read-only, 1 KB each),
         so four identical NTCs hold one table and build it once.
+
+        ``spare``: a list of free tables (``array('i')`` of ``points`` entries, read by
+        nobody); a table that must be built is built into one popped from it, not into a
+        new 1 KB block (device.commands: the App's spare, swapped on commit).
         """
         table = cls.table_key(cfg, points)
         model, params, r_fixed, low, correction, points = table
@@ -128,7 +132,10 @@ class NTC:
         else:
             from device.calib import build_lut
 
-            lut, step = build_lut(model, params, r_fixed, low, list(correction) or None, points)
+            out = spare.pop() if spare else None
+            lut, step = build_lut(
+                model, params, r_fixed, low, list(correction) or None, points, out=out
+            )
             if luts is not None:
                 luts[table] = (lut, step)
         for key in ("oversample", "filter", "ema_alpha"):
