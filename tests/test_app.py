@@ -428,6 +428,39 @@ def test_cal_read_and_cal_write():
     assert len(events(items + hal.take(), C.REASON_CALIBRATION)) == 1
 
 
+def _is_in(x, seq):
+    return any(y is x for y in seq)
+
+
+def test_cal_write_builds_into_the_spare_table_and_recycles_the_old_one():
+    """A calibration needs no fresh 1 KB table at command time: it is built into the
+    App's spare, the running tables stay valid until commit, and a table the channel
+    lets go becomes the next spare (issue 24)."""
+    hal, app = boot()
+    nominal = app.safety.nominal_table[0]
+
+    def running():
+        return [n._lut for n in app.ntcs] + [nominal]
+
+    spare = app.lut_spare
+    assert spare is not None and len(spare) == 257 and not _is_in(spare, running())
+    before = [n._lut for n in app.ntcs]
+    for beta, ch in ((3900, 2), (3910, 2), (3920, 2)):
+        seq = cmd(hal, "cal_write", {"channel": ch, "model": 1, "coeffs": [beta, 10000, 25000]})
+        reply, _ = answer(hal, app, seq, ms=300)
+        assert reply.name == "ack", reply
+        assert app.ntcs[ch]._lut is spare  # built into the spare, swapped in on commit
+        assert app.lut_spare is not None and not _is_in(app.lut_spare, running())
+        spare = app.lut_spare
+    for i in (0, 1, 3):  # the other channels kept their tables
+        assert app.ntcs[i]._lut is before[i]
+    # a refused calibration (non-monotonic) changes no running table; the spare stays free
+    seq = cmd(hal, "cal_write", {"channel": 2, "model": 1, "coeffs": [-5, 10000, 25000]})
+    reply, _ = answer(hal, app, seq, ms=300)
+    assert reply.name == "nack", reply
+    assert app.ntcs[2]._lut is not spare and not _is_in(app.lut_spare, running())
+
+
 def test_selftest_passes_with_healthy_parts():
     hal, app = boot()
     seq = cmd(hal, "selftest")
