@@ -14,10 +14,12 @@ I1 each fan's PWM duty >= the floor computed from the raw ADC codes through the
    the hot floor of the reading minus the calibration band, 100 % at the compiled
    critical end, the sensor floor for an open/short controlled NTC, the stall floor
    for a stopped fan, the host-lost floor after the heartbeats stopped, the boot floor,
-   the die-margin floor of the host's die against the GPU's slowdown; each counted
-   only once the condition has lasted long enough to be detected. Every number comes
-   from the oracle's own table (tests/oracle_floors.py, written from docs/safety.md),
-   none from ``device.floors``: a wrong floor in the firmware is caught, not copied;
+   the die-margin floor of the host's die against the GPU's slowdown (a heartbeat
+   sent after noise without a delimiter is cut by it and never arrives: not counted);
+   each counted only once the condition has lasted long enough to be detected. Every
+   number comes from the oracle's own table (tests/oracle_floors.py, written from
+   docs/safety.md), none from ``device.floors``: a wrong floor in the firmware is
+   caught, not copied;
 I2 while a fault cause the app reports persists, no fan is below what it was
    commanding the tick before the cause appeared;
 I3 a refused (or unanswered) command leaves config, mode and duties unchanged;
@@ -101,8 +103,13 @@ class Harness:
         self.hb_temp = 60000
         self.hb_slowdown = 0  # the GPU's slowdown the heartbeats carry, 0 = not sent
         # the last heartbeat for the die floor: [sent at, app.ticks once the module had
-        # read it (None before), die, slowdown]
+        # read it (None before), die, slowdown, sent on a clean line]
         self.die_hb = None
+        # the line is at a frame boundary: nothing sent yet, or the last bytes sent
+        # ended with a 0x00 (every decoder state ends there: SPEC section 4.3) or were
+        # one of our whole JSON lines sent on a clean line. A frame sent after noise
+        # without a delimiter is cut by it: it never reaches the module.
+        self.line_clean = True
         self.fan_state = ["ok", "ok"]
         self.fan_since = [0, 0]
         self.noise_frac = [0, 0]
@@ -165,7 +172,7 @@ class Harness:
         fields = {"gpu_temp": self.hb_temp, "gpu_power": self.hb_power, "power_limit": 700000}
         if self.hb_slowdown:
             fields["gpu_slowdown"] = self.hb_slowdown
-        self.die_hb = [self.now, None, self.hb_temp, self.hb_slowdown]
+        self.die_hb = [self.now, None, self.hb_temp, self.hb_slowdown, self.line_clean]
         self.send_signed("heartbeat", fields)
 
     # -- the world ------------------------------------------------------------------
@@ -197,6 +204,15 @@ class Harness:
             self.last_hb = -(10**9)
 
     # -- the link -------------------------------------------------------------------
+    def _put(self, data, line=False):
+        """Put ``data`` on the line; ``line``: it is one whole JSON line of ours."""
+        if data:
+            if data[-1] == 0:
+                self.line_clean = True
+            elif not (line and self.line_clean and data[-1] == 0x0A):
+                self.line_clean = False
+        self.hal.send(data)
+
     def _next_seq(self):
         self.seq = (self.seq + 1) & 0xFFFF
         return self.seq
@@ -213,7 +229,7 @@ class Harness:
             self.replay.append(data)
             if len(self.replay) > 16:
                 self.replay = self.replay[-16:]
-        self.hal.send(data)
+        self._put(data, fmt == "json")
         return seq
 
     def send_unsigned(self, name, fields, fmt="cbor"):
@@ -222,7 +238,7 @@ class Harness:
             data = jsonl.encode_line(name, fields, seq)
         else:
             data = frame.encode_frame(name, fields, seq)
-        self.hal.send(data)
+        self._put(data, fmt == "json")
         return seq
 
     def send_forged(self, name, fields):
@@ -230,16 +246,16 @@ class Harness:
         seq = self._next_seq()
         bad = sign.Signer(bytes(32), 1, self._clock)
         bad.nonce = self.signer.nonce
-        self.hal.send(frame.encode_frame(name, fields, seq, signer=bad))
+        self._put(frame.encode_frame(name, fields, seq, signer=bad))
         return seq
 
     def send_replay(self, k):
         if not self.replay:
             return
-        self.hal.send(self.replay[k % len(self.replay)])
+        self._put(self.replay[k % len(self.replay)], True)  # our frames and lines
 
     def send_raw(self, data):
-        self.hal.send(data)
+        self._put(data)
 
     def heartbeat_burst(self, n, signed_at, forged):
         """One burst: a delimiter (ends any partial run), ``n`` unsigned (or forged)
@@ -257,7 +273,7 @@ class Harness:
         k = 0
         while k <= n:
             if k == signed_at:  # the module reads the ring: one burst all the same
-                self.hal.send(data)
+                self._put(data)
                 queued += len(data) + 64
                 data = b""
                 self._send_heartbeat()
@@ -265,7 +281,7 @@ class Harness:
                 data += frame.encode_frame("heartbeat", hb, self._next_seq(), signer=bad)
             k += 1
         queued += len(data)
-        self.hal.send(data)
+        self._put(data)
         self.advance(STEP_MS * (2 + queued // 128))  # the module reads 128 B a step
         taken = (self.app.hb_seen, self.app.hb_ms) != before
         if signed_at <= n and self.resets == boots and not taken:
@@ -379,10 +395,14 @@ class Harness:
     def _fresh_die(self):
         """(die, slowdown) of the last heartbeat once the module has ticked on it, while
         it is certainly fresh and the host present (sent less than the shortest host
-        timeout, 1 s, ago); None otherwise, and when a heartbeat the harness did not
-        record (a burst's) came after it."""
+        timeout, 1 s, ago); None otherwise, when a heartbeat the harness did not
+        record (a burst's) came after it, and when it was sent after noise without a
+        delimiter (it may never have arrived: the decoder resynchronises only at the
+        next 0x00, SPEC section 4.3; docs/safety.md, the die-margin floor)."""
         hb = self.die_hb
         if hb is None or not self.host_on or hb[0] != self.last_hb or hb[0] < self.boot_at:
+            return None
+        if not hb[4]:
             return None
         if self.now - hb[0] >= 900 or hb[1] is None or self.app.ticks <= hb[1]:
             return None

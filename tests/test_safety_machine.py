@@ -7,6 +7,7 @@ sequence. `make bench` runs the same machine for >= 100,000 steps
 (bench/bench_safety.py).
 """
 
+import oracle_floors as O
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -108,3 +109,35 @@ SafetyMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_safety_machine = SafetyMachine.TestCase
+
+
+def test_heartbeat_cut_by_noise_sets_no_die_floor():
+    """Regression (hypothesis, a full run): a signed heartbeat with a die 3.6 degC under
+    the slowdown, sent right after one noise byte with no delimiter between, is cut by
+    it (the decoder resynchronises only at the next 0x00, SPEC section 4.3: a CRC
+    error), so the module never had that die and the die-margin floor does not apply
+    (docs/safety.md); the oracle took it as received and raised I1 (18023 < 20375).
+    The next heartbeat, on a clean line, is taken and floored."""
+    h = Harness()
+    h.hb_temp, h.hb_slowdown = 30000, 0
+    for _ in range(2):
+        h.send_raw(GARBAGE[0])
+        h.advance(200)
+    for _ in range(2):
+        h.command(*COMMANDS[0], how="signed", fmt="cbor")
+    for _ in range(21):
+        h.send_raw(GARBAGE[0])
+        h.advance(200)
+    h.hb_temp, h.hb_slowdown = 79416, 83000
+    h.command(*COMMANDS[0], how="signed", fmt="cbor")
+    h.host(True)
+    crc = h.app.decoder.errors["crc"]
+    h.send_raw(b"\x01")
+    h.advance(100)  # the heartbeat goes out after the noise byte: no violation
+    assert h.app.decoder.errors["crc"] == crc + 1 and not h.app.hb_seen
+    assert h.violations == 0
+    h.advance(1000)  # the next heartbeat follows a delimiter: taken, the floor holds
+    fl, why = h.oracle_floor()
+    assert h.app.gpu_temp_mc == 79416 and "die_margin" in why
+    assert min(h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) >= fl > O.pct(31)
+    assert h.violations == 0
