@@ -59,9 +59,32 @@ def page_name(path: list[str]) -> str:
     return "-".join(path)
 
 
-def render(path: list[str], cmd: click.Command) -> str:
+def _context(path: list[str], root: click.Command) -> click.Context:
+    """The context ``modbridge <path>`` runs in: each level's settings, inherited as
+    when a person types it (``-h`` comes from the top group's help_option_names)."""
+    cmd, ctx = root, click.Context(root, info_name=path[0], **root.context_settings)
+    for name in path[1:]:
+        cmd = cmd.get_command(ctx, name)
+        ctx = click.Context(cmd, info_name=name, parent=ctx, **cmd.context_settings)
+    return ctx
+
+
+def _options(cmd: click.Command, ctx: click.Context) -> list[tuple[str, str]]:
+    """(term, help) per option, the help option last from the context's names (not
+    ``cmd.get_params``: click caches a command's help option from the first context
+    it ran in, so the page would depend on what ran before in the process)."""
+    out = [r for r in (p.get_help_record(ctx) for p in cmd.params) if r]
+    if ctx.help_option_names and cmd.add_help_option:
+        out.append((", ".join(ctx.help_option_names), "Show this message and exit."))
+    return out
+
+
+def render(path: list[str], cmd: click.Command, root: click.Command | None = None) -> str:
     """One man page (roff, section 1) for the command at ``path``."""
-    ctx = click.Context(cmd, info_name=" ".join(path), **cmd.context_settings)
+    if root is None:
+        from modbridge.cli.main import main as root
+    ctx = _context(path, root)
+    ctx.info_name = " ".join(path)
     title = page_name(path)
     short = cmd.get_short_help_str(limit=200) or ""
     out = [
@@ -74,8 +97,7 @@ def render(path: list[str], cmd: click.Command) -> str:
     ]
     if cmd.help:
         out += [".SH DESCRIPTION", _paragraphs(cmd.help)]
-    opts = [p.get_help_record(ctx) for p in cmd.get_params(ctx)]
-    opts = [r for r in opts if r]
+    opts = _options(cmd, ctx)
     if opts:
         out.append(".SH OPTIONS")
         for term, help_text in opts:
@@ -97,7 +119,7 @@ def render(path: list[str], cmd: click.Command) -> str:
 
 def pages(root: click.Command) -> dict[str, str]:
     """``{file name: roff text}`` for every command."""
-    return {page_name(p) + ".1": render(p, c) for p, c in _walk(root, ["modbridge"])}
+    return {page_name(p) + ".1": render(p, c, root) for p, c in _walk(root, ["modbridge"])}
 
 
 def completion(root: click.Command, shell: str) -> str:
