@@ -1,5 +1,7 @@
 """device/nonce.py: the per-boot nonce, with and without os.urandom (STM32F411)."""
 
+import time
+
 from mpcompat import tmpdir
 
 from device import nonce as N
@@ -30,6 +32,7 @@ def test_a_torn_counter_file_starts_again_and_still_differs():
     first, _ = N.boot_nonce(8, d, UID, urandom=False)
     with open(d + "/" + N.COUNTER_FILE, "wb") as fh:
         fh.write(b"\x00\x01")  # torn: not 8 bytes
+    time.sleep(0.005)  # a later boot: its tick differs (both calls in one ms did not)
     second, source = N.boot_nonce(8, d, UID, urandom=False)
     assert source == "counter", source
     assert N._read_counter(d + "/" + N.COUNTER_FILE) == 1
