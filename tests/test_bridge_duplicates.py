@@ -5,8 +5,8 @@ and the exporter alternated between them. Now neither is mapped while both are t
 an alert names both ports, metrics keep them apart by port, and when one goes away
 the other is mapped again. Meanwhile the GPU the id was mapped to has no module it can
 trust: it is protected as a GPU without working cooling (issue 23 item 4: on 4092283 it
-was left as it was, and the pairs said ``gpu_lost``). Two virtual modules (the real firmware in MicroPython) are
-given the same id and the same secret.
+was left as it was, and the pairs said ``gpu_lost``). Two virtual modules (the real
+firmware in MicroPython) are given the same id and the same secret.
 """
 
 from __future__ import annotations

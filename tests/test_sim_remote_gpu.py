@@ -72,10 +72,9 @@ def test_what_each_refusal_says():
 
 
 def test_each_backend_says_what_it_is(tmp_path):
+    from modbridge.gpu.fake_nvml import FakeNvml
     from modbridge.gpu.nvml import NvmlBackend
     from modbridge.gpu.smi import SmiBackend
-
-    from modbridge.gpu.fake_nvml import FakeNvml
 
     assert not NvmlBackend.simulated and not SmiBackend.simulated
     assert VirtualBackend.simulated and remote.SimRemoteBackend.simulated
