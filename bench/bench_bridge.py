@@ -71,6 +71,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench._bridge_cpu_child import bench_config, virtual_gpus
+from bench._jsonchild import JsonLinesChild
 from modbridge.policy.config import PolicyConfig
 from protocol import catalog as C
 
@@ -129,55 +130,16 @@ def _percentile(sorted_vals: list[float], q: float) -> float:
     return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
 
 
-class Child:
+class Child(JsonLinesChild):
     """A ``_bridge_cpu_child`` process: JSON lines out, JSON commands in."""
 
     def __init__(self, role: str, args: dict):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench._bridge_cpu_child", role, json.dumps(args)],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        self.lines: list[dict] = []
-        self.cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                obj = json.loads(line)
-                with self.cond:
-                    self.lines.append(obj)
-                    self.cond.notify_all()
-        with self.cond:
-            self.lines.append({"k": "eof"})
-            self.cond.notify_all()
+        super().__init__([sys.executable, "-m", "bench._bridge_cpu_child", role,
+                          json.dumps(args)])  # fmt: skip
 
     def send(self, **cmd) -> None:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
-
-    def wait_for(self, pred, timeout: float, start: int = 0) -> dict | None:
-        """The first line (from index ``start``) matching ``pred``; None on timeout."""
-        end = time.monotonic() + timeout
-        with self.cond:
-            i = start
-            while True:
-                while i < len(self.lines):
-                    obj = self.lines[i]
-                    i += 1
-                    if obj.get("k") == "eof":
-                        raise RuntimeError(f"child exited (rc {self.proc.poll()})")
-                    if pred(obj):
-                        return obj
-                left = end - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cond.wait(left)
 
     def request(self, timeout: float = 10.0, **cmd) -> dict:
         """Send a fleet command and wait for its answer (kind ``answer``)."""

@@ -75,6 +75,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench._jsonchild import JsonLinesChild
+
 ROOT = Path(__file__).resolve().parent.parent
 FD_LIMITS = (256, 1024)
 N = 6  # modules (and GPUs): six trials in parallel, as bench_bridge's latency modules
@@ -351,43 +353,11 @@ def run_bridge(args: dict) -> None:
 # ----------------------------------------------------------------------------- driver
 
 
-class Proc:
+class Proc(JsonLinesChild):
     """A child process of this benchmark: JSON lines out (kept, waited for), commands in."""
 
     def __init__(self, argv: list[str], preexec=None):
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1, preexec_fn=preexec)  # fmt: skip
-        self.lines: list[dict] = []
-        self.cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                obj = json.loads(line)
-                with self.cond:
-                    self.lines.append(obj)
-                    self.cond.notify_all()
-        with self.cond:
-            self.lines.append({"k": "eof"})
-            self.cond.notify_all()
-
-    def wait_for(self, pred, timeout: float, start: int = 0) -> dict | None:
-        end = time.monotonic() + timeout
-        with self.cond:
-            i = start
-            while True:
-                while i < len(self.lines):
-                    obj = self.lines[i]
-                    i += 1
-                    if obj.get("k") == "eof":
-                        raise RuntimeError(f"{self.proc.args[2:4]}: exited (rc {self.proc.poll()})")
-                    if pred(obj):
-                        return obj
-                left = end - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cond.wait(left)
+        super().__init__(argv, f"{argv[2:4]}:", preexec)
 
     def quit(self, timeout: float = 20.0) -> None:
         if self.proc.poll() is None:
