@@ -38,6 +38,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import e2e_helpers
 import pytest
 
 from modbridge import fdlimit
@@ -51,13 +52,9 @@ LINUX = Path("/proc/self/task").is_dir()
 
 
 def wait_for(pred, timeout: float, what: str, step: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    """The project's wait_for (tests/e2e_helpers.py), polled finely by default: the
+    server's counters move within milliseconds."""
+    return e2e_helpers.wait_for(pred, timeout, what, step)
 
 
 def snapshot() -> BridgeSnapshot:
