@@ -1181,6 +1181,24 @@ def encode_file(cfg, writes=0):
     return _HEAD.decode() + body + _trailer(crc16(body.encode()), writes)
 
 
+def _write_tmp(fs, tmp, write, a, b):
+    """``tmp`` written by ``write(f, a, b)``, flushed and fsynced (config.json and
+    learned.bin alike); on any failure no partial ``tmp`` is left."""
+    try:
+        with _open(tmp, "wb") as f:
+            write(f, a, b)
+            f.flush()
+            if hasattr(fs, "fsync") and hasattr(f, "fileno"):
+                fs.fsync(f.fileno())
+    except Exception:  # OSError, or a MemoryError on the way: no partial .tmp left
+        _remove_quiet(fs, tmp)
+        raise
+
+
+def _write_learned(f, slowdown_mc, offset_mc):
+    f.write(_learned_bytes(slowdown_mc, offset_mc))
+
+
 def _write_file(f, cfg, writes):
     """Write ``encode_file(cfg, writes)`` to ``f`` from ``_pieces``, about ``_CHUNK``
     bytes a write, the CRC computed on the way."""
@@ -1262,15 +1280,7 @@ def save(cfg, dirpath, fs=os):
     rotate = crc_ok  # a corrupt current is not kept
     writes = max(writes, _scan(fs, prev, buf)[1]) + 1
     buf = None
-    try:
-        with _open(tmp, "wb") as f:
-            _write_file(f, cfg, writes)
-            f.flush()
-            if hasattr(fs, "fsync") and hasattr(f, "fileno"):
-                fs.fsync(f.fileno())
-    except Exception:  # OSError, or a MemoryError on the way: no partial .tmp left
-        _remove_quiet(fs, tmp)
-        raise
+    _write_tmp(fs, tmp, _write_file, cfg, writes)
     _sync(fs)  # the .tmp is complete on flash before any rename
     if rotate:
         try:
@@ -1699,15 +1709,7 @@ def save_learned(dirpath, slowdown_mc, offset_mc, fs=os):
     """Store the learned record atomically (temp file + rename); raises ``OSError``."""
     final = _path(dirpath, LEARNED_NAME)
     tmp = final + TMP_SUFFIX
-    try:
-        with _open(tmp, "wb") as f:
-            f.write(_learned_bytes(slowdown_mc, offset_mc))
-            f.flush()
-            if hasattr(fs, "fsync") and hasattr(f, "fileno"):
-                fs.fsync(f.fileno())
-    except Exception:  # OSError, or a MemoryError on the way: no partial .tmp left
-        _remove_quiet(fs, tmp)
-        raise
+    _write_tmp(fs, tmp, _write_learned, slowdown_mc, offset_mc)
     _sync(fs)
     _rename_over(fs, tmp, final)
     _sync(fs)
