@@ -7,9 +7,32 @@ the firmware frozen in as the stm32 images freeze it) under ``qemu-system-arm`` 
 bench/mpy_firmware_bench.py there, the same target-side code bench_firmware.py runs on
 the unix port (its docstring says what each mode does). Keys:
 
-    heap_after_boot_bytes_armv7m     firmware imports + App(hal) + boot(), measured as
-                                     gc.collect(); gc.mem_alloc() deltas; the fake
-                                     board's modules and objects left out (goal <= 32768)
+    heap_after_boot_bytes_armv7m_<board>   the boot heap as the board ships, for
+                                     blackpill_f411, nucleo_f411re, pyboard_v11 (goal
+                                     <= 28672 on the F411 boards): gc.collect();
+                                     gc.mem_alloc() after the firmware imports, device.main
+                                     + boards.<board> (main.py's imports), the board's
+                                     real make_hal() on bench/fakemachine.py (a fake
+                                     ``machine``, its module's own import left out: C
+                                     in flash on a board), App(hal) + boot() + the
+                                     watchdog, minus the same before; with the factory
+                                     config.json and a secret.key stored in the board's
+                                     FS_DIR first, as ``modbridge flash`` writes them
+                                     (store_as_flashed), and checked to boot from them
+                                     (mpy_firmware_bench.mode_heap_board). Its parts:
+    heap_firmware_imports_bytes_armv7m_<board>   the firmware imports
+    heap_board_module_bytes_armv7m_<board>       device.main + boards + _common + the board
+    heap_hal_bytes_armv7m_<board>                make_hal(machine), its machine objects in
+    heap_machine_objects_bytes_armv7m_<board>    the fake machine's objects of one HAL
+                                     (Pin, ADC, PWM, I2C, UART with its 1 KB receive
+                                     ring: on a board C objects of a few words, but the
+                                     stm32 UART's ring is on the GC heap too): an
+                                     overstatement kept in the figure
+    heap_app_objects_bytes_armv7m_<board>        App(hal) + boot() + the watchdog
+    heap_after_boot_bytes_armv7m     the older figure, not as it ships: firmware imports
+                                     + App(hal) + boot() on the SIMULATOR fake board
+                                     (tests/fakehal.py), without a stored config; the
+                                     fake board's modules and objects left out
     heap_firmware_imports_bytes_armv7m, heap_app_objects_bytes_armv7m   its two parts
     heap_after_commands_bytes_armv7m the same measured again after the warm-up and one
                                      of each command device.commands answers
@@ -60,6 +83,13 @@ in place of ``app.step()``) / 1,000: the loop, the fake clock's ``advance`` and
 the fake board's calls made by the firmware (ADC, I2C, PWM, UART, all in Python on the
 fake board, C functions on a real one) stay in, so the count is an upper bound of the
 firmware's own work.
+
+**Boot heap per board.** The qemu image's littlefs RAM disk is mounted at ``/``
+(tests/qemu/_qemu_boot.py), where the stm32 port mounts its flash at ``/flash``: the
+harness makes the board's FS_DIR a directory on it, so the board's own path string
+reaches the stored files. The nonce differs from the F411 (the qemu build has
+``os.urandom``; the F411 hashes a boot counter): device.nonce is released after
+App(), so it leaves nothing either way.
 
 Takes about 3 minutes (plus a minute when the image must be built first).
 """
@@ -161,6 +191,55 @@ def _bench_mode(session: qemu.Session, mode: str) -> dict:
     return _last_json(out)
 
 
+SHIPPED_BOARDS = ("blackpill_f411", "nucleo_f411re", "pyboard_v11")
+
+
+def store_as_flashed(fs_dir: str) -> str:
+    """Target code that leaves ``fs_dir`` as ``modbridge flash`` does: the factory
+    config.json (flash.default_config, made here on the host exactly as flash makes
+    it) and a provisioned secret.key (mpy_firmware_bench.KEY). The qemu image mounts
+    its littlefs RAM disk at ``/`` (tests/qemu/_qemu_boot.py), not at the stm32
+    port's ``/flash``: ``fs_dir`` is made a directory on it, so the board's FS_DIR
+    string reaches the same files (the firmware only joins paths to it)."""
+    from modbridge.tools import flash
+
+    name, text, _note = flash.default_config()
+    if text is None:
+        raise RuntimeError(f"no factory config: {_note}")
+    d = fs_dir.rstrip("/")
+    return (
+        "import os, gc, mpy_firmware_bench as B\n"
+        f"try:\n    os.mkdir({d!r})\nexcept OSError:\n    pass\n"
+        f"with open({d + '/' + name!r}, 'wb') as f:\n    f.write({text.encode()!r})\n"
+        f"with open({d + '/secret.key'!r}, 'wb') as f:\n    f.write(B.KEY)\n"
+        "f = None\ngc.collect()\n"
+    )
+
+
+def heap_board(elf, board: str) -> dict:
+    """``mode heap_board`` for one board after ``store_as_flashed``, in a fresh boot."""
+    import importlib
+
+    fs_dir = importlib.import_module(f"boards.{board}").FS_DIR
+    with qemu.Session(elf, target=TARGET) as s:
+        s.check(store_as_flashed(fs_dir))
+        code = f"mpy_firmware_bench.main(['', 'heap_board', {board!r}])"
+        res = _last_json(s.check("import mpy_firmware_bench\n" + code))
+    if res.get("config_source") != "current" or not res.get("paired"):
+        raise RuntimeError(f"{board}: booted without the stored config or key: {res}")
+    return res
+
+
+def heap_boards(elf) -> dict:
+    out = {}
+    for board in SHIPPED_BOARDS:
+        r = heap_board(elf, board)
+        out[f"heap_after_boot_bytes_armv7m_{board}"] = r["after_boot"]
+        for part in ("firmware_imports", "board_module", "hal", "machine_objects", "app_objects"):
+            out[f"heap_{part}_bytes_armv7m_{board}"] = r[part]
+    return out
+
+
 def heap_and_alloc(elf) -> dict:
     out = {}
     with qemu.Session(elf, target=TARGET) as s:
@@ -236,6 +315,7 @@ def run() -> dict:
     build = qemu.image(TARGET)
     elf = build.artefacts["elf"]
     out = heap_and_alloc(elf)
+    out.update(heap_boards(elf))
     out.update(tick_instructions(elf))
     out["min_heap_kb_armv7m"] = min_heap_kb(elf)
     out["min_heap_kb_armv7m_ticks"] = min_heap_kb(elf, "fit_ticks")

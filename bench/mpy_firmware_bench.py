@@ -306,6 +306,60 @@ def mode_heap():
     return out
 
 
+def mode_heap_board(board):
+    """Boot heap as the board ships (``heap_board BOARD``): bench/fakemachine.py at the
+    hardware boundary (its module's import left out: C in flash on a board), the
+    firmware imports, device.main + ``boards.<board>`` (main.py's imports),
+    ``make_hal(machine)``, ``App(hal)`` + ``boot()`` + the watchdog, with whatever the
+    harness stored in the board's FS_DIR first (bench_arm.py: the factory config.json
+    and secret.key, as ``modbridge flash`` writes them). "machine_objects": what the
+    fake machine's objects of one more make_hal() take (included in "hal")."""
+    import fakemachine
+
+    per_module = {name: 0 for name in FIRMWARE_MODULES}
+    start = used()
+    import_firmware(per_module)
+    after_import = used()
+    from device import main as dmain
+
+    mod = dmain.load_board(board)
+    after_board = used()
+    hal = mod.make_hal(fakemachine)
+    dmain.repl_requested(hal.fs_dir)
+    after_hal = used()
+    from device.app import App
+
+    app = App(hal)
+    app.boot()
+    app.wdt = hal.wdt_start(app.cfg["watchdog_ms"])
+    after_boot = used()
+    # the fake machine's share: its objects of a second HAL, kept alone
+    made = fakemachine.MADE
+    n = made[0]
+    hal2 = mod.make_hal(fakemachine)
+    hal2 = None
+    a = used()
+    made[0] = n  # forget the second HAL's objects (their slots stay allocated)
+    i = n + 1
+    while i < len(made):
+        made[i] = None
+        i += 1
+    machine_objects = a - used()
+    return {
+        "board": board,
+        "firmware_imports": after_import - start,
+        "board_module": after_board - after_import,
+        "hal": after_hal - after_board,
+        "app_objects": after_boot - after_hal,
+        "after_boot": after_boot - start,
+        "machine_objects": machine_objects,
+        "config_source": app.config_source,
+        "paired": app.paired,
+        "modules": per_module,
+        "app_ticks": app.ticks + (hal2 is None),  # keep app alive until here
+    }
+
+
 def mode_fit(with_commands=True):
     hal, app = ready(with_commands)
     n0 = app.ticks
@@ -580,6 +634,8 @@ def main(argv):
     mode = argv[1] if len(argv) > 1 else ""
     if mode == "heap":
         out = mode_heap()
+    elif mode == "heap_board":
+        out = mode_heap_board(argv[2])
     elif mode == "fit":
         out = mode_fit()
     elif mode == "fit_ticks":

@@ -10,7 +10,8 @@ into it:
   (``firmware_sources``), plus the host-only modules the DUAL tests import;
 - every DUAL test module (tests/conftest.py), their helpers from tests/, the
   MicroPython test runner (tests/_mpy_runner.py), the firmware benchmark's target
-  side (bench/mpy_firmware_bench.py) and tests/qemu/ (the boot module);
+  side (bench/mpy_firmware_bench.py and its fake ``machine``, bench/fakemachine.py)
+  and tests/qemu/ (the boot module);
 - ``_repo_files``: the repository files DUAL tests read (``read_repo_file``) as
   bytes constants, which stay in flash.
 
@@ -92,6 +93,7 @@ TOP_LEVEL_DIRS = (TESTS_DIR, REPO_ROOT / "host" / "modbridge" / "sim")
 EXTRA_TOP_LEVEL = (
     TESTS_DIR / "_mpy_runner.py",
     REPO_ROOT / "bench" / "mpy_firmware_bench.py",
+    REPO_ROOT / "bench" / "fakemachine.py",  # the board HAL's machine (heap_board)
     TESTS_DIR / "qemu" / "_qemu_boot.py",
 )
 QEMU = "qemu-system-arm"
