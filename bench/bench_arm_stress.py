@@ -1,7 +1,9 @@
 """The fragmentation stress on the F411's exact GC heap (issue 24), on 32-bit ARM.
 
-    python -m bench.run arm_stress        # short: 8 seeds x 300 operations, both modes
-    python -m bench.run soak              # long (bench_soak runs ``run_long``): 50 x 1,000
+    python -m bench.run arm_stress        # short (make bench): 8 seeds x 300 operations
+    python -m bench.run arm_stress_long   # long (make soak): 50 seeds x 1,000, min pool
+    python -m bench.bench_arm_stress [--long] [--seeds N] [--ops N] [--jobs N]
+                                     [--pool BYTES] [--search]
 
 Each seed is one fresh qemu run (bench/bench_arm.py's image, MPS2_AN385, Cortex-M3) of
 ``mpy_firmware_bench.main(['', 'stress', seed, ops, collect])``: the factory
@@ -10,10 +12,19 @@ every 10th 100 ms tick, then ``ops`` seeded random operations: runs of 1-30 host
 ticks, or one signed command (every host command: config_get whole and per section,
 config_set, config_save over the stored config, setpoints, pid_gains, fan_mode
 manual/auto, cal_read, cal_write, selftest start/abort, autotune start/abort, pair,
-reboot: a new App booted on the same filesystem) run until answered. Mode ``garbage``
-leaves what each command allocated in the heap; mode ``collect`` runs gc.collect()
-before each command. A MemoryError anywhere (a nack's text, a failed tick, the
-harness itself) fails the seed and prints the seed and the operation.
+reboot) run until answered. Mode ``garbage`` leaves what each command allocated in the
+heap; mode ``collect`` runs gc.collect() before each command. A MemoryError anywhere
+(a nack's text, a failed tick, the harness itself) fails the seed; every run prints a
+line (seed, mode, ok or the failing operation, commands answered, reboots, the lowest
+``gc.mem_free()`` after an operation), a failure the operation and its traceback.
+
+**Reboot** is what ``machine.reset()`` does to the heap: the harness drops every
+reference to the old App (its own, the failure ``_keep_failure`` kept, the tach pins'
+IRQ handlers, which a reset clears), collects, then boots a new App on the same
+filesystem (mpy_firmware_bench._Stress.reboot). The rest of the heap (the harness,
+the host's signer, the fake board, the imported modules) stays where it was: more
+than a board holds after a reset, so conservative. Nothing else collects in
+``garbage`` mode.
 
 **The heap.** The F411 images' GC heap is 91,804 B (``_heap_end - _heap_start`` in the
 ELF, bench images); MicroPython's gc.c (v1.28.0, finaliser on) makes of that an
@@ -22,21 +33,47 @@ allocation table of (91,804 - 1) * 8 / 524 = 1,401 bytes, i.e. a pool of
 ``bytearray`` blocker takes the rest of the 2 MB heap first (bench_arm.fits), so the
 firmware's region is one contiguous block as on the board. What the boot module left
 before the blocker (the RAM disk's block-device object) counts against the firmware.
-The host's side of the harness (its signer, the heartbeats it encodes) lives in the
-same heap: the numbers are conservative.
+The host's side of the harness (its signer, the heartbeats it encodes and signs in
+pure Python on the target, a few KB of garbage each) lives in the same heap: the
+numbers are conservative.
 
-Keys: ``arm_stress_memoryerrors`` (seeds x modes failing at the F411 pool; goal 0),
-``arm_stress_seeds``, ``arm_stress_ops``, ``arm_stress_low_free_bytes`` (the smallest
-``gc.mem_free()`` seen after any operation, any seed), and with ``--min-heap``
-(the soak) ``arm_stress_min_heap_kb``: the smallest pool, in 1 KB steps down from
-the F411's, at which every seed passes in both modes.
+**Time.** A seed of 1,000 operations is about 30 s of qemu (TCG) on this machine:
+about half in hosted ticks (~1.2 ms each: the firmware plus the fake board's Python
+HAL), a third in commands (10-100 ms each: signing, the configuring modules' imports,
+config_save's file work), the rest in signing heartbeats (~3.5 ms each, the host's
+pure-Python HMAC) and qemu's start (~1.5 s); the GC, scanning the 2 MB blocker too,
+~3.5 ms a collection, is a small part. Runs go ``--jobs`` at a time in separate qemu
+processes (default 2, ``$BENCH_ARM_STRESS_JOBS``): the short run is about 16 x 10 s /
+2, the long run's first sweep (100 runs) about 25 minutes.
+
+**Smallest pool** (``--search``, the long run): bisection over whole KB between
+:data:`FLOOR_KB` (taken as failing) and the largest whole KB in the F411's pool, each
+probe the whole seed set in both modes, stopped at its first failure (seeds that failed
+before run first). One bisection is not a bound, since fragmentation is not monotone
+in the pool's size: the reported pool P is one at which every seed passed in both
+modes, and so did every pool checked above it: P + 1, P + 2 and P + 4 KB
+(:data:`CHECKS_KB`) and every probe the bisection passed. A check that fails moves P
+above it (the bisection resumes between the failing pool and the next passing one) and
+is reported as non-monotone with its seeds (``arm_stress_nonmonotone``: pools above a
+passing pool at which some seed failed). Each probe is up to 100 runs of ~30 s; the
+search is some 6 bisection probes and 3 checks: hours on 2 cores.
+
+Keys (short run): ``arm_stress_memoryerrors`` (seeds x modes failing at the F411 pool;
+goal 0), ``arm_stress_seeds``, ``arm_stress_ops``, ``arm_stress_low_free_bytes`` (the
+smallest ``gc.mem_free()`` after any operation, any seed: in ``garbage`` mode the GC
+runs only when the heap is full, so this is the level before a collection). The long
+run's are the same with ``arm_stress_long_`` and ``arm_stress_min_heap_kb`` (P, KB of
+pool), ``arm_stress_min_heap_margin_pct`` (1 - P / the F411 pool), ``arm_stress_nonmonotone``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
+import os
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from bench.bench_arm import TARGET, _last_json
 from firmware import qemu
@@ -46,9 +83,14 @@ F411_POOL = (F411_HEAP - 1) * 8 // 524 * 4 * 16  # 89,664: gc.c's split of the h
 SHORT = (8, 300)
 LONG = (50, 1000)
 MODES = (("garbage", 0), ("collect", 1))
+JOBS = int(os.environ.get("BENCH_ARM_STRESS_JOBS", "2"))
+FLOOR_KB = 40  # taken as failing: the boot heap and the fake board alone are ~45 KB
+CHECKS_KB = (1, 2, 4)  # above the bisection's answer, every seed must pass there too
+RUN_TIMEOUT_S = 1800
 
 
 def run_seed(elf, seed: int, ops: int, collect: int, pool: int = F411_POOL) -> dict:
+    """One seed in one mode in a fresh qemu with ``pool`` bytes of heap free."""
     code = (
         "import gc\ngc.collect()\nf0 = gc.mem_free()\ntotal = gc.mem_alloc() + f0\n"
         f"_blocker = bytearray(f0 - {pool} - 64)\n"
@@ -56,72 +98,184 @@ def run_seed(elf, seed: int, ops: int, collect: int, pool: int = F411_POOL) -> d
         "import mpy_firmware_bench\n"
         f"mpy_firmware_bench.main(['', 'stress', '{seed}', '{ops}', '{collect}'])"
     )
-    with qemu.Session(elf, target=TARGET) as s:
-        res = s.run(code, timeout_s=900)
-    total, taken = (int(v) for v in res.out.split("@@HEAP", 1)[1].split()[:2])
+    t0 = time.monotonic()
+    base = {"seed": seed, "mode": MODES[collect][0], "pool": pool}
+    try:
+        with qemu.Session(elf, target=TARGET) as s:
+            res = s.run(code, timeout_s=RUN_TIMEOUT_S)
+    except qemu.QemuError as e:
+        return {**base, "ok": 0, "op": -1, "what": "harness", "error": str(e)[-300:],
+                "secs": time.monotonic() - t0}
     try:
         out = _last_json(res.out)
     except RuntimeError:
-        out = {"ok": 0, "seed": seed, "op": -1, "what": "harness", "error": res.err[-300:]}
-    out["pool"] = total - taken
+        out = {"ok": 0, "op": -1, "what": "harness", "error": res.err[-300:]}
+    if "@@HEAP" in res.out:
+        total, taken = (int(v) for v in res.out.split("@@HEAP", 1)[1].split()[:2])
+        out["heap"] = total - taken  # the pool plus what the boot module left
     if not out.get("ok"):
         out["trace"] = (res.out + res.err)[-600:]
+    return {**out, **base, "secs": time.monotonic() - t0}
+
+
+def line(r: dict) -> str:
+    head = f"  {r['mode']:7s} seed {r['seed']:3d} pool {r['pool']:6d}:"
+    tail = (f"answered {r.get('answered', '?')}, reboots {r.get('reboots', '?')}, "
+            f"low free {r.get('low_free', '?')} B, {r['secs']:.0f} s")
+    if r.get("ok"):
+        return f"{head} ok, {r['ops']} operations, {tail}"
+    return (f"{head} FAILED at operation {r['op']} ({r['what']}): {r['error']}; {tail}\n"
+            f"{r.get('trace', '')}")
+
+
+def sweep(elf, seeds: int, ops: int, pool: int = F411_POOL, jobs: int = JOBS,
+          stop_on_fail: bool = False, first=(), quiet: bool = False) -> list[dict]:
+    """Every seed 1..seeds in both modes at ``pool``, ``jobs`` qemu runs at a time
+    (``first``: (seed, mode) pairs to run before the others). ``stop_on_fail``: no run
+    starts after the first failure (the ones running finish)."""
+    runs = [(seed, collect) for collect in (0, 1) for seed in range(1, seeds + 1)]
+    front = set(first)
+    runs.sort(key=lambda sc: (sc[0], MODES[sc[1]][0]) not in front)
+    out = []
+    with ThreadPoolExecutor(max(1, jobs)) as ex:
+        futures = [ex.submit(run_seed, elf, seed, ops, collect, pool) for seed, collect in runs]
+        for f in as_completed(futures):
+            if f.cancelled():
+                continue
+            r = f.result()
+            out.append(r)
+            if not quiet:
+                print(line(r), file=sys.stderr, flush=True)
+            if stop_on_fail and not r.get("ok"):
+                for g in futures:
+                    g.cancel()
+    out.sort(key=lambda r: (r["mode"], r["seed"]))
     return out
 
 
-def stress(elf, seeds: int, ops: int, pool: int = F411_POOL, quiet: bool = False) -> dict:
-    fails = 0
-    low = None
-    for mode, collect in MODES:
-        for seed in range(1, seeds + 1):
-            r = run_seed(elf, seed, ops, collect, pool)
-            if r.get("ok"):
-                low = r["low_free"] if low is None else min(low, r["low_free"])
-                line = (f"  {mode:7s} seed {seed:3d}: ok, {r['answered']} commands, "
-                        f"{r['reboots']} reboots, low free {r['low_free']} B, pool {r['pool']}")
-            else:
-                fails += 1
-                line = (f"  {mode:7s} seed {seed:3d}: FAILED at operation {r['op']} "
-                        f"({r['what']}): {r['error']}\n{r.get('trace', '')}")
-            if not quiet:
-                print(line, file=sys.stderr, flush=True)
-    return {"memoryerrors": fails, "low_free": low if low is not None else 0}
-
-
-def min_heap_kb(elf, seeds: int, ops: int) -> float:
-    """Step the pool down 1 KB at a time from the F411's until a seed fails."""
-    pool = F411_POOL
-    best = None
-    while pool > 40 * 1024:
-        if stress(elf, seeds, ops, pool, quiet=True)["memoryerrors"]:
-            break
-        best = pool
-        pool -= 1024
-    return math.ceil(best / 1024) if best else float(F411_POOL // 1024 + 1)
-
-
-def _keys(seeds: int, ops: int, res: dict) -> dict:
+def summary(results: list[dict]) -> dict:
+    ok = [r for r in results if r.get("ok")]
     return {
-        "arm_stress_memoryerrors": res["memoryerrors"],
-        "arm_stress_seeds": seeds,
-        "arm_stress_ops": ops,
-        "arm_stress_low_free_bytes": res["low_free"],
+        "memoryerrors": len(results) - len(ok),
+        "low_free": min((r["low_free"] for r in ok), default=0),
     }
 
 
-def run() -> dict:
-    elf = qemu.image(TARGET).artefacts["elf"]
-    seeds, ops = SHORT
-    return _keys(seeds, ops, stress(elf, seeds, ops))
+def nonmonotone(cache: dict[int, list[dict]]) -> list[tuple[int, int, str]]:
+    """(pool, seed, mode): a run that failed at a pool above one where the same seed
+    and mode passed."""
+    passed: dict[tuple[int, str], int] = {}
+    for pool, results in cache.items():
+        for r in results:
+            if r.get("ok"):
+                key = (r["seed"], r["mode"])
+                passed[key] = min(pool, passed.get(key, pool))
+    return sorted(
+        (pool, r["seed"], r["mode"])
+        for pool, results in cache.items()
+        for r in results
+        if not r.get("ok") and pool > passed.get((r["seed"], r["mode"]), pool)
+    )
 
 
-def run_long() -> dict:
+def min_pool_kb(elf, seeds: int, ops: int, jobs: int = JOBS,
+                cache: dict[int, list[dict]] | None = None) -> dict:
+    """The smallest whole-KB pool P at which every seed passes in both modes, and every
+    pool checked above it too (module docstring): {"kb", "nonmonotone", "probes"}.
+    ``cache``: sweeps already run, pool in bytes -> results (e.g. the F411 pool's)."""
+    cache = {} if cache is None else cache
+    top = F411_POOL // 1024
+    failed_before: set[tuple[int, str]] = set()
+
+    def passes(kb: int) -> bool:
+        pool = kb * 1024
+        if pool not in cache:
+            t0 = time.monotonic()
+            cache[pool] = sweep(elf, seeds, ops, pool, jobs, stop_on_fail=True,
+                                first=failed_before, quiet=True)
+            bad = [r for r in cache[pool] if not r.get("ok")]
+            failed_before.update((r["seed"], r["mode"]) for r in bad)
+            verdict = "pass" if not bad else "FAIL " + ", ".join(
+                f"{r['mode']} seed {r['seed']} at operation {r['op']} ({r['what']})"
+                for r in bad)
+            print(f"  pool {kb} KB ({pool} B): {verdict}; {len(cache[pool])} runs, "
+                  f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+        return all(r.get("ok") for r in cache[pool])
+
+    if not passes(top):
+        return {"kb": float(top + 1), "nonmonotone": nonmonotone(cache), "probes": len(cache)}
+    lo, hi = FLOOR_KB, top
+    for _ in range(len(CHECKS_KB) + 3):
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if passes(mid):
+                hi = mid
+            else:
+                lo = mid
+        bad = [hi + d for d in CHECKS_KB if hi + d <= top and not passes(hi + d)]
+        if not bad:
+            break
+        lo = max(bad)  # P moves above the highest failing check
+        hi = min(k // 1024 for k, rs in cache.items()
+                 if k // 1024 > lo and k % 1024 == 0 and all(r.get("ok") for r in rs))
+    return {"kb": hi, "nonmonotone": nonmonotone(cache), "probes": len(cache)}
+
+
+def _keys(prefix: str, seeds: int, ops: int, res: dict) -> dict:
+    return {
+        f"{prefix}_memoryerrors": res["memoryerrors"],
+        f"{prefix}_seeds": seeds,
+        f"{prefix}_ops": ops,
+        f"{prefix}_low_free_bytes": res["low_free"],
+    }
+
+
+def run(seeds: int = SHORT[0], ops: int = SHORT[1], jobs: int = JOBS) -> dict:
     elf = qemu.image(TARGET).artefacts["elf"]
-    seeds, ops = LONG
-    out = _keys(seeds, ops, stress(elf, seeds, ops))
-    out["arm_stress_min_heap_kb"] = min_heap_kb(elf, seeds, ops)
+    return _keys("arm_stress", seeds, ops, summary(sweep(elf, seeds, ops, jobs=jobs)))
+
+
+def run_long(seeds: int = LONG[0], ops: int = LONG[1], jobs: int = JOBS,
+             search: bool = True) -> dict:
+    elf = qemu.image(TARGET).artefacts["elf"]
+    t0 = time.monotonic()
+    first = sweep(elf, seeds, ops, jobs=jobs)
+    out = _keys("arm_stress_long", seeds, ops, summary(first))
+    print(f"  F411 pool: {out['arm_stress_long_memoryerrors']} failing of {len(first)}, "
+          f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    if search:
+        found = min_pool_kb(elf, seeds, ops, jobs)
+        out["arm_stress_min_heap_kb"] = found["kb"]
+        out["arm_stress_min_heap_margin_pct"] = round(
+            100 * (1 - found["kb"] * 1024 / F411_POOL), 1)
+        out["arm_stress_nonmonotone"] = len(found["nonmonotone"])
+        for pool, seed, mode in found["nonmonotone"]:
+            print(f"  non-monotone: {mode} seed {seed} failed at {pool} B, passed below",
+                  file=sys.stderr, flush=True)
     return out
 
 
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--long", action="store_true", help="the long run (with --search)")
+    p.add_argument("--seeds", type=int)
+    p.add_argument("--ops", type=int)
+    p.add_argument("--jobs", type=int, default=JOBS)
+    p.add_argument("--pool", type=int, default=F411_POOL, help="bytes of heap (one sweep)")
+    p.add_argument("--search", action="store_true", help="only the smallest-pool search")
+    a = p.parse_args(argv)
+    seeds, ops = LONG if a.long else SHORT
+    seeds, ops = a.seeds or seeds, a.ops or ops
+    elf = qemu.image(TARGET).artefacts["elf"]
+    if a.long:
+        out = run_long(seeds, ops, a.jobs)
+    elif a.search:
+        out = min_pool_kb(elf, seeds, ops, a.jobs)
+    else:
+        out = _keys("arm_stress", seeds, ops,
+                    summary(sweep(elf, seeds, ops, a.pool, a.jobs)))
+    print(json.dumps(out, indent=1))
+
+
 if __name__ == "__main__":
-    print(json.dumps(run_long() if "--long" in sys.argv else run(), indent=1))
+    main()

@@ -550,8 +550,19 @@ class _Stress:
             self.reboot()
 
     def reboot(self):
+        """What machine.reset() does to the heap: nothing of the old App survives.
+        Every reference to it goes (the harness's, the last failure kept by
+        _keep_failure, the tach pins' IRQ handlers, which a reset clears), the heap is
+        collected, then a new App boots on the same filesystem. The rest of the heap
+        (the harness, the host's signer, the fake board, the imported modules) stays:
+        more than a board holds after a reset."""
+        hal = self.hal
+        for pin in hal.tach:
+            pin.irq(handler=None)
         self.app = None
-        self.app = boot(self.fakehal, self.hal)
+        _Last.exc = None
+        gc.collect()
+        self.app = boot(self.fakehal, hal)
         _keep_failure(self.app)
         self.host.signer.nonce = self.app.nonce
         self.reboots += 1
@@ -616,7 +627,8 @@ def mode_stress(seed, n_ops, collect):
                 st.low = free
     except Exception as e:  # MemoryError or a failed tick: which seed, which operation
         sys.print_exception(e)
-        return {"ok": 0, "seed": seed, "op": st.i, "what": st.what, "error": repr(e)}
+        return {"ok": 0, "seed": seed, "op": st.i, "what": st.what, "error": repr(e),
+                "answered": st.answered, "reboots": st.reboots, "low_free": st.low}
     gc.collect()
     return {"ok": 1, "seed": seed, "ops": n_ops, "answered": st.answered,
             "reboots": st.reboots, "nacks": st.nacks, "low_free": st.low,
