@@ -613,7 +613,12 @@ class _Stress:
 
 
 def mode_stress(seed, n_ops, collect):
-    st = _Stress(seed, collect)
+    try:
+        st = _Stress(seed, collect)
+    except Exception as e:  # the first boot and warm-up: operation -1
+        sys.print_exception(e)
+        return {"ok": 0, "seed": seed, "op": -1, "what": "boot", "error": repr(e),
+                "answered": 0, "reboots": 0, "low_free": gc.mem_free()}
     _keep_failure(st.app)
     st.what = "boot"
     st.i = -1
