@@ -309,11 +309,12 @@ def mode_heap():
 def mode_heap_board(board):
     """Boot heap as the board ships (``heap_board BOARD``): bench/fakemachine.py at the
     hardware boundary (its module's import left out: C in flash on a board), the
-    firmware imports, device.main + ``boards.<board>`` (main.py's imports),
-    ``make_hal(machine)``, ``App(hal)`` + ``boot()`` + the watchdog, with whatever the
-    harness stored in the board's FS_DIR first (bench_arm.py: the factory config.json
-    and secret.key, as ``modbridge flash`` writes them). "machine_objects": what the
-    fake machine's objects of one more make_hal() take (included in "hal")."""
+    firmware imports, device.main (main.py's import), ``device.main.make_hal(BOARD,
+    machine)`` (``boards.<board>``, the HAL, the machine objects), ``App(hal)`` +
+    ``boot()`` + the watchdog, with whatever the harness stored in the board's FS_DIR
+    first (bench_arm.py: the factory config.json and secret.key, as ``modbridge
+    flash`` writes them). "machine_objects": what the fake machine's objects of one
+    more make_hal() take (included in "hal")."""
     import fakemachine
 
     per_module = {name: 0 for name in FIRMWARE_MODULES}
@@ -322,9 +323,8 @@ def mode_heap_board(board):
     after_import = used()
     from device import main as dmain
 
-    mod = dmain.load_board(board)
-    after_board = used()
-    hal = mod.make_hal(fakemachine)
+    after_main = used()
+    hal = dmain.make_hal(board, fakemachine)
     dmain.repl_requested(hal.fs_dir)
     after_hal = used()
     from device.app import App
@@ -336,7 +336,7 @@ def mode_heap_board(board):
     # the fake machine's share: its objects of a second HAL, kept alone
     made = fakemachine.MADE
     n = made[0]
-    hal2 = mod.make_hal(fakemachine)
+    hal2 = dmain.make_hal(board, fakemachine)
     hal2 = None
     a = used()
     made[0] = n  # forget the second HAL's objects (their slots stay allocated)
@@ -348,8 +348,8 @@ def mode_heap_board(board):
     return {
         "board": board,
         "firmware_imports": after_import - start,
-        "board_module": after_board - after_import,
-        "hal": after_hal - after_board,
+        "main_module": after_main - after_import,
+        "hal": after_hal - after_main,
         "app_objects": after_boot - after_hal,
         "after_boot": after_boot - start,
         "machine_objects": machine_objects,

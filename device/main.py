@@ -12,6 +12,19 @@ def load_board(name):
     return getattr(pkg, name)
 
 
+def make_hal(name, machine=None):
+    """The HAL of board ``name`` (on ``machine``, else the board's own). The board
+    module and the ``boards`` package are forgotten after: their pin tables are dicts,
+    RAM even when frozen, read once here; the HAL keeps what it uses (and
+    boards._common, its code)."""
+    from device.app import _unload
+
+    hal = load_board(name).make_hal(machine)
+    _unload("boards." + name)
+    _unload("boards")
+    return hal
+
+
 def repl_requested(fs_dir):
     """True once after a ``repl`` command reset the board (the flag is removed)."""
     import os
@@ -27,7 +40,7 @@ def repl_requested(fs_dir):
 
 
 def run(board_name):
-    hal = load_board(board_name).make_hal()
+    hal = make_hal(board_name)
     if repl_requested(hal.fs_dir):
         hal.repl()
         print("module firmware: staying at the REPL after a repl command; reset to resume")
