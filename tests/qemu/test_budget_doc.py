@@ -17,6 +17,8 @@ BUDGET_KEYS = (
     "tick_heap_locked_armv7m_hosted",
     "tick_instructions_armv7m",
     "tick_cpu_share_pct_96mhz_100ms",
+    "tick_instructions_armv7m_max",
+    "tick_cpu_share_pct_96mhz_100ms_max",
 )
 
 
