@@ -60,6 +60,9 @@ the unix port (its docstring says what each mode does). Keys:
     tick_instructions_armv7m_min, _median, _max   the same count over the heap layouts
                                      (below; tick_instructions_layouts_armv7m of them)
     tick_cpu_share_pct_96mhz_100ms_max   the largest's share (goal < 10)
+    tick_instructions_armv7m_heap_locked  the ``boot`` count with the ticks under
+                                     heap_lock(): no call frame taken from the heap
+                                     (below), the same in every layout
 
 Why MPS2_AN385 and not NETDUINO2's 96 KB heap: one image for the test column and the
 benchmark, and room for the minimum-heap search to start above any answer. The heap
@@ -102,6 +105,16 @@ fragmentation stress's command mix (mpy_firmware_bench._Stress, garbage mode, on
 undone (selftest and autotune aborted, fan_mode auto, telemetry at its default 200 ms)
 so the tick does the same work; its tuning values stay as the mix left them. Each
 run's state must be the ``boot`` run's (HOSTED). All on MPS2_AN385 (one image).
+
+Why the layout matters: MicroPython (py/objfun.c, ``VM_MAX_STATE_ON_STACK``, no
+pystack) takes the frame of every call to a bytecode function whose locals and value
+stack exceed 11 words from the GC heap (``m_new_obj_var_maybe``) and frees it on
+return; the tick makes many such calls. Net allocation stays 0, but each one is a
+gc_alloc that scans the allocation table from the lowest free block for a run long
+enough, through every small hole below it, and on a full heap it collects first.
+Under heap_lock() the same frames go on the C stack: the count is then the same in
+every layout (``tick_instructions_armv7m_heap_locked``), and the layouts' spread is
+that search.
 
 **Boot heap per board.** The qemu image's littlefs RAM disk is mounted at ``/``
 (tests/qemu/_qemu_boot.py), where the stm32 port mounts its flash at ``/flash``: the
@@ -365,10 +378,19 @@ def _layout(name: str) -> str:
     raise ValueError(f"unknown heap layout {name!r}")
 
 
-def tick_count(elf, layout: str = "boot") -> tuple[float, float, int]:
+# The timed loops under heap_lock(): no frame is taken from the heap (below)
+TICK_COUNT_LOCKED = TICK_COUNT.replace(
+    "    B.ticks(app, hal, n, hb)\n",
+    "    micropython.heap_lock()\n    try:\n        B.ticks(app, hal, n, hb)\n"
+    "    finally:\n        micropython.heap_unlock()\n",
+)
+
+
+def tick_count(elf, layout: str = "boot", locked: bool = False) -> tuple[float, float, int]:
     """(instructions per hosted tick, instructions per tick_us, the supervisor's state)
-    in heap layout ``layout``, one qemu run with -icount."""
-    code = SPIN + _layout(layout) + TICK_COUNT.format(
+    in heap layout ``layout``, one qemu run with -icount; ``locked``: the ticks run
+    under heap_lock()."""
+    code = SPIN + _layout(layout) + (TICK_COUNT_LOCKED if locked else TICK_COUNT).format(
         n=TICKS, c1=CALIBRATION_ITERATIONS[0], c2=CALIBRATION_ITERATIONS[1]
     )
     with qemu.Session(elf, icount=True, target=TARGET) as s:
@@ -384,7 +406,9 @@ def _share(instructions: float) -> float:
 
 def tick_instructions(elf, layouts=TICK_LAYOUTS, jobs: int = TICK_JOBS) -> dict:
     with ThreadPoolExecutor(jobs) as ex:
+        locked = ex.submit(tick_count, elf, "boot", True)
         counts = dict(zip(layouts, ex.map(lambda n: tick_count(elf, n), layouts), strict=True))
+        locked = locked.result()[0]
     boot, per_us, state = counts["boot"]
     other = {name: c[2] for name, c in counts.items() if c[2] != state}
     if other:
@@ -398,6 +422,7 @@ def tick_instructions(elf, layouts=TICK_LAYOUTS, jobs: int = TICK_JOBS) -> dict:
         "tick_instructions_armv7m_max": round(each[-1]),
         "tick_cpu_share_pct_96mhz_100ms_max": _share(each[-1]),
         "tick_instructions_layouts_armv7m": len(each),
+        "tick_instructions_armv7m_heap_locked": round(locked),
         "qemu_instructions_per_tick_us": round(per_us, 2),
         "tick_state_armv7m_hosted": state,
     }

@@ -26,6 +26,15 @@ the host's signer, the fake board, the imported modules) stays where it was: mor
 than a board holds after a reset, so conservative. Nothing else collects in
 ``garbage`` mode.
 
+**Determinism.** qemu runs with ``-icount`` (one instruction, one ns of virtual time),
+so interrupts land at the same instruction on every run and a seed is reproducible:
+the same failure at the same operation. Without it SysTick interrupts land where the
+host's speed puts them, leaving different stale words on the C stack, which the GC
+scans conservatively: the layouts, and the outcomes near the limit, differ from run to
+run (seed 3 at 81 KB failed at operation 213, then passed). The host's side decodes
+the module's output in place (``decoder.feed(hal.tx, hal.tx_len)``): fakehal.take()
+copies it first, up to 1 KB a call, a block no board allocates.
+
 **The heap.** The F411 images' GC heap is 91,804 B (``_heap_end - _heap_start`` in the
 ELF, bench images); MicroPython's gc.c (v1.28.0, finaliser on) makes of that an
 allocation table of (91,804 - 1) * 8 / 524 = 1,401 bytes, i.e. a pool of
@@ -101,7 +110,7 @@ def run_seed(elf, seed: int, ops: int, collect: int, pool: int = F411_POOL) -> d
     t0 = time.monotonic()
     base = {"seed": seed, "mode": MODES[collect][0], "pool": pool}
     try:
-        with qemu.Session(elf, target=TARGET) as s:
+        with qemu.Session(elf, icount=True, target=TARGET) as s:
             res = s.run(code, timeout_s=RUN_TIMEOUT_S)
     except qemu.QemuError as e:
         return {**base, "ok": 0, "op": -1, "what": "harness", "error": str(e)[-300:],
