@@ -38,6 +38,12 @@ from pathlib import Path
 
 import pytest
 
+# A simulated module is a process on the same machine, which CI shares: on a loaded
+# machine its answers come late for reasons that have nothing to do with the protocol.
+# The default answer timeouts are 4x for the whole run, bridges started as subprocesses
+# included (modbridge.link.requests.timeout_scale); tests of a timeout pass their own.
+os.environ.setdefault("MODBRIDGE_TIMEOUT_SCALE", "4")
+
 pytest_plugins = ["pytester"]
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -355,6 +361,24 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if slowtier.is_slow(item.nodeid, listed):
             item.add_marker(pytest.mark.slow)
+    if _distributed(config):
+        # whole files to each worker (--dist loadfile), the longest first: the order
+        # they are handed out in (tests/file_seconds.txt, `make durations`)
+        by_file: dict[str, list] = {}
+        for item in items:
+            by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        order = slowtier.longest_files_first(list(by_file), slowtier.load_file_seconds())
+        items[:] = [item for path in order for item in by_file[path]]
+
+
+def _distributed(config) -> bool:
+    """pytest-xdist is on: ``-n N`` with N >= 1 (a worker, or the controller)."""
+    if hasattr(config, "workerinput"):
+        return True
+    try:
+        return bool(config.getoption("numprocesses"))
+    except ValueError:  # pytest-xdist not installed
+        return False
 
 
 _VERSION_SNIPPET = (

@@ -10,13 +10,34 @@ down every pending request fails at once with the link's error.
 
 from __future__ import annotations
 
+import os
 import threading
 
 from protocol.message import Message
 
+#: ``$MODBRIDGE_TIMEOUT_SCALE`` multiplies the default answer timeouts below: a module
+#: behind a slow hub or a busy USB-serial bridge, or a simulated module on a loaded
+#: machine (the test suite sets it). At least 1 (SPEC 10's minimum stays the floor), at
+#: most 60; anything else is ignored.
+TIMEOUT_SCALE_ENV = "MODBRIDGE_TIMEOUT_SCALE"
+
+
+def timeout_scale(environ=os.environ) -> float:
+    try:
+        scale = float(environ.get(TIMEOUT_SCALE_ENV) or 1.0)
+    except ValueError:
+        return 1.0
+    return scale if 1.0 <= scale <= 60.0 else 1.0
+
+
+_SCALE = timeout_scale()
 # Default answer timeouts (SPEC 10: at least 1 s; more for flash and sampling).
-REQUEST_TIMEOUT_S = 1.0
-REQUEST_TIMEOUTS = {"config_save": 3.0, "config_reset": 3.0, "cal_read": 5.0, "selftest": 75.0}
+REQUEST_TIMEOUT_S = 1.0 * _SCALE
+REQUEST_TIMEOUTS = {
+    name: s * _SCALE
+    for name, s in {"config_save": 3.0, "config_reset": 3.0, "cal_read": 5.0,
+                    "selftest": 75.0}.items()  # fmt: skip
+}
 # Requests answered by something other than ack; selftest is acked first, then reported.
 FINAL_REPLY = {
     "hello_request": "hello",

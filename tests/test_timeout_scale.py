@@ -1,0 +1,28 @@
+"""``$MODBRIDGE_TIMEOUT_SCALE``: the answer timeouts for slow links and loaded machines
+(modbridge.link.requests). Never below SPEC 10's minimum, garbage ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from modbridge.link import requests as R
+
+
+@pytest.mark.parametrize(
+    "raw,want",
+    [
+        (None, 1.0), ("", 1.0), ("1", 1.0), ("2.5", 2.5), ("60", 60.0),
+        ("0.5", 1.0), ("0", 1.0), ("-3", 1.0), ("61", 1.0), ("nan", 1.0), ("inf", 1.0),
+        ("fast", 1.0), ("4x", 1.0), ("\x1b[2J", 1.0),
+    ],
+)  # fmt: skip
+def test_the_scale_is_bounded_and_garbage_is_ignored(raw, want):
+    env = {} if raw is None else {R.TIMEOUT_SCALE_ENV: raw}
+    assert R.timeout_scale(env) == want
+
+
+def test_the_defaults_carry_the_scale_of_this_process():
+    scale = R.timeout_scale()
+    assert R.REQUEST_TIMEOUT_S == pytest.approx(1.0 * scale)
+    assert R.REQUEST_TIMEOUTS["config_save"] == pytest.approx(3.0 * scale)
+    assert R.REQUEST_TIMEOUTS["selftest"] == pytest.approx(75.0 * scale)
