@@ -22,16 +22,23 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 
+# Two pytest-xdist workers, a whole test file each (module fixtures, the MicroPython
+# process per DUAL module), the longest files first (tests/file_seconds.txt).
+# TEST_JOBS=0: one process, no xdist; TEST_JOBS=auto: a worker per core.
+TEST_JOBS ?= 2
+XDIST = $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
+
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest --junitxml=build/junit.xml $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(XDIST) --junitxml=build/junit.xml $(PYTEST_ARGS)
 
 # The fast tier for a contributor's loop (under 3 minutes here): every test a full run
 # measured under 0.5 s, the [micropython] column of the quick modules, no [qemu-arm]
 # (tests/slowtier.py). `make test` is still the one that counts: CI runs it.
 check: $(STAMP)
-	$(VENV)/bin/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(XDIST) -m "not slow" -q $(PYTEST_ARGS)
 
-# After a `make test`: rewrite tests/slow_tests.txt from build/junit.xml's durations.
+# After a `make test`: rewrite tests/slow_tests.txt and tests/file_seconds.txt from
+# build/junit.xml's durations.
 durations: $(STAMP)
 	$(VENV)/bin/python tests/slowtier.py build/junit.xml
 

@@ -13,6 +13,11 @@ The list is data, kept in ``tests/slow_tests.txt``; after a ``make test`` (which
     python tests/slowtier.py build/junit.xml
 
 A new test not in the list counts as fast until the list is written again.
+
+The same command writes ``tests/file_seconds.txt``: each test file's measured seconds.
+Under pytest-xdist (``make test`` runs two workers, whole files each: ``--dist
+loadfile``) the files are handed out longest first (conftest), so that no worker is
+left with a long file at the end while the other idles.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 SLOW_S = 0.5
 MODULE_SLOW_S = 2.0
 LIST = Path(__file__).resolve().parent / "slow_tests.txt"
+FILE_SECONDS = LIST.with_name("file_seconds.txt")
 MPY = "[micropython]"
 ARM = "[qemu-arm]"
 
@@ -32,8 +38,10 @@ ARM = "[qemu-arm]"
 def nodeid(classname: str, name: str) -> str:
     """pytest's node id from junit's ``classname`` (``tests.test_x.Class``) and name."""
     parts = classname.split(".")
-    path = "/".join(parts[:2]) + ".py"
-    return "::".join([path, *parts[2:], name])
+    # the module is the first part named test_*: tests/qemu/test_x.py is tests.qemu.test_x
+    i = next((k for k, p in enumerate(parts) if p.startswith("test_")), 1)
+    path = "/".join(parts[: i + 1]) + ".py"
+    return "::".join([path, *parts[i + 1 :], name])
 
 
 def slow_ids(junit: Path) -> list[str]:
@@ -54,6 +62,40 @@ def slow_ids(junit: Path) -> list[str]:
         elif t >= SLOW_S:
             out.add(nodeid(cl, name))
     return sorted(out)
+
+
+def file_seconds(junit: Path) -> dict[str, float]:
+    """Each test file's measured seconds (its items' times summed)."""
+    out: Counter = Counter()
+    for c in ET.parse(junit).getroot().iter("testcase"):
+        path = nodeid(c.get("classname") or "", "").split("::", 1)[0]
+        out[path] += float(c.get("time") or 0)
+    return dict(out)
+
+
+def load_file_seconds(path: Path = FILE_SECONDS) -> dict[str, float]:
+    """``tests/file_seconds.txt`` as {path: seconds}; a line that does not parse, or a
+    missing file, is left out (the order it gives is an optimisation only)."""
+    out = {}
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return out
+    for ln in lines:
+        parts = ln.split()
+        if len(parts) == 2 and not ln.startswith("#"):
+            try:
+                out[parts[1]] = float(parts[0])
+            except ValueError:
+                continue
+    return out
+
+
+def longest_files_first(paths: list[str], seconds: dict[str, float]) -> list[str]:
+    """``paths`` (each once) by measured seconds, longest first; unmeasured files (new
+    ones) after them in their own order."""
+    order = {p: i for i, p in enumerate(paths)}
+    return sorted(order, key=lambda p: (-seconds.get(p, 0.0), order[p]))
 
 
 def load(path: Path = LIST) -> set[str]:
@@ -81,6 +123,14 @@ def main(argv: list[str]) -> int:
         encoding="utf-8",
     )
     print(f"{LIST}: {len(ids)} slow tests")
+    secs = file_seconds(Path(argv[0]))
+    FILE_SECONDS.write_text(
+        "# Each test file's seconds in a full run, longest first: pytest-xdist hands them\n"
+        "# out in this order (conftest). Written by `make durations`; do not edit.\n"
+        + "".join(f"{t:.1f} {p}\n" for p, t in sorted(secs.items(), key=lambda kv: -kv[1])),
+        encoding="utf-8",
+    )
+    print(f"{FILE_SECONDS}: {len(secs)} files, {sum(secs.values()):.0f} s")
     return 0
 
 
