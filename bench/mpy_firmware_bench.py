@@ -552,19 +552,19 @@ class _Stress:
     def reboot(self):
         """What machine.reset() does to the heap: nothing of the old App survives.
         Every reference to it goes (the harness's, the last failure kept by
-        _keep_failure, the tach pins' IRQ handlers, which a reset clears), the
-        firmware's modules (device.*) leave sys.modules, the heap is collected, then a
-        new App boots on the same filesystem and imports them again. The rest of the
-        heap (the harness, the host's signer, the fake board, protocol.*, which the
-        host side shares, the interned names) stays where it was: more than a board
-        holds after a reset, so a failure at a reboot may be the harness's."""
+        _keep_failure, the tach pins' IRQ handlers, which a reset clears), the heap is
+        collected, then a new App boots on the same filesystem. The firmware's modules
+        stay imported where the first boot put them, packed at the bottom of the heap
+        as a boot after a reset packs them (importing them again after the collect
+        scatters them through the holes the run left: long seeds 2-5 then failed at a
+        reboot's 1,028 B NTC table). The rest of the heap (the harness, the host's
+        signer, the fake board, the interned names) stays where it was: more than a
+        board holds after a reset, so a failure at a reboot may be the harness's."""
         hal = self.hal
         for pin in hal.tach:
             pin.irq(handler=None)
         self.app = None
         _Last.exc = None
-        for name in [n for n in sys.modules if n == "device" or n.startswith("device.")]:
-            del sys.modules[name]  # a reset imports the firmware again
         gc.collect()
         self.app = boot(self.fakehal, hal)
         _keep_failure(self.app)
