@@ -145,7 +145,8 @@ def sweep(elf, seeds: int, ops: int, pool: int = F411_POOL, jobs: int = JOBS,
     """Every seed 1..seeds in both modes at ``pool``, ``jobs`` qemu runs at a time
     (``first``: (seed, mode) pairs to run before the others). ``stop_on_fail``: no run
     starts after the first failure (the ones running finish)."""
-    runs = [(seed, collect) for collect in (0, 1) for seed in range(1, seeds + 1)]
+    # seed by seed, both modes (a run cut short has both modes' first seeds)
+    runs = [(seed, collect) for seed in range(1, seeds + 1) for collect in (0, 1)]
     front = set(first)
     runs.sort(key=lambda sc: (sc[0], MODES[sc[1]][0]) not in front)
     out = []
