@@ -56,8 +56,10 @@ TICK_MS = 100
 # what importing device.app loads. Not here, because the firmware imports them when
 # it needs them: device.selftest and device.control.autotune (their commands);
 # device.commands, device.config, protocol.jsonparse and device.calib (configuring:
-# at boot and for commands, forgotten after each by device.app._release) and
-# device.nonce (App() only). App() then leaves them out of the heap.
+# at boot and for commands, forgotten after each by device.app._release),
+# device.nonce (App() only) and protocol.jsonl (JSON lines: the first one imports it;
+# _release forgets it unless the port speaks them). App() then leaves them out of the
+# heap.
 FIRMWARE_MODULES = (
     "device",
     "device.ticks",
@@ -70,7 +72,6 @@ FIRMWARE_MODULES = (
     "protocol.sha256",
     "protocol.sign",
     "protocol.message",
-    "protocol.jsonl",
     "protocol.frame",
     "protocol.telemetry",
     "device.floors",

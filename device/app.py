@@ -28,7 +28,7 @@ from device.drivers.ntc import NTC
 from device.failsafe import EventQueue
 from device.ticks import ticks_add, ticks_diff
 from protocol import catalog as C
-from protocol import frame, jsonl, sign
+from protocol import frame, sign
 from protocol import telemetry as T
 from protocol.message import FMT_CBOR, FMT_JSON
 
@@ -174,7 +174,7 @@ class App:
     def apply_changes(self, changes):
         """The ``config_set`` transaction (device.commands.apply_changes)."""
         _commands().apply_changes(self, changes)
-        _release()
+        _release(self.fmt == FMT_JSON)
 
     def open_ina(self):
         """(Re)connect the INA226; a missing or wrong chip is a power-monitor fault,
@@ -233,6 +233,8 @@ class App:
     def send(self, name, fields):
         """Encode one message in the current output format and write it."""
         if self.fmt == FMT_JSON:
+            from protocol import jsonl  # imported for the first line (kept): not at boot
+
             data = jsonl.encode_line(name, fields, self._next_seq())
         else:
             data = frame.encode_frame(name, fields, self._next_seq())
@@ -638,7 +640,7 @@ class App:
             self.nack(item.seq, item.type, C.ERR_STORAGE, None, str(e))
         except Exception as e:  # noqa: BLE001 - last resort: answer, count, keep cooling
             self._internal(e, item.seq, item.type)
-        _release()
+        _release(self.fmt == FMT_JSON)
         if self.lut_spare is None:  # a commit took it: replenish, the commands' RAM free
             self._spare_lut()
 
@@ -830,10 +832,13 @@ def _commands():
     return commands
 
 
-def _release():
+def _release(json=False):
     """Forget what booting, configuring and commands import (device.commands,
     device.config and its JSON parser, which protocol.jsonl also imports for a line
-    only; device.nonce) when done."""
+    only; device.nonce) when done; protocol.jsonl too (device.config's canonical JSON)
+    unless the port speaks JSON lines (``json``: it stays for the next line)."""
+    if not json:
+        _unload("protocol.jsonl")
     _unload("device.commands")
     _unload("device.config")
     _unload("protocol.jsonparse")

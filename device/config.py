@@ -170,7 +170,6 @@ from device.calib import poly_eval
 from protocol import catalog as C
 from protocol import jsonparse
 from protocol.crc import crc16
-from protocol.jsonl import dump_value
 
 try:
     from micropython import const
@@ -1097,6 +1096,8 @@ def pages(cfg, limit=MAX_ENTRIES):
 
 def canonical(value):
     """Deterministic compact JSON text (sorted keys, ASCII): same on both interpreters."""
+    from protocol.jsonl import dump_value  # not at import: JSON lines stay off the boot path
+
     return dump_value(value)
 
 
@@ -1104,6 +1105,8 @@ def _pieces(v):
     """``canonical(v)`` in pieces (a scalar, a key, a bracket): ``"".join`` of them is
     the same text, but saving and comparing never hold it whole (one ~1.8 KB string
     is a block a fragmented 90 KB heap may not have)."""
+    from protocol.jsonl import dump_value  # device.app._release() forgets it
+
     if isinstance(v, dict):
         sep = "{"
         for k in sorted(v):

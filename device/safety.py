@@ -86,8 +86,8 @@ class Safety:
         cfg["ntc_low"] = low
         # ``luts`` (NTC.from_config's): an uncalibrated channel on the nominal curve
         # holds the same table, built and kept once (1 KB of RAM)
-        self.nominal_key = NTC.table_key(cfg)
         self._nominal = NTC.from_config(_NullADC(), cfg, luts=luts, oversample=1, filter=None)
+        self.nominal_key = self._nominal.table  # shared with the channels' equal keys
         self.nominal_table = (self._nominal._lut, self._nominal._step)  # to share it
         # cause floors: compiled, raised by configure()
         self.f_boot = F.FLOOR_BOOT

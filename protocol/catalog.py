@@ -551,6 +551,28 @@ M_DIR = const(2)
 M_FIELDS = const(3)
 
 
+# Applying a scale (protocol.jsonl and protocol.telemetry, one table of powers for both).
+# From a list: a constant tuple's ints above 0x1FFF freeze as big ints
+# (tests/test_frozen_ints.py).
+_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
+
+
+def mul_div_round(v, mul, div):
+    """round(v * mul / div), half up, for v >= 0; intermediates stay below 2**30 for
+    v < 2**16 and mul a multiple of 1000 up to 10**6 (the duty scale) so the MCU never
+    makes a big int.
+
+    >>> mul_div_round(30000, 100000, 65535)
+    45777
+    """
+    if mul > 1000:
+        x = v * (mul // 1000)
+        hi = x // div  # not divmod(): a tuple would allocate
+        r = x - hi * div
+        return hi * 1000 + (r * 2000 + div) // (2 * div)
+    return (v * mul * 2 + div) // (2 * div)
+
+
 def scale_ints(scale):
     """A JSON display scale ``(mul, div, decimals)`` with small ints on the MCU
     (frozen, its ints above 0x1FFF are big ints: see DUTY_PCT). Allocates."""

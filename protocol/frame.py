@@ -31,7 +31,7 @@ allocating anything: see :class:`HeartbeatState`.
 
 from array import array
 
-from protocol import VERSION_MAJOR, VERSION_MINOR, cbor, cobs, jsonl
+from protocol import VERSION_MAJOR, VERSION_MINOR, cbor, cobs
 from protocol import catalog as C
 from protocol.crc import crc16
 from protocol.errors import (
@@ -139,6 +139,8 @@ def encode_frame(
 def encode_message(msg, signer=None):
     """Encode a Message in its own format (binary frame or JSON line)."""
     if msg.fmt == FMT_JSON:
+        from protocol import jsonl  # JSON lines: imported for the first one (kept)
+
         return jsonl.encode_line(msg.name, msg.fields, msg.seq, signer=signer)
     return encode_frame(msg.type, msg.fields, msg.seq, signer=signer)
 
@@ -783,6 +785,8 @@ class StreamDecoder:
             out.append(BadFrame("noise", "text line that is not a JSON object", fmt=FMT_JSON))
             return
         try:
+            from protocol import jsonl  # imported for the first line (kept): not at boot
+
             msg = jsonl.decode_line(bytes(buf[s:e]), self.accept, self.verifier)
         except ProtocolError as e:
             self._reject(out, e, FMT_JSON)

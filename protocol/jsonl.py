@@ -17,6 +17,7 @@ interpreters emit the same bytes.
 
 from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
+from protocol.catalog import _POW10, mul_div_round  # noqa: F401 - jsonl.mul_div_round too
 from protocol.crc import crc16
 from protocol.errors import (
     CBORDecodeError,
@@ -44,27 +45,10 @@ from protocol.sign import (
     TS_MAX,
 )
 
+
 HEADER_KEYS = ("type", "v", "seq", "link", "ts", "sig")
 SIGNATURE_KEYS = ("link", "ts", "sig")
 _HEX = "0123456789abcdef"
-# from a list: a constant tuple's ints above 0x1FFF freeze as big ints (tests/test_frozen_ints.py)
-_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
-
-
-def mul_div_round(v, mul, div):
-    """round(v * mul / div), half up, for v >= 0; intermediates stay below 2**30 for
-    v < 2**16 and mul a multiple of 1000 up to 10**6 (the duty scale) so the MCU never
-    makes a big int.
-
-    >>> mul_div_round(30000, 100000, 65535)
-    45777
-    """
-    if mul > 1000:
-        x = v * (mul // 1000)
-        hi = x // div  # not divmod(): a tuple would allocate
-        r = x - hi * div
-        return hi * 1000 + (r * 2000 + div) // (2 * div)
-    return (v * mul * 2 + div) // (2 * div)
 
 
 def format_fixed(value, scale):

@@ -17,9 +17,9 @@ The bytes are identical to :func:`protocol.frame.encode_frame` and
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, catalog as C, cobs
 from protocol.cbor import MAJOR_MAP, put_head, put_int
+from protocol.catalog import _POW10, mul_div_round  # one table of powers for both
 from protocol.crc import crc16
 from protocol.frame import HEADER_LEN
-from protocol.jsonl import _POW10, mul_div_round  # one table of powers for both
 
 try:
     from micropython import const

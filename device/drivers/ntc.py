@@ -126,12 +126,16 @@ class NTC:
         new 1 KB block (device.commands: the App's spare, swapped on commit).
         """
         table = cls.table_key(cfg, points)
-        model, params, r_fixed, low, correction, points = table
         if luts is not None and table in luts:
             lut, step = luts[table]
+            for key in luts:  # the equal key already held: channels share one tuple
+                if key == table:
+                    table = key
+                    break
         else:
             from device.calib import build_lut
 
+            model, params, r_fixed, low, correction, points = table
             out = spare.pop() if spare else None
             lut, step = build_lut(
                 model, params, r_fixed, low, list(correction) or None, points, out=out
@@ -142,8 +146,8 @@ class NTC:
             if key in cfg and key not in kwargs:
                 kwargs[key] = cfg[key]
         ntc = cls(adc, lut, step, **kwargs)
-        ntc.r_fixed_ohm = r_fixed
-        ntc.ntc_low = low
+        ntc.r_fixed_ohm = table[2]
+        ntc.ntc_low = table[3]
         ntc.table = table  # its ``luts`` key: a reconfiguration reuses the table
         return ntc
 
