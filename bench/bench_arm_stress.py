@@ -46,14 +46,15 @@ The host's side of the harness (its signer, the heartbeats it encodes and signs 
 pure Python on the target, a few KB of garbage each) lives in the same heap: the
 numbers are conservative.
 
-**Time.** A seed of 1,000 operations is about 30 s of qemu (TCG) on this machine:
-about half in hosted ticks (~1.2 ms each: the firmware plus the fake board's Python
-HAL), a third in commands (10-100 ms each: signing, the configuring modules' imports,
-config_save's file work), the rest in signing heartbeats (~3.5 ms each, the host's
-pure-Python HMAC) and qemu's start (~1.5 s); the GC, scanning the 2 MB blocker too,
-~3.5 ms a collection, is a small part. Runs go ``--jobs`` at a time in separate qemu
-processes (default 2, ``$BENCH_ARM_STRESS_JOBS``): the short run is about 16 x 10 s /
-2, the long run's first sweep (100 runs) about 25 minutes.
+**Time.** A seed of 1,000 operations is about 30 s of qemu (TCG) alone, 40-65 s two at
+a time with ``-icount`` on this 2-core machine: about half in hosted ticks (~1.2 ms
+each: the firmware plus the fake board's Python HAL), a third in commands (10-100 ms
+each: signing, the configuring modules' imports, config_save's file work), the rest in
+signing heartbeats (~3.5 ms each, the host's pure-Python HMAC) and qemu's start
+(~1.5 s); the GC, scanning the 2 MB blocker too, ~3.5 ms a collection, is a small
+part. Runs go ``--jobs`` at a time in separate qemu processes (default 2,
+``$BENCH_ARM_STRESS_JOBS``), seed by seed with both modes: the short run is about 3
+minutes, the long run's sweep at the F411 pool (100 runs) 35-55 minutes.
 
 **Smallest pool** (``--search``, the long run): bisection over whole KB between
 :data:`FLOOR_KB` (taken as failing) and the largest whole KB in the F411's pool, each
@@ -65,7 +66,8 @@ modes, and so did every pool checked above it: P + 1, P + 2 and P + 4 KB
 above it (the bisection resumes between the failing pool and the next passing one) and
 is reported as non-monotone with its seeds (``arm_stress_nonmonotone``: pools above a
 passing pool at which some seed failed). Each probe is up to 100 runs of ~30 s; the
-search is some 6 bisection probes and 3 checks: hours on 2 cores.
+search is some 6 bisection probes and 3 checks: hours on 2 cores. It runs only when
+every seed passed at the F411's pool.
 
 Keys (short run): ``arm_stress_memoryerrors`` (seeds x modes failing at the F411 pool;
 goal 0), ``arm_stress_seeds``, ``arm_stress_ops``, ``arm_stress_low_free_bytes`` (the
