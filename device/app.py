@@ -50,11 +50,11 @@ _DIE_FRESH_MS = const(3000)  # a heartbeat die temperature older than this is st
 _DIE_SLOWDOWN_MARGIN_MC = const(5000)  # the die loop's setpoint: at most slowdown - this
 _DIE_SP_NO_SLOWDOWN_MC = const(76500)  # ... or this without one (an RTX 30xx: 83 - 6.5)
 # The learned slowdown and offset (device.safety.learn) reach the flash when they moved
-# by LEARNED_STEP_MC or more: when the host is lost (a transition), else at most once
-# per LEARNED_SAVE_MS; a failed write is retried after LEARNED_RETRY_MS at the soonest.
-LEARNED_STEP_MC = const(1000)
+# by _LEARNED_STEP_MC or more: when the host is lost (a transition), else at most once
+# per LEARNED_SAVE_MS; a failed write is retried after _LEARNED_RETRY_MS at the soonest.
+_LEARNED_STEP_MC = const(1000)
 LEARNED_SAVE_MS = const(1800000)  # 30 min
-LEARNED_RETRY_MS = const(60000)
+_LEARNED_RETRY_MS = const(60000)
 REPL_FLAG = "repl.flag"  # in fs_dir: the next boot stays in the REPL
 MODE_AUTO = const(0)
 MODE_MANUAL = const(1)
@@ -206,9 +206,9 @@ class App:
         Allocates only when it writes."""
         sf = self.safety
         d = sf.learn_off_mc - self._saved_off
-        if sf.learn_slow_mc == self._saved_slow and -LEARNED_STEP_MC < d < LEARNED_STEP_MC:
+        if sf.learn_slow_mc == self._saved_slow and -_LEARNED_STEP_MC < d < _LEARNED_STEP_MC:
             return
-        wait = LEARNED_SAVE_MS if host_ok else LEARNED_RETRY_MS
+        wait = LEARNED_SAVE_MS if host_ok else _LEARNED_RETRY_MS
         if ticks_diff(now, self._saved_ms) < wait:
             return
         self._saved_ms = now

@@ -47,19 +47,12 @@ FLOOR_HOST_LOST = const(26214)  # 40 % in STANDALONE once a host was seen
 FLOOR_SENSOR = const(52428)  # 80 % with an open/short/stuck/implausible controlled NTC
 FLOOR_STALL = const(65535)  # a stalled or implausible fan: both fans flat out
 FLOOR_OVER_TEMP = const(52428)  # 80 % above a warning limit
-FLOOR_CRITICAL = const(65535)  # above a critical limit: fixed
+_FLOOR_CRITICAL = const(65535)  # above a critical limit: fixed
 FLOOR_MANUAL = const(19661)  # 30 %: the lowest duty a MANUAL command may ask for
 
-# Config key in ``safety`` -> its compiled minimum (config may only raise them).
-SAFETY_MINIMUMS = (
-    _t("boot", FLOOR_BOOT),
-    _t("host_lost", FLOOR_HOST_LOST),
-    _t("sensor_fault", FLOOR_SENSOR),
-    _t("fan_stall", FLOOR_STALL),
-    _t("over_temp", FLOOR_OVER_TEMP),
-    _t("critical", FLOOR_CRITICAL),
-    _t("min_manual_duty", FLOOR_MANUAL),
-)
+# Config key in ``safety`` -> its compiled minimum (config may only raise them):
+# ``SAFETY_MINIMUMS``, made by ``__getattr__`` (end of file) when read: configuring
+# and tests only, no tuple of it kept in RAM.
 
 # --- the hot floor: rises with temperature, whatever the control law says ------------
 # Per channel (gpu, vram, mos, amb): from HOT_START_MC the floor ramps linearly from
@@ -72,12 +65,12 @@ HOT_FULL_MC = _t(95000, 100000, 130000, None)
 
 # --- the die-margin floor: the GPU's own margin to its slowdown -----------------------
 # With a host, the heartbeat carries the die temperature and the GPU's slowdown
-# temperature. A fresh die within DIE_START_MARGIN_MC of the slowdown ramps the floor
-# linearly from the fan's min_spin to 100 % at slowdown - DIE_FULL_MARGIN_MC, whatever
+# temperature. A fresh die within _DIE_START_MARGIN_MC of the slowdown ramps the floor
+# linearly from the fan's min_spin to 100 % at slowdown - _DIE_FULL_MARGIN_MC, whatever
 # the mode, curve or gains say. It starts above the die loop's setpoint (slowdown -
 # 5 degC, device/app.py), so normal regulation never meets it.
-DIE_START_MARGIN_MC = const(4000)
-DIE_FULL_MARGIN_MC = const(1000)
+_DIE_START_MARGIN_MC = const(4000)
+_DIE_FULL_MARGIN_MC = const(1000)
 
 # --- standalone: limits from the last slowdown and probe-to-die offset seen ----------
 # The module keeps the last slowdown it was sent and the largest recent offset between
@@ -101,7 +94,7 @@ CAL_BAND_MC = const(5000)
 # Nominal NTC of the boards (the seed's part): 10 kOhm at 25 degC, B25/50 = 3950, on a
 # 10 kOhm divider with the NTC to ground. A board with another part overrides these
 # in its board module (``hal.ntc_nominal = (beta, r0_ohm, t0_mc, r_fixed_ohm, low)``).
-NTC_NOMINAL = _t(3950, 10000, 25000, 10000, True)
+# ``NTC_NOMINAL``: made by ``__getattr__`` when read (the safety layer's construction).
 
 # --- leaving a fault: bounded ramp-down ----------------------------------------------
 # After a cause clears, the duty may fall at most this much per second (100 % -> 20 %
@@ -202,11 +195,29 @@ def die_floor(die_mc, slowdown_mc, min_spin):
     """
     if slowdown_mc <= 0:
         return 0
-    start = slowdown_mc - DIE_START_MARGIN_MC
+    start = slowdown_mc - _DIE_START_MARGIN_MC
     if die_mc < start:
         return 0
-    full = slowdown_mc - DIE_FULL_MARGIN_MC
+    full = slowdown_mc - _DIE_FULL_MARGIN_MC
     if die_mc >= full:
         return DUTY_FULL
     # (die - start) < 3000 and span < 65536: the product stays below 2**28
     return min_spin + (die_mc - start) * (DUTY_FULL - min_spin) // (full - start)
+
+
+def __getattr__(name):
+    """``SAFETY_MINIMUMS`` and ``NTC_NOMINAL``, read when configuring: made on each
+    access, so the tuples are not kept in RAM (a test may still assign them)."""
+    if name == "SAFETY_MINIMUMS":
+        return (
+            _t("boot", FLOOR_BOOT),
+            _t("host_lost", FLOOR_HOST_LOST),
+            _t("sensor_fault", FLOOR_SENSOR),
+            _t("fan_stall", FLOOR_STALL),
+            _t("over_temp", FLOOR_OVER_TEMP),
+            _t("critical", _FLOOR_CRITICAL),
+            _t("min_manual_duty", FLOOR_MANUAL),
+        )
+    if name == "NTC_NOMINAL":
+        return _t(3950, 10000, 25000, 10000, True)
+    raise AttributeError(name)

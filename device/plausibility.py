@@ -77,21 +77,21 @@ except ImportError:  # CPython
 _BIG = const(0x3FFFFFFF)
 _MAX_BUCKETS = const(64)
 
-STUCK_PP_MC = const(300)
-CLEAR_PP_MC = const(600)
+_STUCK_PP_MC = const(300)
+_CLEAR_PP_MC = const(600)
 WINDOW_MS = const(120000)
-BUCKET_MS = const(10000)
+_BUCKET_MS = const(10000)
 CONFIRM_MS = const(60000)
-SWING_MW = const(100000)
+_SWING_MW = const(100000)
 FROZEN_MS = const(1800000)
-FROZEN_MIN_MW = const(20000)
-FROZEN_SWING_MW = const(5000)
+_FROZEN_MIN_MW = const(20000)
+_FROZEN_SWING_MW = const(5000)
 COLD_MC = const(8000)
-COLD_CLEAR_MC = const(6000)
-COLD_MS = const(30000)
-JUMP_MC = const(15000)
-JUMP_DT_MS = const(1000)
-JUMP_HOLD_MS = const(30000)
+_COLD_CLEAR_MC = const(6000)
+_COLD_MS = const(30000)
+_JUMP_MC = const(15000)
+_JUMP_DT_MS = const(1000)
+_JUMP_HOLD_MS = const(30000)
 
 
 def _check(value, lo, hi, what):
@@ -108,21 +108,21 @@ class NtcWatch:
         controlled=0b0111,
         ambient=3,
         stuck_mask=None,
-        stuck_pp_mc=STUCK_PP_MC,
-        clear_pp_mc=CLEAR_PP_MC,
+        stuck_pp_mc=_STUCK_PP_MC,
+        clear_pp_mc=_CLEAR_PP_MC,
         window_ms=WINDOW_MS,
-        bucket_ms=BUCKET_MS,
+        bucket_ms=_BUCKET_MS,
         confirm_ms=CONFIRM_MS,
-        swing_mw=SWING_MW,
+        swing_mw=_SWING_MW,
         frozen_ms=FROZEN_MS,
-        frozen_min_mw=FROZEN_MIN_MW,
-        frozen_swing_mw=FROZEN_SWING_MW,
+        frozen_min_mw=_FROZEN_MIN_MW,
+        frozen_swing_mw=_FROZEN_SWING_MW,
         cold_mc=COLD_MC,
-        cold_clear_mc=COLD_CLEAR_MC,
-        cold_ms=COLD_MS,
-        jump_mc=JUMP_MC,
-        jump_dt_ms=JUMP_DT_MS,
-        jump_hold_ms=JUMP_HOLD_MS,
+        cold_clear_mc=_COLD_CLEAR_MC,
+        cold_ms=_COLD_MS,
+        jump_mc=_JUMP_MC,
+        jump_dt_ms=_JUMP_DT_MS,
+        jump_hold_ms=_JUMP_HOLD_MS,
     ):
         _check(n_channels, 1, 16, "n_channels")
         full = (1 << n_channels) - 1

@@ -45,14 +45,14 @@ except ImportError:  # CPython
         return x
 
 
-MAJOR_UINT = const(0)
-MAJOR_NEGINT = const(1)
-MAJOR_BYTES = const(2)
-MAJOR_TEXT = const(3)
-MAJOR_ARRAY = const(4)
+_MAJOR_UINT = const(0)
+_MAJOR_NEGINT = const(1)
+_MAJOR_BYTES = const(2)
+_MAJOR_TEXT = const(3)
+_MAJOR_ARRAY = const(4)
 MAJOR_MAP = const(5)
-MAJOR_TAG = const(6)
-MAJOR_SIMPLE = const(7)
+_MAJOR_TAG = const(6)
+_MAJOR_SIMPLE = const(7)
 
 _FALSE = const(0xF4)
 _TRUE = const(0xF5)
@@ -111,8 +111,8 @@ def put_head(buf, off, major, value):
 def put_int(buf, off, value):
     """Write integer ``value`` (major 0 or 1) at ``buf[off]``; return end offset."""
     if value >= 0:
-        return put_head(buf, off, MAJOR_UINT, value)
-    return put_head(buf, off, MAJOR_NEGINT, -1 - value)
+        return put_head(buf, off, _MAJOR_UINT, value)
+    return put_head(buf, off, _MAJOR_NEGINT, -1 - value)
 
 
 def int_len(value):
@@ -155,13 +155,13 @@ def _encode(obj, out, depth):
             out.extend(struct.pack(">d", obj))
     elif isinstance(obj, str):
         data = obj.encode("utf-8")
-        _extend_head(out, MAJOR_TEXT, len(data))
+        _extend_head(out, _MAJOR_TEXT, len(data))
         out.extend(data)
     elif isinstance(obj, (bytes, bytearray)):
-        _extend_head(out, MAJOR_BYTES, len(obj))
+        _extend_head(out, _MAJOR_BYTES, len(obj))
         out.extend(obj)
     elif isinstance(obj, (list, tuple)):
-        _extend_head(out, MAJOR_ARRAY, len(obj))
+        _extend_head(out, _MAJOR_ARRAY, len(obj))
         for item in obj:
             _encode(item, out, depth - 1)
     elif isinstance(obj, dict):
@@ -322,19 +322,19 @@ class _Reader:
         self.pos += 1
         major = ib >> 5
         info = ib & 0x1F
-        if major == MAJOR_SIMPLE:
+        if major == _MAJOR_SIMPLE:
             return self.simple(ib, info)
         n = self.arg(info)
-        if major == MAJOR_UINT:
+        if major == _MAJOR_UINT:
             return n
-        if major == MAJOR_NEGINT:
+        if major == _MAJOR_NEGINT:
             return -1 - n
-        if major == MAJOR_BYTES or major == MAJOR_TEXT:
+        if major == _MAJOR_BYTES or major == _MAJOR_TEXT:
             self.need(n)
             p = self.pos
             self.pos = p + n
             raw = bytes(self.buf[p : p + n])
-            if major == MAJOR_BYTES:
+            if major == _MAJOR_BYTES:
                 return raw
             if _LAX_UTF8 and not _valid_utf8(raw):
                 raise CBORDecodeError("text string is not valid UTF-8")
@@ -342,7 +342,7 @@ class _Reader:
                 return str(raw, "utf-8")
             except UnicodeError:
                 raise CBORDecodeError("text string is not valid UTF-8") from None
-        if major == MAJOR_ARRAY:
+        if major == _MAJOR_ARRAY:
             # every item takes at least one byte: bound n before allocating
             self.need(n)
             out = []

@@ -33,17 +33,8 @@ from array import array
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, cbor, cobs
 from protocol import catalog as C
+from protocol import errors as E  # the classes by attribute: 8 fewer module names
 from protocol.crc import crc16
-from protocol.errors import (
-    CBORDecodeError,
-    CRCError,
-    FieldError,
-    FrameError,
-    OversizeError,
-    ProtocolError,
-    UnknownTypeError,
-    VersionError,
-)
 from protocol.message import (
     FMT_CBOR,
     FMT_JSON,
@@ -76,8 +67,8 @@ CRC_LEN = const(2)
 MIN_FRAME = const(7)
 MAX_FRAME = const(512)  # unstuffed, trailer included
 MAX_LINE = const(1024)
-DELIMITER = const(0)
-MINOR_MASK = const(0x7F)  # byte 1 = minor | FLAG_SIGNED
+_DELIMITER = const(0)
+_MINOR_MASK = const(0x7F)  # byte 1 = minor | FLAG_SIGNED
 MIN_SIGNED = const(20)  # MIN_FRAME + TRAILER_LEN
 # Line silence that ends an incomplete binary run (StreamDecoder.idle; SPEC's GAP_MS).
 # Private to keep it out of the module's dict on the MCU: tests read it on CPython.
@@ -106,15 +97,15 @@ def encode_frame(
     fields = fields or {}
     check_seq(seq)
     validate_fields(mdef, fields)
-    if signer is not None and not 0 <= minor <= MINOR_MASK:
-        raise FieldError(
+    if signer is not None and not 0 <= minor <= _MINOR_MASK:
+        raise E.FieldError(
             "minor %r does not fit beside the signed flag" % (minor,), C.ERR_OUT_OF_RANGE, "minor"
         )
     payload = encode_payload(mdef, fields)
     body = HEADER_LEN + len(payload) + CRC_LEN
     n = body if signer is None else body + TRAILER_LEN
     if n > MAX_FRAME:
-        raise OversizeError("%s frame of %d bytes exceeds %d" % (mdef[C.M_NAME], n, MAX_FRAME))
+        raise E.OversizeError("%s frame of %d bytes exceeds %d" % (mdef[C.M_NAME], n, MAX_FRAME))
     raw = bytearray(n)
     raw[0] = major
     raw[1] = minor if signer is None else minor | FLAG_SIGNED
@@ -128,11 +119,11 @@ def encode_frame(
     if signer is not None:
         trailer = signer.trailer(bytes(raw[:body]))
         if len(trailer) != TRAILER_LEN:  # pragma: no cover - Signer guarantees it
-            raise FrameError("signer returned a %d-byte trailer" % len(trailer))
+            raise E.FrameError("signer returned a %d-byte trailer" % len(trailer))
         raw[body:n] = trailer
     out = bytearray(cobs.max_encoded_len(n) + 1)
     end = cobs.encode_into(raw, n, out, 0)
-    out[end] = DELIMITER
+    out[end] = _DELIMITER
     return bytes(out[: end + 1])
 
 
@@ -159,22 +150,22 @@ def decode_raw(raw, n, accept=None, verifier=None):
     frame is ``AUTH_UNCHECKED``.
     """
     if n < MIN_FRAME:
-        raise FrameError("frame of %d bytes is shorter than %d" % (n, MIN_FRAME))
+        raise E.FrameError("frame of %d bytes is shorter than %d" % (n, MIN_FRAME))
     end = n  # end of the CRC
     if raw[1] & FLAG_SIGNED:
         end = n - TRAILER_LEN
         if end < MIN_FRAME:
-            raise FrameError("signed frame of %d bytes is shorter than %d" % (n, MIN_SIGNED))
+            raise E.FrameError("signed frame of %d bytes is shorter than %d" % (n, MIN_SIGNED))
     got = (raw[end - 2] << 8) | raw[end - 1]
     want = crc16(raw, 0, end - CRC_LEN)
     if got != want:
-        raise CRCError("CRC %04x, computed %04x" % (got, want))
+        raise E.CRCError("CRC %04x, computed %04x" % (got, want))
     major = raw[0]
-    minor = raw[1] & MINOR_MASK
+    minor = raw[1] & _MINOR_MASK
     type_id = raw[2]
     seq = (raw[3] << 8) | raw[4]
     if major != VERSION_MAJOR:
-        err = VersionError(
+        err = E.VersionError(
             "peer speaks protocol %d.%d, this side speaks %d.x" % (major, minor, VERSION_MAJOR),
             major,
             minor,
@@ -189,7 +180,7 @@ def decode_raw(raw, n, accept=None, verifier=None):
         auth = AUTH_UNCHECKED if verifier is None else verifier.verify(raw, n)
     mdef = C.by_type(type_id)
     if mdef is None:
-        err = UnknownTypeError("unknown message type 0x%02x" % type_id)
+        err = E.UnknownTypeError("unknown message type 0x%02x" % type_id)
         err.type_id = type_id
         err.seq = seq
         err.auth = auth
@@ -197,7 +188,7 @@ def decode_raw(raw, n, accept=None, verifier=None):
         raise err
     try:
         if accept is not None and mdef[C.M_DIR] != accept:
-            raise FieldError(
+            raise E.FieldError(
                 "%s is not accepted in this direction" % mdef[C.M_NAME], C.ERR_DIRECTION
             )
         pend = end - CRC_LEN
@@ -206,11 +197,11 @@ def decode_raw(raw, n, accept=None, verifier=None):
         else:
             raw_fields, pos = cbor.decode_from(raw, HEADER_LEN, pend)
             if pos != pend:
-                raise CBORDecodeError("%d bytes after the payload map" % (pend - pos))
+                raise E.CBORDecodeError("%d bytes after the payload map" % (pend - pos))
             if not isinstance(raw_fields, dict):
-                raise CBORDecodeError("payload is not a map")
+                raise E.CBORDecodeError("payload is not a map")
         fields = fields_from_keys(mdef, raw_fields)
-    except ProtocolError as e:
+    except E.ProtocolError as e:
         e.type_id = type_id
         e.seq = seq
         e.auth = auth
@@ -222,7 +213,7 @@ def decode_raw(raw, n, accept=None, verifier=None):
 def decode_frame(data, accept=None, verifier=None):
     """Decode one COBS frame (with or without its trailing 0x00); see decode_raw."""
     n = len(data)
-    if n and data[n - 1] == DELIMITER:
+    if n and data[n - 1] == _DELIMITER:
         n -= 1
     raw = bytearray(n)
     m = cobs.decode_into(data, n, raw)
@@ -433,7 +424,7 @@ class HeartbeatState:
             self.link = -1
             self.auth = AUTH_NONE
         self.seq = (raw[3] << 8) | raw[4]
-        self.minor = raw[1] & MINOR_MASK
+        self.minor = raw[1] & _MINOR_MASK
         self.pending = True
         self.taken += 1
         if self.auth != AUTH_OK:
@@ -758,11 +749,11 @@ class StreamDecoder:
                 self.frames += 1
                 return
             msg = decode_raw(raw, m, self.accept, self.verifier)
-        except ProtocolError as e:
+        except E.ProtocolError as e:
             self._reject(out, e, FMT_CBOR)
             return
         except Exception as e:  # noqa: BLE001 - the read loop must survive anything
-            self._reject(out, FrameError("decoder bug: %r" % (e,)), FMT_CBOR)
+            self._reject(out, E.FrameError("decoder bug: %r" % (e,)), FMT_CBOR)
             return
         self.frames += 1
         out.append(msg)
@@ -788,11 +779,11 @@ class StreamDecoder:
             from protocol import jsonl  # imported for the first line (kept): not at boot
 
             msg = jsonl.decode_line(bytes(buf[s:e]), self.accept, self.verifier)
-        except ProtocolError as e:
+        except E.ProtocolError as e:
             self._reject(out, e, FMT_JSON)
             return
         except Exception as e:  # noqa: BLE001 - the read loop must survive anything
-            self._reject(out, FrameError("decoder bug: %r" % (e,)), FMT_JSON)
+            self._reject(out, E.FrameError("decoder bug: %r" % (e,)), FMT_JSON)
             return
         self.frames += 1
         self.json_lines += 1

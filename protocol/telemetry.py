@@ -63,9 +63,9 @@ FLASH_WRITES = index("flash_writes")
 AUTH_FAILURES = index("auth_failures")
 INTERNAL_ERRORS = index("internal_errors")
 
-_KIND_PLAIN = 0
-_KIND_ENUM = 1
-_KIND_SCALED = 2
+_KIND_PLAIN = const(0)
+_KIND_ENUM = const(1)
+_KIND_SCALED = const(2)
 
 
 def _put_bytes(buf, o, src):
