@@ -24,6 +24,7 @@ def _cli(*args):
 
 def _json(*args):
     code, out = _cli(*args, "--json")
+    assert "{" in out, (code, out)
     return code, json.loads(out[out.index("{"):])
 
 

@@ -115,7 +115,11 @@ def test_sigkill_at_random_instants_never_ratchets(tmp_path):
     t0 = time.monotonic()
     seen_below = 0  # kills that left the GPU below its original (the journal's work)
     starts_that_restored = 0
-    for i in range(ITERATIONS):
+    # On a loaded machine a process takes longer to reach its hold, and fewer of the
+    # kills land in it: go on (up to 3x) until a quarter of the planned count did.
+    i = -1
+    while i + 1 < ITERATIONS or (seen_below < ITERATIONS // 4 and i + 1 < 3 * ITERATIONS):
+        i += 1
         proc = spawn(tmp_path, seed=SEED * 1000 + i)
         try:
             if rng.random() < 0.15:
@@ -144,7 +148,7 @@ def test_sigkill_at_random_instants_never_ratchets(tmp_path):
     assert stopped["limit_w"] == TRUE_ORIGINAL_W
     assert gpu.limit_w == TRUE_ORIGINAL_W
     assert not (tmp_path / "state" / "limits" / f"{UUID}.json").exists()
-    print(f"kill test: {ITERATIONS} kills in {elapsed:.1f} s, {seen_below} left the GPU "
+    print(f"kill test: {i + 1} kills in {elapsed:.1f} s, {seen_below} left the GPU "
           f"lowered, {starts_that_restored} left a journal entry")  # fmt: skip
 
 

@@ -43,7 +43,11 @@ def test_sigkill_at_random_instants_never_ratchets_the_clocks(
     gpu.update(lock=None if original is None else list(original), lock_known=lock_known)
     rng = random.Random(SEED)
     seen_low = 0  # kills that left the GPU locked below its original
-    for i in range(iterations):
+    # On a loaded machine a process takes longer to reach its hold, and fewer of the
+    # kills land in it: go on (up to 3x) until a quarter of the planned count did.
+    i = -1
+    while i + 1 < iterations or (seen_low < iterations // 4 and i + 1 < 3 * iterations):
+        i += 1
         proc = spawn(tmp_path, seed=SEED * 1000 + i)
         try:
             if rng.random() < 0.15:

@@ -26,3 +26,12 @@ def test_the_defaults_carry_the_scale_of_this_process():
     assert R.REQUEST_TIMEOUT_S == pytest.approx(1.0 * scale)
     assert R.REQUEST_TIMEOUTS["config_save"] == pytest.approx(3.0 * scale)
     assert R.REQUEST_TIMEOUTS["selftest"] == pytest.approx(75.0 * scale)
+
+
+def test_the_control_socket_allows_the_scaled_selftest():
+    """A bridge under the same scale takes the client's scaled selftest timeout (on
+    a11cf12 a scale of 4 made `selftest` through the bridge a bad_request: 300 > 120)."""
+    from modbridge.ops import ctlsock
+
+    assert ctlsock.MAX_TIMEOUT_S == pytest.approx(120.0 * R.timeout_scale())
+    assert R.REQUEST_TIMEOUTS["selftest"] < ctlsock.MAX_TIMEOUT_S

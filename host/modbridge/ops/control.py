@@ -1290,11 +1290,8 @@ def abort_selftest(t: Target) -> str:
 def selftest(t: Target, timeout_s: float | None = None) -> Outcome:
     """``selftest``: fans stepped down with the tach checked, channels, 12 V input;
     ``failed`` when the module says it did not pass. It takes 30-40 s on healthy fans
-    (each step waits until the tach settles), at most the link's selftest timeout."""
-    from modbridge.link.requests import REQUEST_TIMEOUTS
-
-    if timeout_s is None:
-        timeout_s = REQUEST_TIMEOUTS["selftest"]
+    (each step waits until the tach settles), at most the link's selftest timeout (None:
+    the default of whoever talks to the module, this process or the bridge)."""
     try:
         reply = t.request("selftest", timeout=timeout_s)
     except KeyboardInterrupt:

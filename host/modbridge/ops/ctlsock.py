@@ -56,6 +56,7 @@ from pathlib import Path
 
 from modbridge.errors import ModbridgeError
 from modbridge.fsutil import UnsafeDirectory, check_private_dir, chmod_chown_nofollow
+from modbridge.link.requests import timeout_scale
 from modbridge.ops import control as ctl
 from modbridge.sanitize import sanitize
 from modbridge.wakepipe import WakePipe
@@ -70,7 +71,9 @@ READ_TIMEOUT_S = 2.0  # a client has this long to send its request line
 WRITE_TIMEOUT_S = 2.0
 MODULE_WAIT_S = 1.0  # a second request to a busy module waits this long, then busy
 MAX_CLIENTS = 8
-MAX_TIMEOUT_S = 120.0  # the longest request timeout a client may ask for (selftest: 75 s)
+# The longest request timeout a client may ask for (selftest: 75 s), times this
+# process's $MODBRIDGE_TIMEOUT_SCALE like the link's defaults.
+MAX_TIMEOUT_S = 120.0 * timeout_scale()
 CLIENT_EXTRA_S = 5.0  # the client waits the request's timeout plus this
 #: What the socket forwards (reads and the control commands); never ``pair`` (a key
 #: on a socket) nor ``heartbeat`` (the bridge's own).
