@@ -35,10 +35,12 @@ from modbridge.gpu.base import (
     GpuSample,
     PowerLimitRefused,
 )
+from modbridge.link.requests import timeout_scale
 
 SOCKET_NAME = "gpu.sock"  # modbridge.sim.gpuserver.SOCKET_NAME (not imported: no sim here)
 ENV = "MODBRIDGE_SIM_GPU_SOCKET"
-TIMEOUT_S = 5.0
+# a simulator's answer; times $MODBRIDGE_TIMEOUT_SCALE (a simulator on a loaded machine)
+TIMEOUT_S = 5.0 * timeout_scale()
 MAX_REPLY = 1 << 20
 _ERRORS = {cls.__name__: cls for cls in (GpuError, GpuNotFound, GpuLost, GpuNoPermission,
                                          GpuDriverNotLoaded)}  # fmt: skip

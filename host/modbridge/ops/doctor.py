@@ -44,6 +44,7 @@ from pathlib import Path
 
 from device import floors as _floors
 from modbridge.errors import ModbridgeError
+from modbridge.link.requests import timeout_scale
 from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
 
@@ -71,7 +72,9 @@ FAN_CHECK_DUTY = FAN_MODEL[_floors.FM_RPM_CHECK_DUTY]  # RPM is judged from this
 FAN_FLOOR_RPM = _floors.rpm_floor(FAN_MODEL)  # a turning fan reads at least this at 100 %
 ACTIVE_DUTY = C.DUTY_MAX  # the --active step: 100 % (a step up: never less cooling)
 ACTIVE_STEP_S = 8  # module seconds (its uptime) the step may take to reach its RPM
-ACTIVE_TIMEOUT_S = 30.0  # wall seconds at most (a module whose uptime does not move)
+# wall seconds at most (a module whose uptime does not move), times
+# $MODBRIDGE_TIMEOUT_SCALE: a virtual module on a loaded machine runs slower than real time
+ACTIVE_TIMEOUT_S = 30.0 * timeout_scale()
 STEP_FROM_DUTY = C.DUTY_MAX * 8 // 10  # a fan below 80 % duty before the step must
 STEP_RISE = 1.25  # read at least 25 % faster at 100 %
 BOOT_SETTLE_S = 5  # module seconds after boot before its fan readings are judged
