@@ -68,6 +68,7 @@ class QemuColumn:
         self.passed = self.failed = 0
         self._pool: ThreadPoolExecutor | None = None
         self._futures: dict[str, Future] = {}
+        self._by_path: dict[str, QemuModule] = {}  # xdist: files whose qemu run waits
 
     @property
     def reason(self) -> str | None:
@@ -115,15 +116,27 @@ class QemuColumn:
                 modules.setdefault(parent.nodeid, parent)
         if not modules:
             return
-        if hasattr(session.config, "workerinput"):
-            # a pytest-xdist worker collects every item but runs only those it is
-            # sent: each module's qemu run starts with its first item (result())
-            return
         if self.reason is None:
             qemu.plan()  # its ast parsing here, in the main thread (qemu.plan says why)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qemu-arm")
+        if hasattr(session.config, "workerinput"):
+            # a pytest-xdist worker collects every item but runs only the files it is
+            # sent (--dist loadfile): the image is built in the background now (the
+            # workers share one build: mpsource's lock), and a module's qemu run starts
+            # in the background with the first item of its file (pytest_runtest_setup)
+            self._pool.submit(self.image)
+            self._by_path = {str(mod.path): mod for mod in modules.values()}
+            return
         for nodeid, mod in modules.items():
             self._futures[nodeid] = self._pool.submit(self.run_module, mod.path, mod.info)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item) -> None:
+        """Under pytest-xdist: the first item of a file starts that file's qemu run
+        beside its CPython and MicroPython items."""
+        mod = self._by_path.pop(str(item.path), None)
+        if mod is not None and self._pool is not None:
+            self._futures[mod.nodeid] = self._pool.submit(self.run_module, mod.path, mod.info)
 
     def pytest_sessionfinish(self) -> None:
         if self._pool is not None:
