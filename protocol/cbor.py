@@ -35,7 +35,7 @@ on them.
 
 import struct
 
-from protocol.errors import CBORDecodeError, CBOREncodeError
+from protocol import errors as E  # the classes by attribute, made on first use
 
 try:
     from micropython import const
@@ -131,7 +131,7 @@ def _key_order(item):
 
 def _encode(obj, out, depth):
     if depth < 0:
-        raise CBOREncodeError("nesting deeper than the codec allows")
+        raise E.CBOREncodeError("nesting deeper than the codec allows")
     # bool first: it is an int subclass on both interpreters
     if obj is False:
         out.append(_FALSE)
@@ -141,7 +141,7 @@ def _encode(obj, out, depth):
         out.append(_NULL)
     elif isinstance(obj, int):
         if obj > _UINT64_MAX or obj < -1 - _UINT64_MAX:
-            raise CBOREncodeError("integer out of the 64-bit CBOR range: %d" % obj)
+            raise E.CBOREncodeError("integer out of the 64-bit CBOR range: %d" % obj)
         tmp = bytearray(9)
         n = put_int(tmp, 0, obj)
         out.extend(tmp[:n] if n < 9 else tmp)
@@ -168,7 +168,7 @@ def _encode(obj, out, depth):
         pairs = []
         for k, v in obj.items():
             if isinstance(k, bool) or not isinstance(k, (int, str, bytes)):
-                raise CBOREncodeError(
+                raise E.CBOREncodeError(
                     "map keys must be int, str or bytes, not %s" % type(k).__name__
                 )
             kb = bytearray()
@@ -180,7 +180,7 @@ def _encode(obj, out, depth):
             out.extend(kb)
             _encode(v, out, depth - 1)
     else:
-        raise CBOREncodeError("type %s is outside the CBOR subset" % type(obj).__name__)
+        raise E.CBOREncodeError("type %s is outside the CBOR subset" % type(obj).__name__)
 
 
 def _extend_head(out, major, value):
@@ -283,7 +283,7 @@ class _Reader:
 
     def need(self, n):
         if n > self.end - self.pos:
-            raise CBORDecodeError("truncated: need %d bytes, %d left" % (n, self.end - self.pos))
+            raise E.CBORDecodeError("truncated: need %d bytes, %d left" % (n, self.end - self.pos))
 
     def arg(self, info):
         """Read the argument for additional information ``info`` (< 28)."""
@@ -311,12 +311,12 @@ class _Reader:
             self.pos += 8
             return v
         if info == 31:
-            raise CBORDecodeError("indefinite length is outside the subset")
-        raise CBORDecodeError("reserved additional information %d" % info)
+            raise E.CBORDecodeError("indefinite length is outside the subset")
+        raise E.CBORDecodeError("reserved additional information %d" % info)
 
     def item(self, depth):
         if depth > self.max_depth:
-            raise CBORDecodeError("nesting deeper than %d" % self.max_depth)
+            raise E.CBORDecodeError("nesting deeper than %d" % self.max_depth)
         self.need(1)
         ib = self.buf[self.pos]
         self.pos += 1
@@ -337,11 +337,11 @@ class _Reader:
             if major == _MAJOR_BYTES:
                 return raw
             if _LAX_UTF8 and not _valid_utf8(raw):
-                raise CBORDecodeError("text string is not valid UTF-8")
+                raise E.CBORDecodeError("text string is not valid UTF-8")
             try:
                 return str(raw, "utf-8")
             except UnicodeError:
-                raise CBORDecodeError("text string is not valid UTF-8") from None
+                raise E.CBORDecodeError("text string is not valid UTF-8") from None
         if major == _MAJOR_ARRAY:
             # every item takes at least one byte: bound n before allocating
             self.need(n)
@@ -355,14 +355,14 @@ class _Reader:
             for _ in range(n):
                 k = self.item(depth + 1)
                 if isinstance(k, bool) or not isinstance(k, (int, str, bytes)):
-                    raise CBORDecodeError(
+                    raise E.CBORDecodeError(
                         "map key of type %s is outside the subset" % type(k).__name__
                     )
                 if k in out:
-                    raise CBORDecodeError("duplicate map key %r" % (k,))
+                    raise E.CBORDecodeError("duplicate map key %r" % (k,))
                 out[k] = self.item(depth + 1)
             return out
-        raise CBORDecodeError("tags (major type 6) are outside the subset")
+        raise E.CBORDecodeError("tags (major type 6) are outside the subset")
 
     def simple(self, ib, info):
         if ib == _FALSE:
@@ -387,10 +387,10 @@ class _Reader:
             self.pos = p + 2
             return _half_to_float((self.buf[p] << 8) | self.buf[p + 1])
         if ib == _BREAK:
-            raise CBORDecodeError("break outside an indefinite-length item")
+            raise E.CBORDecodeError("break outside an indefinite-length item")
         if ib == _UNDEFINED:
-            raise CBORDecodeError("undefined is outside the subset")
-        raise CBORDecodeError("simple value %d is outside the subset" % info)
+            raise E.CBORDecodeError("undefined is outside the subset")
+        raise E.CBORDecodeError("simple value %d is outside the subset" % info)
 
 
 def decode_from(buf, pos=0, end=-1, max_depth=DEFAULT_MAX_DEPTH):
@@ -406,5 +406,5 @@ def loads(data, max_depth=DEFAULT_MAX_DEPTH):
     """Decode exactly one item from ``data``; trailing bytes are an error."""
     value, pos = decode_from(data, 0, len(data), max_depth)
     if pos != len(data):
-        raise CBORDecodeError("%d trailing bytes after the item" % (len(data) - pos))
+        raise E.CBORDecodeError("%d trailing bytes after the item" % (len(data) - pos))
     return value

@@ -10,7 +10,7 @@ encode into a preallocated buffer without allocating.
 b'\\x02\\x11\\x02"'
 """
 
-from protocol.errors import FrameError, OversizeError
+from protocol import errors as E  # the classes by attribute, made on first use
 
 
 def max_encoded_len(n):
@@ -25,7 +25,7 @@ def encode_into(src, src_len, dst, dst_off=0):
     code byte. Raises OversizeError if ``dst`` is too small. Does not allocate.
     """
     if dst_off + max_encoded_len(src_len) > len(dst):
-        raise OversizeError("COBS output buffer too small")
+        raise E.OversizeError("COBS output buffer too small")
     code_pos = dst_off
     out = dst_off + 1
     code = 1
@@ -71,23 +71,23 @@ def decode_into(src, src_len, dst, dst_len=-1):
     while i < src_len:
         code = src[i]
         if code == 0:
-            raise FrameError("0x00 inside a COBS frame")
+            raise E.FrameError("0x00 inside a COBS frame")
         i += 1
         end = i + code - 1
         if end > src_len:
-            raise FrameError("COBS code byte runs past the end of the frame")
+            raise E.FrameError("COBS code byte runs past the end of the frame")
         if out + (end - i) > dst_len:
-            raise OversizeError("decoded frame larger than the buffer")
+            raise E.OversizeError("decoded frame larger than the buffer")
         while i < end:
             b = src[i]
             if b == 0:
-                raise FrameError("0x00 inside a COBS frame")
+                raise E.FrameError("0x00 inside a COBS frame")
             dst[out] = b
             out += 1
             i += 1
         if code != 0xFF and i < src_len:
             if out >= dst_len:
-                raise OversizeError("decoded frame larger than the buffer")
+                raise E.OversizeError("decoded frame larger than the buffer")
             dst[out] = 0
             out += 1
     return out

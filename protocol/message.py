@@ -2,7 +2,7 @@
 
 from protocol import catalog as C
 from protocol import cbor
-from protocol.errors import FieldError, UnknownTypeError
+from protocol import errors as E  # the classes by attribute, made on first use
 from protocol.sign import AUTH_NONE
 
 FMT_CBOR = "cbor"
@@ -80,7 +80,7 @@ def lookup(type_or_name):
     else:
         m = C.by_type(type_or_name)
     if m is None:
-        raise UnknownTypeError("unknown message type %r" % (type_or_name,))
+        raise E.UnknownTypeError("unknown message type %r" % (type_or_name,))
     return m
 
 
@@ -97,47 +97,47 @@ def check_value(fdef, value):
     size = None
     if kind == C.K_UINT or kind == C.K_INT or kind == C.K_ENUM:
         if not _is_int(value):
-            raise FieldError("%s must be an integer" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be an integer" % name, C.ERR_BAD_TYPE, name)
         if kind == C.K_UINT and value < 0:
-            raise FieldError("%s must not be negative" % name, C.ERR_OUT_OF_RANGE, name)
+            raise E.FieldError("%s must not be negative" % name, C.ERR_OUT_OF_RANGE, name)
         if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise FieldError(
+            raise E.FieldError(
                 "%s=%d outside %s..%s" % (name, value, lo, hi), C.ERR_OUT_OF_RANGE, name
             )
         return
     if kind == C.K_STR:
         if not isinstance(value, str):
-            raise FieldError("%s must be text" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be text" % name, C.ERR_BAD_TYPE, name)
         size = len(value)
     elif kind == C.K_BYTES:
         if not isinstance(value, (bytes, bytearray)):
-            raise FieldError("%s must be bytes" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be bytes" % name, C.ERR_BAD_TYPE, name)
         size = len(value)
     elif kind == C.K_BOOL:
         if not isinstance(value, bool):
-            raise FieldError("%s must be true or false" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be true or false" % name, C.ERR_BAD_TYPE, name)
         return
     elif kind == C.K_LIST:
         if not isinstance(value, (list, tuple)):
-            raise FieldError("%s must be a list" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be a list" % name, C.ERR_BAD_TYPE, name)
         size = len(value)
     elif kind == C.K_MAP:
         if not isinstance(value, dict):
-            raise FieldError("%s must be a map" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be a map" % name, C.ERR_BAD_TYPE, name)
         for k in value:
             if not isinstance(k, str):
-                raise FieldError("%s keys must be text" % name, C.ERR_BAD_TYPE, name)
+                raise E.FieldError("%s keys must be text" % name, C.ERR_BAD_TYPE, name)
         size = len(value)
     elif kind == C.K_NUM:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise FieldError("%s must be a number" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be a number" % name, C.ERR_BAD_TYPE, name)
         if isinstance(value, float) and (value != value or value in (_INF, -_INF)):
-            raise FieldError("%s must be finite" % name, C.ERR_OUT_OF_RANGE, name)
+            raise E.FieldError("%s must be finite" % name, C.ERR_OUT_OF_RANGE, name)
         return
     else:  # pragma: no cover - catalog test guarantees known kinds
-        raise FieldError("%s has unknown kind %r" % (name, kind), C.ERR_INTERNAL, name)
+        raise E.FieldError("%s has unknown kind %r" % (name, kind), C.ERR_INTERNAL, name)
     if (lo is not None and size < lo) or (hi is not None and size > hi):
-        raise FieldError(
+        raise E.FieldError(
             "%s length %d outside %s..%s" % (name, size, lo, hi), C.ERR_OUT_OF_RANGE, name
         )
 
@@ -148,7 +148,7 @@ _INF = float("inf")
 def check_seq(seq):
     """Sequence numbers are u16; anything else is a caller bug, refused loudly."""
     if not _is_int(seq) or not 0 <= seq <= 0xFFFF:
-        raise FieldError(
+        raise E.FieldError(
             "seq must be an integer 0..65535, got %r" % (seq,), C.ERR_OUT_OF_RANGE, "seq"
         )
 
@@ -157,7 +157,7 @@ def check_required(mdef, fields):
     for fdef in mdef[C.M_FIELDS]:
         if fdef[C.F_REQUIRED] and fdef[C.F_NAME] not in fields:
             name = fdef[C.F_NAME]
-            raise FieldError(
+            raise E.FieldError(
                 "%s is required in %s" % (name, mdef[C.M_NAME]), C.ERR_MISSING_FIELD, name
             )
 
@@ -199,6 +199,6 @@ def validate_fields(mdef, fields):
     for name in fields:
         i = C.field_index(mdef, name)
         if i < 0:
-            raise FieldError("%s has no field %r" % (mdef[C.M_NAME], name), C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s has no field %r" % (mdef[C.M_NAME], name), C.ERR_BAD_TYPE, name)
         check_value(known[i], fields[name])
     check_required(mdef, fields)
