@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import mpsource
+from . import mpsource, stm32
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,12 @@ MAKE_VARS = {
     # the heap and instruction figures do not depend on this choice.
     "MICROPY_FLOAT_IMPL": "double",
 }
+#: MicroPython's pystack, the same size as on the stm32 boards (firmware/stm32.py's
+#: PYSTACK_WORDS says why that size and what running out does): every bytecode call's
+#: frame comes from this fixed static array, never from the GC heap, so neither the
+#: tick's instruction count nor the heap's fragmentation depends on per-call frames.
+#: qemu_board.h hooks its init into mp_init (MICROPY_PORT_INIT_FUNC).
+PYSTACK_WORDS = stm32.PYSTACK_WORDS
 #: Packages whose modules may be frozen -> the folder holding each: the firmware's
 #: trees, and of modbridge only the host-side halves of the firmware's packages that
 #: the DUAL tests import (modbridge.firmware_host, MicroPython-clean, and
@@ -149,8 +155,10 @@ def _module_file(name: str) -> Path | None:
     """The repository file of module ``name`` (a firmware package's module, or a
     top-level helper in tests/), or None for anything else (stdlib, micropython)."""
     parts = name.split(".")
-    if parts[0] == "modbridge" and name != "modbridge" and not (
-        name == MODBRIDGE_FROZEN or name.startswith(MODBRIDGE_FROZEN + ".")
+    if (
+        parts[0] == "modbridge"
+        and name != "modbridge"
+        and not (name == MODBRIDGE_FROZEN or name.startswith(MODBRIDGE_FROZEN + "."))
     ):
         return None
     if parts[0] in PACKAGES:
@@ -313,6 +321,8 @@ def image(target: Target = NETDUINO2) -> mpsource.Build:
         f"-DMICROPY_PY_OS_URANDOM=1 -DQEMU_RAMDISK_BYTES={target.ramdisk_bytes} -include {header}"
         " -DMICROPY_PY_TIME_GMTIME_LOCALTIME_MKTIME=1"
         f" -DMICROPY_PY_TIME_TIME_TIME_NS=1 -DMICROPY_PY_TIME_INCLUDEFILE='\"{time_h}\"'"
+        # the pystack: qemu_board.h hooks its init into mp_init (MICROPY_PORT_INIT_FUNC)
+        f" -DMICROPY_ENABLE_PYSTACK=1 -DQEMU_PYSTACK_WORDS={PYSTACK_WORDS}"
     )
     return mpsource.cached_build(
         "qemu", target.board, make_vars, write_manifest(), inputs=[ld, *cmod], src=src

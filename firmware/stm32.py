@@ -97,6 +97,68 @@ TRIM = (
 )
 
 
+#: MicroPython's pystack, in words (4 bytes each), on every image: the stm32 boards
+#: here and the qemu test image (firmware/qemu.py copies this value). Every bytecode
+#: call's frame (its code state) then comes from this fixed static array in .bss,
+#: never from the GC heap. Without it py/objfun.c (v1.28, VM_MAX_STATE_ON_STACK = 11
+#: words) puts each frame over 11 words on the GC heap and frees it on return: a
+#: gc_alloc per call, whose search through a fragmented heap made the tick's cost
+#: depend on the heap layout (bench/bench_arm.py: max 11.22 % of a 96 MHz core at
+#: 100 ms without, 9.2 % with), and transient blocks that fragment the F411's heap
+#: (bench/bench_arm_stress.py failed at reboot in both modes without it).
+#:
+#: Why 768 and not the stm32 port's own 384 (``static mp_obj_t pystack[384]`` in
+#: ports/stm32/main.c, used only where a board enables it; these boards do not): the
+#: deepest use measured is 602 words (2,408 B) by the firmware in the fragmentation
+#: stress and 632 words (2,528 B) by the DUAL tests' [qemu-arm] column (the high-water
+#: mark of the qemu image's array, qemu_board.pystack_peak()); at 384 words 88 of the
+#: column's 740 items failed with "pystack exhausted", at 768 none. 768 is the deepest
+#: use plus 21 % (27 % over the firmware's own): 3 KB of .bss, which the GC heap gives
+#: up (gc_heap_bytes_<board> in image.json).
+#:
+#: Exhausted, ``mp_pystack_alloc`` raises RuntimeError("pystack exhausted") in the
+#: calling code: an exception like any other, which the firmware's command dispatch
+#: answers as ``nack internal`` and the control loop's tick survives
+#: (tests/qemu/test_pystack.py runs that on the image).
+PYSTACK_WORDS = 768
+
+#: (define, value, why) MicroPython features the firmware turns ON, appended like TRIM.
+ENABLE = (
+    (
+        "MICROPY_ENABLE_PYSTACK",
+        1,
+        f"bytecode frames from a fixed static pystack of {PYSTACK_WORDS} words "
+        "(PYSTACK_WORDS; main.c's copy in the board folder sizes it), never from the GC "
+        "heap per call: the tick's cost stops depending on the heap layout and calls "
+        "leave no transient blocks",
+    ),
+)
+#: The lines of upstream ports/stm32/main.c that the board folder's copy replaces
+#: (:func:`patched_main_c`); an upstream main.c without them fails the build loudly.
+PYSTACK_UPSTREAM = (
+    "    static mp_obj_t pystack[384];\n    mp_pystack_init(pystack, &pystack[384]);\n"
+)
+PYSTACK_PATCHED = (
+    f"    static mp_obj_t pystack[{PYSTACK_WORDS}];  // firmware/stm32.py PYSTACK_WORDS\n"
+    f"    mp_pystack_init(pystack, &pystack[{PYSTACK_WORDS}]);\n"
+)
+#: Where the copy of main.c lives in the board folder: a subfolder, since the port's
+#: Makefile compiles every ``$(BOARD_DIR)/*.c`` besides its own main.c.
+MAIN_C_COPY = "pystack/main.c"
+#: Appended to the board's mpconfigboard.mk: main.o from the copy. An explicit rule
+#: with a recipe, so make takes it over the port's ``$(BUILD)/%.o: %.c`` pattern rule
+#: (whose ``main.c`` is the upstream one in the port folder); compile_c (py/mkrules.mk)
+#: compiles ``$<`` with the port's CFLAGS. main.c's quoted includes resolve through
+#: the port's ``-I.`` (the port folder) as before. QSTR extraction still reads the
+#: upstream main.c: the copy differs only in the array's size, no names.
+MAIN_C_RULE = f"""
+# ---- appended by firmware/stm32.py: main.o from {MAIN_C_COPY} (upstream main.c,
+# ---- its pystack {PYSTACK_WORDS} words instead of 384: PYSTACK_WORDS there)
+$(BUILD)/main.o: $(BOARD_DIR)/{MAIN_C_COPY}
+\t$(call compile_c)
+"""
+
+
 class ImageError(RuntimeError):
     """The image cannot be built or does not fit; the message says why."""
 
@@ -123,23 +185,53 @@ def trim_header() -> str:
     ]
     for name, value, _why in TRIM:
         lines += [f"#undef {name}", f"#define {name} ({value})"]
+    lines += ["// ---- and features it turns on (ENABLE there)"]
+    for name, value, _why in ENABLE:
+        lines += [f"#undef {name}", f"#define {name} ({value})"]
     return "\n".join(lines) + "\n"
 
 
+def patched_main_c(src: Path) -> str:
+    """Upstream ports/stm32/main.c with the pystack :data:`PYSTACK_WORDS` words long.
+    Raises :class:`ImageError` when upstream no longer has the lines it replaces."""
+    main_c = (src / "ports" / "stm32" / "main.c").read_text()
+    if main_c.count(PYSTACK_UPSTREAM) != 1:
+        raise ImageError(
+            "ports/stm32/main.c changed: it no longer declares and initialises its "
+            f"pystack as\n{PYSTACK_UPSTREAM}(firmware/stm32.py sizes the pystack by "
+            "replacing those lines in a copy; look at how main.c sets it up now)"
+        )
+    return main_c.replace(PYSTACK_UPSTREAM, PYSTACK_PATCHED)
+
+
+def board_files(board: str, src: Path) -> dict[str, bytes]:
+    """The trimmed board folder's files, relative path -> bytes: the upstream board
+    folder's with :func:`trim_header` appended to mpconfigboard.h, :data:`MAIN_C_RULE`
+    to mpconfigboard.mk, and the copy of main.c (:func:`patched_main_c`)."""
+    upstream = src / "ports" / "stm32" / "boards" / BOARDS[board].mp_board
+    files = {p.name: p.read_bytes() for p in upstream.iterdir() if p.is_file()}
+    files["mpconfigboard.h"] += trim_header().encode()
+    files["mpconfigboard.mk"] += MAIN_C_RULE.encode()
+    files[MAIN_C_COPY] = patched_main_c(src).encode()
+    return files
+
+
+def _tree(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
 def board_dir(board: str, src: Path, out_root: Path = OUT_ROOT) -> Path:
-    """The trimmed copy of the upstream board folder (rewritten only when it differs)."""
-    mp_board = BOARDS[board].mp_board
-    upstream = src / "ports" / "stm32" / "boards" / mp_board
-    dest = out_root / "boards" / mp_board
-    wanted = {p.name: p.read_bytes() for p in upstream.iterdir() if p.is_file()}
-    wanted["mpconfigboard.h"] += trim_header().encode()
+    """The trimmed copy of the upstream board folder (rewritten only when it differs).
+    Every file in it is an input of the build's cache key (:func:`build_image`)."""
+    dest = out_root / "boards" / BOARDS[board].mp_board
+    wanted = board_files(board, src)
     current = {}
     if dest.is_dir():
-        current = {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
+        current = {p.relative_to(dest).as_posix(): p.read_bytes() for p in _tree(dest)}
     if current != wanted:
         shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
         for name, data in wanted.items():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             (dest / name).write_bytes(data)
     return dest
 
@@ -192,6 +284,8 @@ def image_report(board: str, build_dir: Path, src: Path, key: str) -> dict:
         "static_ram_bytes": sizes["data"] + sizes["bss"],
         "size": sizes,
         "trimmed": [name for name, _v, _w in TRIM] + [k for k in MAKE_VARS],
+        "enabled": [name for name, _v, _w in ENABLE],
+        "pystack_bytes": PYSTACK_WORDS * 4,
     }
     if "_heap_start" in sym and "_heap_end" in sym:
         report["gc_heap_bytes"] = sym["_heap_end"] - sym["_heap_start"]
@@ -252,7 +346,7 @@ def build_image(board: str, out_root: Path = OUT_ROOT) -> dict:
         BOARDS[board].mp_board,
         make_vars={**MAKE_VARS, "BOARD_DIR": str(bdir)},
         manifest=manifest,
-        inputs=sorted(bdir.iterdir()),
+        inputs=_tree(bdir),
         src=src,
     )
     report = image_report(board, build.build_dir, src, build.key)
@@ -293,8 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{r['board']} ({r['micropython_board']}, MicroPython {r['micropython'].split('@')[0]}): "
         f"{text['used']} of {text['length']} bytes in the application region, "
-        f"headroom {r['flash_headroom_bytes']} bytes"
-        + ("" if r["rebuilt"] else " (cached build)")
+        f"headroom {r['flash_headroom_bytes']} bytes" + ("" if r["rebuilt"] else " (cached build)")
     )
     print(f"images in {OUT_ROOT.relative_to(REPO_ROOT) / r['board']}/: firmware.dfu .hex .bin")
     return 0

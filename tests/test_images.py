@@ -96,6 +96,45 @@ def test_trim_header_undefines_then_defines_each_feature():
     assert len(names) == len(set(names))
 
 
+def test_trim_header_turns_the_pystack_on():
+    text = stm32.trim_header()
+    assert "#undef MICROPY_ENABLE_PYSTACK\n#define MICROPY_ENABLE_PYSTACK (1)\n" in text
+    names = [n for n, _v, _w in stm32.TRIM + stm32.ENABLE]
+    assert len(names) == len(set(names))
+
+
+def test_the_qemu_image_has_the_boards_pystack():
+    from firmware import qemu
+
+    assert qemu.PYSTACK_WORDS == stm32.PYSTACK_WORDS == 768
+
+
+def test_main_c_copy_sizes_the_pystack_and_fails_loudly_on_a_changed_upstream(tmp_path):
+    src = tmp_path / "mp"
+    (src / "ports" / "stm32").mkdir(parents=True)
+    main_c = src / "ports" / "stm32" / "main.c"
+    head, tail = "int main(void) {\n    #if MICROPY_ENABLE_PYSTACK\n", "    #endif\n}\n"
+    main_c.write_text(head + stm32.PYSTACK_UPSTREAM + tail)
+    patched = stm32.patched_main_c(src)
+    assert patched == head + stm32.PYSTACK_PATCHED + tail
+    assert "static mp_obj_t pystack[768];" in patched
+    assert "mp_pystack_init(pystack, &pystack[768]);" in patched
+    main_c.write_text(head + stm32.PYSTACK_UPSTREAM.replace("384", "512") + tail)
+    with pytest.raises(stm32.ImageError, match="ports/stm32/main.c changed"):
+        stm32.patched_main_c(src)
+
+
+def test_board_folder_compiles_main_from_the_copy():
+    src = _source_or_skip()
+    files = stm32.board_files(BUILD_BOARD, src)
+    # a subfolder: the port's Makefile compiles every $(BOARD_DIR)/*.c besides main.c
+    assert stm32.MAIN_C_COPY == "pystack/main.c" and "main.c" not in files
+    assert "[768]" in files[stm32.MAIN_C_COPY].decode()
+    rule = "$(BUILD)/main.o: $(BOARD_DIR)/pystack/main.c\n\t$(call compile_c)\n"
+    assert files["mpconfigboard.mk"].decode().endswith(rule)
+    assert files["mpconfigboard.h"].decode().endswith(stm32.trim_header())
+
+
 def test_region_parsing_reads_the_linker_script_lengths():
     ld = (
         "MEMORY\n{\n    FLASH_START (rx): ORIGIN = 0x08000000, LENGTH = 16K /* sector 0 */\n"
@@ -154,6 +193,25 @@ def test_image_fits_with_headroom(image):
     assert image["flash_headroom_bytes"] >= MIN_HEADROOM, image["flash_headroom_bytes"]
     assert image["isr_headroom_bytes"] >= 0
     assert 0 < image["gc_heap_bytes"] < image["ram_region_bytes"]
+
+
+def test_image_takes_its_pystack_from_the_copy_of_main_c(image):
+    """3 KB of .bss for the pystack (firmware/stm32.py PYSTACK_WORDS): main.o was
+    compiled from the board folder's copy, and the array in the ELF is that size."""
+    import subprocess
+
+    build_dir = next(mpsource.CACHE_DIR.glob(f"stm32-*-{image['cache_key']}"))
+    log = (build_dir / "make.log").read_text()
+    assert f"CC {stm32.OUT_ROOT / 'boards' / 'WEACT_F411_BLACKPILL' / 'pystack' / 'main.c'}" in log
+    nm = subprocess.run(
+        ["arm-none-eabi-nm", "-S", str(build_dir / "firmware.elf")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    sizes = [int(f[1], 16) for f in (ln.split() for ln in nm.splitlines())
+             if len(f) == 4 and f[3].startswith("pystack.")]  # fmt: skip
+    assert sizes == [stm32.PYSTACK_WORDS * 4] == [image["pystack_bytes"]]
 
 
 def test_image_files_are_the_flashable_formats(image):

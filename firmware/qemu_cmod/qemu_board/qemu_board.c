@@ -10,6 +10,12 @@
 // - qemu_board.ramdisk(): a bytearray over a static buffer OUTSIDE the MicroPython
 //   heap, the backing store of the littlefs that stands in for a board's flash
 //   filesystem (config, secret key), so the filesystem costs no heap, as on a board.
+// - the pystack (MICROPY_ENABLE_PYSTACK, set by firmware/qemu.py as on the stm32
+//   boards): a static array of QEMU_PYSTACK_WORDS words that mp_init() hands to
+//   mp_pystack_init() through MICROPY_PORT_INIT_FUNC (qemu_board.h), at every soft
+//   reboot as ports/stm32/main.c does, so no patch of the port's main.c is needed.
+//   qemu_board.pystack_peak() is its high-water mark in bytes: the array is zero from
+//   load and never cleared, and every frame ends in its nonzero size word.
 
 #include "py/mphal.h"
 #include "py/obj.h"
@@ -22,6 +28,23 @@
 #endif
 
 static uint8_t qemu_ramdisk[QEMU_RAMDISK_BYTES] __attribute__((aligned(4)));
+
+#if MICROPY_ENABLE_PYSTACK
+static mp_obj_t qemu_pystack[QEMU_PYSTACK_WORDS];
+
+void qemu_pystack_init(void) {
+    mp_pystack_init(qemu_pystack, &qemu_pystack[QEMU_PYSTACK_WORDS]);
+}
+
+static mp_obj_t qemu_board_pystack_peak(void) {
+    size_t n = QEMU_PYSTACK_WORDS;
+    while (n > 0 && qemu_pystack[n - 1] == MP_OBJ_NULL) {
+        --n;
+    }
+    return MP_OBJ_NEW_SMALL_INT(n * sizeof(mp_obj_t));
+}
+static MP_DEFINE_CONST_FUN_OBJ_0(qemu_board_pystack_peak_obj, qemu_board_pystack_peak);
+#endif
 
 // The host's clock through semihosting (SYS_TIME: seconds since 1970), read once and
 // carried on by the port's microsecond ticks; since 2000, the port's epoch.
@@ -72,6 +95,9 @@ static const mp_rom_map_elem_t qemu_board_globals_table[] = {
     { MP_ROM_QSTR(MP_QSTR_copy), MP_ROM_PTR(&qemu_board_copy_obj) },
     { MP_ROM_QSTR(MP_QSTR___name__), MP_ROM_QSTR(MP_QSTR_qemu_board) },
     { MP_ROM_QSTR(MP_QSTR_ramdisk), MP_ROM_PTR(&qemu_board_ramdisk_obj) },
+    #if MICROPY_ENABLE_PYSTACK
+    { MP_ROM_QSTR(MP_QSTR_pystack_peak), MP_ROM_PTR(&qemu_board_pystack_peak_obj) },
+    #endif
 };
 static MP_DEFINE_CONST_DICT(qemu_board_globals, qemu_board_globals_table);
 
