@@ -649,7 +649,7 @@ class App:
         allocated here, outside any command and transaction, never on the tick; a command
         that finds none allocates its table as before."""
         try:
-            self.lut_spare = array("i", range(_LUT_POINTS))
+            self.lut_spare = array("h", range(_LUT_POINTS))
         except MemoryError:
             self.lut_spare = None
 

@@ -37,11 +37,15 @@ KELVIN = 273.15
 T_MIN_C = -55.0  # widest range a reference point or a LUT entry may have
 T_MAX_C = 200.0
 
+# LUT entries are int16 (an ``array('h')``, half the RAM of int32: two 257-entry tables
+# are resident on a board, the channels' and the spare) in 1/128 degC: -55..200 degC is
+# -7,040..25,600, 7.8 m degC a step, and ``lut_interp_mc`` turns them into milli-degC.
+LUT_PER_C = const(128)
 # LUT sentinels. An open NTC reads as "infinitely cold", a shorted one as "infinitely
-# hot", whichever side of the divider it is on. Both are far outside -55..200 degC
-# and still small ints on a 32-bit MCU (|x| < 2**30).
-LUT_OPEN = const(-0x20000000)
-LUT_SHORT = const(0x20000000)
+# hot", whichever side of the divider it is on: the int16 extremes, outside the range
+# of any entry (T_MIN_C..T_MAX_C).
+LUT_OPEN = const(-32768)
+LUT_SHORT = const(32767)
 
 
 class CalibrationError(ValueError):
@@ -184,9 +188,10 @@ def build_lut(
     t_max_c=T_MAX_C,
     out=None,
 ):
-    """Table of milli-degC at evenly spaced ADC codes, for ``lut_interp_mc``.
+    """Table of temperatures at evenly spaced ADC codes, for ``lut_interp_mc``.
 
-    Returns ``(lut, step)``: ``lut`` is an ``array('i')`` of ``points`` entries, entry
+    Returns ``(lut, step)``: ``lut`` is an ``array('h')`` of ``points`` entries in
+    1/``LUT_PER_C`` degC, entry
     i for code ``i * step``; ``step = ceil((full_scale + 1) / (points - 1))``, so the
     table reaches past full scale (257 points: step 256, codes 0..65536). Entries
     where the divider implies a temperature outside ``t_min_c..t_max_c`` are
@@ -194,8 +199,8 @@ def build_lut(
     ``points`` must be 17..4097 so the integer interpolation stays below 2**30.
     Raises CalibrationError if the (corrected) curve is not monotonic.
 
-    ``out``: an ``array('i')`` of ``points`` entries to fill instead of a new one (the
-    App's spare table: a command builds a table without a fresh 1 KB block); on an
+    ``out``: an ``array('h')`` of ``points`` entries to fill instead of a new one (the
+    App's spare table: a command builds a table without a fresh 514 B block); on an
     error its content is undefined, so it must be a table nobody reads.
     """
     if points < 17 or points > 4097:
@@ -205,7 +210,7 @@ def build_lut(
     if out is not None and len(out) == points:
         lut = out
     else:
-        lut = array("i", range(points))  # sized from len(range): no temporary 1 KB bytes
+        lut = array("h", range(points))  # sized from len(range): no temporary bytes
     for i in range(points):
         r = adc_to_ohms(i * step, r_fixed_ohm, ntc_on_low_side, full_scale)
         lut[i] = _lut_entry(r, r_mid, model, params, correction, t_min_c, t_max_c)
@@ -225,7 +230,7 @@ def _lut_entry(r, r_mid, model, params, correction, t_min_c, t_max_c):
     if t is None or t != t or t < t_min_c or t > t_max_c:
         # Out of range or outside the model's domain: classify by resistance.
         return LUT_SHORT if r < r_mid else LUT_OPEN
-    return int(t * 1000.0 + (0.5 if t >= 0.0 else -0.5))
+    return int(t * LUT_PER_C + (0.5 if t >= 0.0 else -0.5))
 
 
 def _check_lut(lut, ntc_on_low_side):

@@ -154,7 +154,7 @@ def build(app, cfg):
     if app.safety is not None:  # with the safety layer's nominal one (1 KB each)
         luts[app.safety.nominal_key] = app.safety.nominal_table
     for ntc in getattr(app, "ntcs", None) or ():  # and the running channels (read-only):
-        if ntc.table is not None:  # a change builds only the tables it changes (a 1 KB
+        if ntc.table is not None:  # a change builds only the tables it changes (a 514 B
             luts[ntc.table] = (ntc._lut, ntc._step)  # block is the first to fail)
     # a table this config needs and nobody has is built into the App's spare (free,
     # read by nobody: the running tables stay as they are until commit swaps them)

@@ -346,17 +346,23 @@ def test_lut_accuracy_vs_direct_model():
 
 def test_lut_layout_and_sentinels():
     lut, step = calib.build_lut("beta", BETA, 10000.0, True)
-    assert step == 256 and len(lut) == 257 and len(bytes(lut)) == 4 * 257  # array("i")
+    # array("h") in 1/128 degC: 514 B, half of int32 milli-degC (issue 24's boot RAM)
+    assert step == 256 and len(lut) == 257 and len(bytes(lut)) == 2 * 257
+    assert calib.LUT_PER_C == 128
     # Entry 128 is code 32768 (~25 degC); code 0 is a short, 65536 an open.
-    assert abs(lut[128] - 25000) < 10, lut[128]
+    assert abs(lut[128] - 25 * 128) <= 2, lut[128]
     assert lut[0] == calib.LUT_SHORT and lut[256] == calib.LUT_OPEN
     valid = [v for v in lut if v != calib.LUT_OPEN and v != calib.LUT_SHORT]
-    assert min(valid) >= -55000 and max(valid) <= 200000
+    assert min(valid) >= -55 * 128 and max(valid) <= 200 * 128
+    assert -32768 == calib.LUT_OPEN < min(valid) and max(valid) < calib.LUT_SHORT == 32767
     assert valid == sorted(valid, reverse=True)
     lut_h, _ = calib.build_lut("beta", BETA, 10000.0, False)
     assert lut_h[0] == calib.LUT_OPEN and lut_h[256] == calib.LUT_SHORT
-    # Exactly on an entry, interpolation returns the entry.
-    assert calib.lut_interp_mc(lut, step, 128 * 256) == lut[128]
+    # Exactly on an entry, interpolation returns the entry in milli-degC (rounded).
+    assert calib.lut_interp_mc(lut, step, 128 * 256) == (lut[128] * 1000 + 64) // 128
+    assert calib.lut_interp_mc(lut, step, 128 * 256 + 128) == (
+        (lut[128] * 1000 + 64) // 128 + (lut[129] * 1000 + 64) // 128 + 1
+    ) // 2
     # Other sizes: 129 points -> step 512; 1025 points -> step 64.
     assert calib.build_lut("beta", BETA, 1e4, points=129)[1] == 512
     assert calib.build_lut("sh", SH, 1e4, points=1025)[1] == 64

@@ -43,15 +43,17 @@ _MEDIAN_N = const(5)
 def lut_interp_mc(lut, step, code):
     """Milli-degC at ``code`` by linear interpolation; integer-only, no allocation.
 
-    The caller keeps ``code`` inside the valid range (between two non-sentinel
-    entries); ``|lut[i+1] - lut[i]| * (step - 1)`` stays below 2**30 there.
+    The entries are in 1/128 degC (device.calib.LUT_PER_C; int16): each end is rounded
+    to milli-degC first, then interpolated. The caller keeps ``code`` inside the valid
+    range (between two non-sentinel entries); there ``|hi - lo| * (step - 1)`` in
+    milli-degC stays below 2**30.
     """
     i = code // step
     frac = code - i * step
-    lo = lut[i]
+    lo = (lut[i] * 1000 + 64) >> 7
     if frac == 0:
         return lo
-    return lo + ((lut[i + 1] - lo) * frac + (step >> 1)) // step
+    return lo + ((((lut[i + 1] * 1000 + 64) >> 7) - lo) * frac + (step >> 1)) // step
 
 
 class NTC:
@@ -118,12 +120,12 @@ class NTC:
         ``device.calib.CalibrationError`` (a ValueError) on bad coefficients.
 
         ``luts``: a dict shared by the channels built together; a channel whose curve
-        and divider equal an earlier one's reuses its table (read-only, 1 KB each),
+        and divider equal an earlier one's reuses its table (read-only, 514 B each),
         so four identical NTCs hold one table and build it once.
 
-        ``spare``: a list of free tables (``array('i')`` of ``points`` entries, read by
+        ``spare``: a list of free tables (``array('h')`` of ``points`` entries, read by
         nobody); a table that must be built is built into one popped from it, not into a
-        new 1 KB block (device.commands: the App's spare, swapped on commit).
+        new 514 B block (device.commands: the App's spare, swapped on commit).
         """
         table = cls.table_key(cfg, points)
         if luts is not None and table in luts:
