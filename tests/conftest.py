@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import gc
+import importlib.machinery
 import os
 import subprocess
 import sys
@@ -428,6 +430,40 @@ _ON_DEMAND = (  # device.app._release and the self-test command
     "device.nonce",
     "device.selftest",
 )
+
+
+#
+# Each of those imports runs again after every configuring command, so under CPython
+# its cost counts: where no bytecode is written (PYTHONDONTWRITEBYTECODE=1, as in CI's
+# environment and a read-only checkout) every one compiled its module from source, and
+# the collect the firmware makes before it (device.app._commands) walked pytest's whole
+# heap. test_app_garbage's config-field test made 742 exchanges: 19 s compiling and
+# 14 s collecting of its 36 s. A code object is compiled once per source (keyed by the
+# bytes themselves, so an edited file compiles again), and the objects alive once the
+# suite is collected are frozen out of the collector's reach (gc.freeze: they live the
+# whole session anyway); what the tests allocate is collected as before.
+
+_CODE: dict[tuple, object] = {}
+
+
+def _source_to_code_once(loader, data, path, *args, **kwargs):
+    key = (str(path), data if isinstance(data, (bytes, str)) else bytes(data), args)
+    code = _CODE.get(key) if not kwargs else None
+    if code is None:
+        code = _SOURCE_TO_CODE(loader, data, path, *args, **kwargs)
+        if not kwargs:
+            _CODE[key] = code
+    return code
+
+
+_SOURCE_TO_CODE = importlib.machinery.SourceFileLoader.source_to_code
+importlib.machinery.SourceFileLoader.source_to_code = _source_to_code_once
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session) -> None:
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
