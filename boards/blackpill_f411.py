@@ -7,7 +7,7 @@ PA4 is used here, so build without the SPI-flash variant (the default) and leave
 empty. PA0 is the KEY button.
 """
 
-from boards import _common
+from boards import _build
 
 NAME = "blackpill_f411"
 MCU = "STM32F411CE"
@@ -33,13 +33,13 @@ LABELS = {}  # the BlackPill silkscreen uses the CPU names
 def make_hal(machine=None):
     if machine is None:
         import machine
-    return _common.build(
+    return _build.build(
         machine,
         NAME,
         FS_DIR,
         PINS,
         WDT_MAX_MS,
-        resolve=lambda p: _common.stm32_pin(machine, p),
+        resolve=lambda p: _build.stm32_pin(machine, p),
         fan_model=FAN_MODEL,
         family="stm32",
     )

@@ -8,7 +8,7 @@ build defines. Set PINS["port"] = {"kind": "stdio"} to run the protocol over the
 ST-LINK VCP instead (no CH340; Ctrl-C is then disabled while the app runs).
 """
 
-from boards import _common
+from boards import _build
 
 NAME = "nucleo_f411re"
 MCU = "STM32F411RE"
@@ -40,13 +40,13 @@ LABELS = {
 def make_hal(machine=None):
     if machine is None:
         import machine
-    return _common.build(
+    return _build.build(
         machine,
         NAME,
         FS_DIR,
         PINS,
         WDT_MAX_MS,
-        resolve=lambda p: _common.stm32_pin(machine, p),
+        resolve=lambda p: _build.stm32_pin(machine, p),
         fan_model=FAN_MODEL,
         family="stm32",
     )

@@ -8,7 +8,7 @@ keeping its own 100 nF before the switch. A board that breaks GP29 out as a plai
 ADC input can set ``"ntc": (26, 27, 28, 29)`` and ``"adc_mux": None``.
 """
 
-from boards import _common
+from boards import _build, _common
 
 NAME = "pico"
 MCU = "RP2040"
@@ -41,7 +41,7 @@ def make_hal(machine=None):
         i2c_cfg["id"],
         scl=machine.Pin(i2c_cfg["scl"]),
         sda=machine.Pin(i2c_cfg["sda"]),
-        freq=_common.I2C_FREQ_HZ,
+        freq=_build.I2C_FREQ_HZ,
     )
     adc = None
     mux = PINS["adc_mux"]
@@ -56,7 +56,7 @@ def make_hal(machine=None):
                 adc.append(_common.MuxedADC(shared, sel, mux["channels"].index(i)))
             else:
                 adc.append(machine.ADC(machine.Pin(gp)))
-    return _common.build(
+    return _build.build(
         machine,
         NAME,
         FS_DIR,

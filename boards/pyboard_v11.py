@@ -4,7 +4,7 @@ Wiring, sources and the reasons for each choice: docs/boards.md.
 Names are the CPU's (STM32 datasheet); the pyboard's silkscreen label is in LABELS.
 """
 
-from boards import _common
+from boards import _build
 
 NAME = "pyboard_v11"
 MCU = "STM32F405RG"
@@ -37,13 +37,13 @@ LABELS = {
 def make_hal(machine=None):
     if machine is None:
         import machine
-    return _common.build(
+    return _build.build(
         machine,
         NAME,
         FS_DIR,
         PINS,
         WDT_MAX_MS,
-        resolve=lambda p: _common.stm32_pin(machine, p),
+        resolve=lambda p: _build.stm32_pin(machine, p),
         fan_model=FAN_MODEL,
         family="stm32",
     )

@@ -14,13 +14,14 @@ def load_board(name):
 
 def make_hal(name, machine=None):
     """The HAL of board ``name`` (on ``machine``, else the board's own). The board
-    module and the ``boards`` package are forgotten after: their pin tables are dicts,
-    RAM even when frozen, read once here; the HAL keeps what it uses (and
-    boards._common, its code)."""
+    module, boards._build and the ``boards`` package are forgotten after: their pin
+    tables are dicts, RAM even when frozen, and their functions are needed once, here;
+    the HAL keeps what it uses (boards._common, its classes)."""
     from device.app import _unload
 
     hal = load_board(name).make_hal(machine)
     _unload("boards." + name)
+    _unload("boards._build")
     _unload("boards")
     return hal
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from boards import BOARDS, _common, load
+from boards import BOARDS, _build, _common, load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MCU_BOARDS = ("pyboard_v11", "blackpill_f411", "nucleo_f411re", "pico")
@@ -333,7 +333,7 @@ def test_reset_cause_names():
     m = fake_machine()
     for value, want in ((1, "power"), (2, "hard"), (3, "watchdog"), (5, "soft"), (9, "unknown")):
         m.reset_cause = lambda v=value: v
-        assert _common.reset_cause_name(m) == want
+        assert _build.reset_cause_name(m) == want
 
 
 def test_stdio_port_disables_and_restores_ctrl_c():
@@ -377,7 +377,7 @@ def test_stdio_port_disables_and_restores_ctrl_c():
 
 def test_unknown_port_kind():
     with pytest.raises(ValueError, match="unknown port kind"):
-        _common.make_port(fake_machine(), {"kind": "can"})
+        _build.make_port(fake_machine(), {"kind": "can"})
 
 
 # ---------------------------------------------------------------------- MicroPython

@@ -10,7 +10,7 @@ window), the watchdog "watchdog". On 4092283 a reboot read "hard" on every STM32
 board and "watchdog" on the Pico. DUAL: runs on CPython and under MicroPython.
 """
 
-from boards import _common, load
+from boards import _build, load
 
 DUAL = True
 
@@ -188,8 +188,8 @@ def test_without_mem32_the_port_s_answer_stands():
     chip = Chip("stm32")
     m = chip.boot("software")
     del m.mem32
-    assert _common.stm32_reset_cause(m) == "hard"
-    assert _common.rp2_reset_cause(m) == "hard"
+    assert _build.stm32_reset_cause(m) == "hard"
+    assert _build.rp2_reset_cause(m) == "hard"
 
 
 def test_the_pairing_window_follows():

@@ -3,7 +3,7 @@
 # board's manifest beside this file; built by `make firmware BOARD=<board>`.
 #
 # The files firmware/allowlist.py names (the one allow-list, which `modbridge flash`
-# deploys as .mpy too): boards/__init__.py, boards/_common.py and every .py in the
+# deploys as .mpy too): boards/__init__.py, boards/_build.py, boards/_common.py and every .py in the
 # firmware's package directories; tests/test_images.py checks that the image and the
 # deploy are the same files.
 #
