@@ -60,11 +60,6 @@ _DT_MAX_MS = const(10000)
 _INVALID = NTC.INVALID
 
 
-class _NullADC:
-    def read_u16(self):
-        return 0
-
-
 class Safety:
     """Floors, bounded readings and the hold. ``fans``: the app's Fan objects.
 
@@ -86,7 +81,8 @@ class Safety:
         cfg["ntc_low"] = low
         # ``luts`` (NTC.from_config's): an uncalibrated channel on the nominal curve
         # holds the same table, built and kept once (1 KB of RAM)
-        self._nominal = NTC.from_config(_NullADC(), cfg, luts=luts, oversample=1, filter=None)
+        # (no ADC: it converts the channels' codes, never reads one itself)
+        self._nominal = NTC.from_config(None, cfg, luts=luts, oversample=1, filter=None)
         self.nominal_key = self._nominal.table  # shared with the channels' equal keys
         self.nominal_table = (self._nominal._lut, self._nominal._step)  # to share it
         # cause floors: compiled, raised by configure()
