@@ -106,15 +106,18 @@ undone (selftest and autotune aborted, fan_mode auto, telemetry at its default 2
 so the tick does the same work; its tuning values stay as the mix left them. Each
 run's state must be the ``boot`` run's (HOSTED). All on MPS2_AN385 (one image).
 
-Why the layout matters: MicroPython (py/objfun.c, ``VM_MAX_STATE_ON_STACK``, no
-pystack) takes the frame of every call to a bytecode function whose locals and value
-stack exceed 11 words from the GC heap (``m_new_obj_var_maybe``) and frees it on
-return; the tick makes many such calls. Net allocation stays 0, but each one is a
-gc_alloc that scans the allocation table from the lowest free block for a run long
-enough, through every small hole below it, and on a full heap it collects first.
-Under heap_lock() the same frames go on the C stack: the count is then the same in
-every layout (``tick_instructions_armv7m_heap_locked``), and the layouts' spread is
-that search.
+Why the layout mattered: MicroPython without a pystack (py/objfun.c,
+``VM_MAX_STATE_ON_STACK``) takes the frame of every call to a bytecode function whose
+locals and value stack exceed 11 words from the GC heap (``m_new_obj_var_maybe``) and
+frees it on return; the tick makes many such calls. Net allocation stays 0, but each
+one is a gc_alloc that scans the allocation table from the lowest free block for a run
+long enough, through every small hole below it, and on a full heap it collects first
+(923,617-1,077,145 instructions over the layouts, 881,637 under heap_lock(), where the
+frames go on the C stack). The images now have a pystack (firmware/stm32.py
+PYSTACK_WORDS, the qemu image the same): frames come from a fixed static array, so
+the layouts, ``tick_instructions_armv7m_heap_locked`` included, differ by little more
+than where the App's objects lie (877,953-879,376 on 8197696): the layouts stay, as
+the check that the count does not depend on the heap.
 
 **Boot heap per board.** The qemu image's littlefs RAM disk is mounted at ``/``
 (tests/qemu/_qemu_boot.py), where the stm32 port mounts its flash at ``/flash``: the
@@ -390,8 +393,12 @@ def tick_count(elf, layout: str = "boot", locked: bool = False) -> tuple[float, 
     """(instructions per hosted tick, instructions per tick_us, the supervisor's state)
     in heap layout ``layout``, one qemu run with -icount; ``locked``: the ticks run
     under heap_lock()."""
-    code = SPIN + _layout(layout) + (TICK_COUNT_LOCKED if locked else TICK_COUNT).format(
-        n=TICKS, c1=CALIBRATION_ITERATIONS[0], c2=CALIBRATION_ITERATIONS[1]
+    code = (
+        SPIN
+        + _layout(layout)
+        + (TICK_COUNT_LOCKED if locked else TICK_COUNT).format(
+            n=TICKS, c1=CALIBRATION_ITERATIONS[0], c2=CALIBRATION_ITERATIONS[1]
+        )
     )
     with qemu.Session(elf, icount=True, target=TARGET) as s:
         out = s.check(code, timeout_s=900)

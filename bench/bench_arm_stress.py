@@ -35,10 +35,16 @@ run (seed 3 at 81 KB failed at operation 213, then passed). The host's side deco
 the module's output in place (``decoder.feed(hal.tx, hal.tx_len)``): fakehal.take()
 copies it first, up to 1 KB a call, a block no board allocates.
 
-**The heap.** The F411 images' GC heap is 91,804 B (``_heap_end - _heap_start`` in the
-ELF, bench images); MicroPython's gc.c (v1.28.0, finaliser on) makes of that an
-allocation table of (91,804 - 1) * 8 / 524 = 1,401 bytes, i.e. a pool of
-1,401 * 4 * 16 = 89,664 B: :data:`F411_POOL`. The run gets exactly that pool: a
+**The heap.** The F411's GC heap is read from the image ``make firmware`` builds for
+the board with the smallest one, ``blackpill_f411`` (:func:`f411_heap`: its
+``gc_heap_bytes``, ``_heap_end - _heap_start`` in the ELF, from
+firmware.stm32.build_image, a cached build; the NUCLEO's is 3,040 B larger): never a
+copied number, since it moves with the image's static RAM. With MicroPython's pystack
+in the images (firmware/stm32.py PYSTACK_WORDS: 3,072 B of .bss) it is 88,720 B, down
+from 91,804 without. MicroPython's gc.c (v1.28.0, finaliser on) makes of the heap an
+allocation table of (heap - 1) * 8 / 524 bytes, each covering 4 blocks of 16 B: for
+88,720 B a table of 1,354 bytes and a pool of 1,354 * 4 * 16 = 86,656 B
+(:func:`f411_pool`). The run gets exactly that pool: a
 ``bytearray`` blocker takes the rest of the 2 MB heap first (bench_arm.fits), so the
 firmware's region is one contiguous block as on the board. What the boot module left
 before the blocker (the RAM disk's block-device object) counts against the firmware.
@@ -72,17 +78,19 @@ every seed passed at the F411's pool.
 Keys (short run): ``arm_stress_memoryerrors`` (seeds x modes failing at the F411 pool;
 goal 0), ``arm_stress_seeds``, ``arm_stress_ops``, ``arm_stress_low_free_bytes`` (the
 smallest ``gc.mem_free()`` after any operation, any seed: in ``garbage`` mode the GC
-runs only when the heap is full, so this is the level before a collection). The long
+runs only when the heap is full, so this is the level before a collection),
+``arm_stress_pool_bytes`` (the pool the seeds ran at: :func:`f411_pool`). The long
 run's are the same with ``arm_stress_long_`` and ``arm_stress_min_heap_kb`` (P, KB of
 pool), ``arm_stress_min_heap_margin_pct`` (1 - P / the F411 pool), ``arm_stress_nonmonotone``.
 When some seed fails at the F411's pool itself there is no search (every pool above
-the answer must pass, that one too): P is then 88, above the F411's 87.6 KB, and the
-margin negative.
+the answer must pass, that one too): P is then the pool's next whole KB (85 above the
+F411's 84.6 KB), and the margin negative.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -90,10 +98,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from bench.bench_arm import TARGET, _last_json
-from firmware import qemu
+from firmware import qemu, stm32
 
-F411_HEAP = 91804
-F411_POOL = (F411_HEAP - 1) * 8 // 524 * 4 * 16  # 89,664: gc.c's split of the heap
+F411_BOARD = "blackpill_f411"  # the F411 image with the smallest GC heap
 SHORT = (8, 300)
 LONG = (50, 1000)
 MODES = (("garbage", 0), ("collect", 1))
@@ -103,7 +110,27 @@ CHECKS_KB = (1, 2, 4)  # above the bisection's answer, every seed must pass ther
 RUN_TIMEOUT_S = 1800
 
 
-def run_seed(elf, seed: int, ops: int, collect: int, pool: int = F411_POOL) -> dict:
+@functools.cache
+def f411_heap() -> int:
+    """The GC heap of :data:`F411_BOARD`'s image in bytes (``_heap_end - _heap_start``
+    in its ELF): built, or found in the build cache, by firmware.stm32 as ``make
+    firmware`` builds it. It needs what the qemu image needs too (the MicroPython
+    source and arm-none-eabi-gcc)."""
+    return stm32.build_image(F411_BOARD)["gc_heap_bytes"]
+
+
+def pool_of(heap: int) -> int:
+    """The allocation pool gc.c (v1.28.0, finaliser on) makes of ``heap`` bytes: an
+    allocation table of (heap - 1) * 8 / 524 bytes, 4 blocks of 16 B each."""
+    return (heap - 1) * 8 // 524 * 4 * 16
+
+
+def f411_pool() -> int:
+    """The F411 image's pool: the heap the stress runs at (86,656 B with the pystack)."""
+    return pool_of(f411_heap())
+
+
+def run_seed(elf, seed: int, ops: int, collect: int, pool: int) -> dict:
     """One seed in one mode in a fresh qemu with ``pool`` bytes of heap free."""
     code = (
         "import gc\ngc.collect()\nf0 = gc.mem_free()\ntotal = gc.mem_alloc() + f0\n"
@@ -118,8 +145,14 @@ def run_seed(elf, seed: int, ops: int, collect: int, pool: int = F411_POOL) -> d
         with qemu.Session(elf, icount=True, target=TARGET) as s:
             res = s.run(code, timeout_s=RUN_TIMEOUT_S)
     except qemu.QemuError as e:
-        return {**base, "ok": 0, "op": -1, "what": "harness", "error": str(e)[-300:],
-                "secs": time.monotonic() - t0}
+        return {
+            **base,
+            "ok": 0,
+            "op": -1,
+            "what": "harness",
+            "error": str(e)[-300:],
+            "secs": time.monotonic() - t0,
+        }
     try:
         out = _last_json(res.out)
     except RuntimeError:
@@ -134,19 +167,33 @@ def run_seed(elf, seed: int, ops: int, collect: int, pool: int = F411_POOL) -> d
 
 def line(r: dict) -> str:
     head = f"  {r['mode']:7s} seed {r['seed']:3d} pool {r['pool']:6d}:"
-    tail = (f"answered {r.get('answered', '?')}, reboots {r.get('reboots', '?')}, "
-            f"low free {r.get('low_free', '?')} B, {r['secs']:.0f} s")
+    tail = (
+        f"answered {r.get('answered', '?')}, reboots {r.get('reboots', '?')}, "
+        f"low free {r.get('low_free', '?')} B, {r['secs']:.0f} s"
+    )
     if r.get("ok"):
         return f"{head} ok, {r['ops']} operations, {tail}"
-    return (f"{head} FAILED at operation {r['op']} ({r['what']}): {r['error']}; {tail}\n"
-            f"{r.get('trace', '')}")
+    return (
+        f"{head} FAILED at operation {r['op']} ({r['what']}): {r['error']}; {tail}\n"
+        f"{r.get('trace', '')}"
+    )
 
 
-def sweep(elf, seeds: int, ops: int, pool: int = F411_POOL, jobs: int = JOBS,
-          stop_on_fail: bool = False, first=(), quiet: bool = False) -> list[dict]:
+def sweep(
+    elf,
+    seeds: int,
+    ops: int,
+    pool: int | None = None,
+    jobs: int = JOBS,
+    stop_on_fail: bool = False,
+    first=(),
+    quiet: bool = False,
+) -> list[dict]:
     """Every seed 1..seeds in both modes at ``pool``, ``jobs`` qemu runs at a time
     (``first``: (seed, mode) pairs to run before the others). ``stop_on_fail``: no run
-    starts after the first failure (the ones running finish)."""
+    starts after the first failure (the ones running finish). ``pool``: the F411's
+    by default."""
+    pool = f411_pool() if pool is None else pool
     # seed by seed, both modes (a run cut short has both modes' first seeds)
     runs = [(seed, collect) for seed in range(1, seeds + 1) for collect in (0, 1)]
     front = set(first)
@@ -173,6 +220,7 @@ def summary(results: list[dict]) -> dict:
     return {
         "memoryerrors": len(results) - len(ok),
         "low_free": min((r["low_free"] for r in ok), default=0),
+        "pool": min((r["pool"] for r in results), default=0),
     }
 
 
@@ -193,28 +241,40 @@ def nonmonotone(cache: dict[int, list[dict]]) -> list[tuple[int, int, str]]:
     )
 
 
-def min_pool_kb(elf, seeds: int, ops: int, jobs: int = JOBS,
-                cache: dict[int, list[dict]] | None = None) -> dict:
+def min_pool_kb(
+    elf, seeds: int, ops: int, jobs: int = JOBS, cache: dict[int, list[dict]] | None = None
+) -> dict:
     """The smallest whole-KB pool P at which every seed passes in both modes, and every
     pool checked above it too (module docstring): {"kb", "nonmonotone", "probes"}.
     ``cache``: sweeps already run, pool in bytes -> results (e.g. the F411 pool's)."""
     cache = {} if cache is None else cache
-    top = F411_POOL // 1024
+    top = f411_pool() // 1024
     failed_before: set[tuple[int, str]] = set()
 
     def passes(kb: int) -> bool:
         pool = kb * 1024
         if pool not in cache:
             t0 = time.monotonic()
-            cache[pool] = sweep(elf, seeds, ops, pool, jobs, stop_on_fail=True,
-                                first=failed_before, quiet=True)
+            cache[pool] = sweep(
+                elf, seeds, ops, pool, jobs, stop_on_fail=True, first=failed_before, quiet=True
+            )
             bad = [r for r in cache[pool] if not r.get("ok")]
             failed_before.update((r["seed"], r["mode"]) for r in bad)
-            verdict = "pass" if not bad else "FAIL " + ", ".join(
-                f"{r['mode']} seed {r['seed']} at operation {r['op']} ({r['what']})"
-                for r in bad)
-            print(f"  pool {kb} KB ({pool} B): {verdict}; {len(cache[pool])} runs, "
-                  f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+            verdict = (
+                "pass"
+                if not bad
+                else "FAIL "
+                + ", ".join(
+                    f"{r['mode']} seed {r['seed']} at operation {r['op']} ({r['what']})"
+                    for r in bad
+                )
+            )
+            print(
+                f"  pool {kb} KB ({pool} B): {verdict}; {len(cache[pool])} runs, "
+                f"{time.monotonic() - t0:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         return all(r.get("ok") for r in cache[pool])
 
     if not passes(top):
@@ -231,8 +291,11 @@ def min_pool_kb(elf, seeds: int, ops: int, jobs: int = JOBS,
         if not bad:
             break
         lo = max(bad)  # P moves above the highest failing check
-        hi = min(k // 1024 for k, rs in cache.items()
-                 if k // 1024 > lo and k % 1024 == 0 and all(r.get("ok") for r in rs))
+        hi = min(
+            k // 1024
+            for k, rs in cache.items()
+            if k // 1024 > lo and k % 1024 == 0 and all(r.get("ok") for r in rs)
+        )
     return {"kb": hi, "nonmonotone": nonmonotone(cache), "probes": len(cache)}
 
 
@@ -242,38 +305,58 @@ def _keys(prefix: str, seeds: int, ops: int, res: dict) -> dict:
         f"{prefix}_seeds": seeds,
         f"{prefix}_ops": ops,
         f"{prefix}_low_free_bytes": res["low_free"],
+        f"{prefix}_pool_bytes": res["pool"],
     }
 
 
+def _say_heap() -> None:
+    print(
+        f"  F411 heap {f411_heap():,} B ({F411_BOARD}'s image), pool {f411_pool():,} B",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def run(seeds: int = SHORT[0], ops: int = SHORT[1], jobs: int = JOBS) -> dict:
+    _say_heap()
     elf = qemu.image(TARGET).artefacts["elf"]
     return _keys("arm_stress", seeds, ops, summary(sweep(elf, seeds, ops, jobs=jobs)))
 
 
-def run_long(seeds: int = LONG[0], ops: int = LONG[1], jobs: int = JOBS,
-             search: bool = True) -> dict:
+def run_long(
+    seeds: int = LONG[0], ops: int = LONG[1], jobs: int = JOBS, search: bool = True
+) -> dict:
+    _say_heap()
     elf = qemu.image(TARGET).artefacts["elf"]
     t0 = time.monotonic()
     first = sweep(elf, seeds, ops, jobs=jobs)
     out = _keys("arm_stress_long", seeds, ops, summary(first))
-    print(f"  F411 pool: {out['arm_stress_long_memoryerrors']} failing of {len(first)}, "
-          f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    print(
+        f"  F411 pool: {out['arm_stress_long_memoryerrors']} failing of {len(first)}, "
+        f"{time.monotonic() - t0:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    pool = f411_pool()
     if search and out["arm_stress_long_memoryerrors"]:
         # every pool checked above the answer must pass, the F411's included: none can
-        out["arm_stress_min_heap_kb"] = float(F411_POOL // 1024 + 1)
-        out["arm_stress_min_heap_margin_pct"] = round(100 * (1 - (F411_POOL // 1024 + 1)
-                                                             * 1024 / F411_POOL), 1)
+        out["arm_stress_min_heap_kb"] = float(pool // 1024 + 1)
+        out["arm_stress_min_heap_margin_pct"] = round(
+            100 * (1 - (pool // 1024 + 1) * 1024 / pool), 1
+        )
         out["arm_stress_nonmonotone"] = 0
         print("  no search: some seed fails at the F411 pool", file=sys.stderr, flush=True)
     elif search:
         found = min_pool_kb(elf, seeds, ops, jobs)
         out["arm_stress_min_heap_kb"] = found["kb"]
-        out["arm_stress_min_heap_margin_pct"] = round(
-            100 * (1 - found["kb"] * 1024 / F411_POOL), 1)
+        out["arm_stress_min_heap_margin_pct"] = round(100 * (1 - found["kb"] * 1024 / pool), 1)
         out["arm_stress_nonmonotone"] = len(found["nonmonotone"])
         for pool, seed, mode in found["nonmonotone"]:
-            print(f"  non-monotone: {mode} seed {seed} failed at {pool} B, passed below",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  non-monotone: {mode} seed {seed} failed at {pool} B, passed below",
+                file=sys.stderr,
+                flush=True,
+            )
     return out
 
 
@@ -283,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int)
     p.add_argument("--ops", type=int)
     p.add_argument("--jobs", type=int, default=JOBS)
-    p.add_argument("--pool", type=int, default=F411_POOL, help="bytes of heap (one sweep)")
+    p.add_argument("--pool", type=int, help="bytes of heap (one sweep; the F411's pool)")
     p.add_argument("--search", action="store_true", help="only the smallest-pool search")
     a = p.parse_args(argv)
     seeds, ops = LONG if a.long else SHORT
@@ -294,8 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     elif a.search:
         out = min_pool_kb(elf, seeds, ops, a.jobs)
     else:
-        out = _keys("arm_stress", seeds, ops,
-                    summary(sweep(elf, seeds, ops, a.pool, a.jobs)))
+        out = _keys("arm_stress", seeds, ops, summary(sweep(elf, seeds, ops, a.pool, a.jobs)))
     print(json.dumps(out, indent=1))
 
 
