@@ -22,9 +22,9 @@ the unix port (its docstring says what each mode does). Keys:
                                      (mpy_firmware_bench.mode_heap_board). Its parts:
     heap_firmware_imports_bytes_armv7m_<board>   the firmware imports
     heap_main_module_bytes_armv7m_<board>        device.main
-    heap_hal_bytes_armv7m_<board>                make_hal: boards._common (the board module
-                                     and package are forgotten after), the HAL, its
-                                     machine objects, and
+    heap_hal_bytes_armv7m_<board>                make_hal: boards._common (the board module,
+                                     boards._build and the package are forgotten
+                                     after), the HAL, its machine objects, and
     heap_machine_objects_bytes_armv7m_<board>    the fake machine's objects of one HAL
                                      (Pin, ADC, PWM, I2C, UART with its 1 KB receive
                                      ring: on a board C objects of a few words, but the

@@ -1,14 +1,14 @@
 """A small fake ``machine`` module for the qemu image: the hardware boundary of a board.
 
 bench/mpy_firmware_bench.py ``heap_board BOARD`` passes it to ``boards.<board>.make_hal``
-so the board's real HAL (boards/_common.py ``build()``) is what boots, as on the board,
+so the board's real HAL (boards/_build.py ``build()``) is what boots, as on the board,
 instead of the simulator's fake board. Frozen into the qemu image (firmware/qemu.py
 EXTRA_TOP_LEVEL); never deployed.
 
-Only what boards/_common.py and the firmware call exists, and every object is as small
-as it can be: on a board these are C objects (a few words each, in flash or static
-RAM), here they are Python instances, so counting them as firmware RAM overstates the
-board (the benchmark reports them separately). Nothing allocates after construction:
+Only what boards/_build.py, boards/_common.py and the firmware call exists, and every
+object is as small as it can be: on a board these are C objects (a few words each, in
+flash or static RAM), here they are Python instances, so counting them as firmware RAM
+overstates the board (the benchmark reports them separately). Nothing allocates after construction:
 
 - ``Pin.cpu.<name>`` resolves to the name (a qstr, no allocation); ``Pin(name)`` is the
   pin; ``irq()`` keeps the handler.
