@@ -149,6 +149,18 @@ def _display_path(path: Path) -> str:
         return str(path)
 
 
+_BYTECODE: list[str] = []  # [] until looked up, then [] or [its directory]
+
+
+def _bytecode_root(exe: str) -> list[str]:
+    if not _BYTECODE:
+        import _mpy_bytecode
+
+        found = _mpy_bytecode.root(exe)
+        _BYTECODE.append(str(found) if found is not None else "")
+    return [d for d in _BYTECODE if d]
+
+
 def run_module(path: Path, info: DualModuleInfo) -> ModuleRun:
     exe = find_micropython()
     if exe is None:
@@ -159,9 +171,10 @@ def run_module(path: Path, info: DualModuleInfo) -> ModuleRun:
     env = dict(os.environ)
     # MICROPYPATH replaces the whole default path; ".frozen" keeps the modules frozen
     # into the unix port (asyncio among them) importable; host/ for the host-side
-    # halves of the firmware packages (modbridge.firmware_host) the DUAL tests import.
+    # halves of the firmware packages (modbridge.firmware_host) the DUAL tests import;
+    # the firmware packages compiled once, ahead of their sources (_mpy_bytecode.py).
     env["MICROPYPATH"] = ":".join(
-        [".frozen", str(REPO_ROOT), str(REPO_ROOT / "host"), str(TESTS_DIR)]
+        [*_bytecode_root(exe), ".frozen", str(REPO_ROOT), str(REPO_ROOT / "host"), str(TESTS_DIR)]
     )
     timed_out = False
     try:
