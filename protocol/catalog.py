@@ -23,23 +23,25 @@ except ImportError:  # CPython
     def const(x):
         return x
 
+    _HOST = True
+
 
 # --- field kinds -----------------------------------------------------------
-K_UINT = const("u")  # int >= 0
-K_INT = const("i")  # int
-K_STR = const("s")  # text
-K_BYTES = const("b")  # byte string
-K_BOOL = const("?")  # true/false
-K_LIST = const("l")  # array
-K_MAP = const("m")  # map with text keys
-K_NUM = const("n")  # int or float (calibration coefficients)
-K_ENUM = const("e")  # int on the wire, a name in JSON lines
+_K_UINT = const("u")  # int >= 0
+_K_INT = const("i")  # int
+_K_STR = const("s")  # text
+_K_BYTES = const("b")  # byte string
+_K_BOOL = const("?")  # true/false
+_K_LIST = const("l")  # array
+_K_MAP = const("m")  # map with text keys
+_K_NUM = const("n")  # int or float (calibration coefficients)
+_K_ENUM = const("e")  # int on the wire, a name in JSON lines
 
 # --- JSON display scales: (mul, div, decimals) ----------------------------------
 # q = round(wire * mul / div) is the display value times 10**decimals; it is rendered
 # with integer arithmetic, trailing zeros trimmed. ``mul`` is 1 or a multiple of
 # 1000 so the product can be split and stay a small int on the MCU.
-MILLI = const((1, 1, 3))  # milli-unit -> unit (m degC -> degC, mV -> V, mA -> A, mW -> W)
+_MILLI = const((1, 1, 3))  # milli-unit -> unit (m degC -> degC, mV -> V, mA -> A, mW -> W)
 # 0..65535 -> 0.000..100.000 % (lossless round trip). A constant: its ints above
 # 0x1FFF freeze as big ints (tests/test_frozen_ints.py), exact but allocating in
 # arithmetic, so the allocation-free user (protocol.telemetry's JSON line) takes them
@@ -47,12 +49,12 @@ MILLI = const((1, 1, 3))  # milli-unit -> unit (m degC -> degC, mV -> V, mA -> A
 # time instead it kept MESSAGES and every message that names it out of flash (~0.9 KB
 # of RAM on the MCU).
 # frozen-ints: made small before arithmetic (scale_ints)
-DUTY_PCT = const((100000, 65535, 3))
-GAIN = const((1, 1, 3))  # milli-gain -> gain
-RAW = const(None)
+_DUTY_PCT = const((100000, 65535, 3))
+_GAIN = const((1, 1, 3))  # milli-gain -> gain
+_RAW = const(None)
 
 # --- enumerations (append-only) ---------------------------------------------
-STATES = const(("BOOT", "HOSTED", "STANDALONE", "FAILSAFE", "MANUAL"))
+_STATES = const(("BOOT", "HOSTED", "STANDALONE", "FAILSAFE", "MANUAL"))
 STATE_BOOT = const(0)
 STATE_HOSTED = const(1)
 STATE_STANDALONE = const(2)
@@ -60,7 +62,7 @@ STATE_FAILSAFE = const(3)
 STATE_MANUAL = const(4)
 
 # Reason codes: why a state was entered, what an event reports.
-REASONS = const(
+_REASONS = const(
     (
         "none",  # 0
         "boot",  # 1  firmware started
@@ -92,43 +94,43 @@ REASONS = const(
         "autotune",  # 27 a relay autotune ended (value = its tune_status)
     )
 )
-REASON_NONE = const(0)
+_REASON_NONE = const(0)
 REASON_BOOT = const(1)
 REASON_HOST_OK = const(2)
 REASON_HOST_TIMEOUT = const(3)
 REASON_SENSOR_OPEN = const(4)
 REASON_SENSOR_SHORT = const(5)
-REASON_SENSOR_STALE = const(6)
+_REASON_SENSOR_STALE = const(6)
 REASON_FAN_STALL = const(7)
 REASON_OVER_TEMP = const(8)
 REASON_CRITICAL_TEMP = const(9)
 REASON_UNDER_VOLTAGE = const(10)
 REASON_POWER_MONITOR_FAULT = const(11)
 REASON_MANUAL_OVERRIDE = const(12)
-REASON_CONFIG_CORRUPT = const(13)
-REASON_CONFIG_SAVED = const(14)
-REASON_WATCHDOG_RESET = const(15)
-REASON_CLEARED = const(16)
-REASON_SELFTEST = const(17)
-REASON_CALIBRATION = const(18)
-REASON_MANUAL_EXPIRED = const(19)
+_REASON_CONFIG_CORRUPT = const(13)
+_REASON_CONFIG_SAVED = const(14)
+_REASON_WATCHDOG_RESET = const(15)
+_REASON_CLEARED = const(16)
+_REASON_SELFTEST = const(17)
+_REASON_CALIBRATION = const(18)
+_REASON_MANUAL_EXPIRED = const(19)
 REASON_TACH_IMPLAUSIBLE = const(20)
 REASON_SENSOR_STUCK = const(21)
 REASON_SENSOR_IMPLAUSIBLE = const(22)
-REASON_CONFIG_FALLBACK = const(23)
-REASON_UNAUTHORIZED = const(24)
-REASON_INTERNAL_ERROR = const(25)
-REASON_PAIRED = const(26)
-REASON_AUTOTUNE = const(27)
+_REASON_CONFIG_FALLBACK = const(23)
+_REASON_UNAUTHORIZED = const(24)
+_REASON_INTERNAL_ERROR = const(25)
+_REASON_PAIRED = const(26)
+_REASON_AUTOTUNE = const(27)
 
-SEVERITIES = const(("info", "warning", "alarm", "critical"))
+_SEVERITIES = const(("info", "warning", "alarm", "critical"))
 SEV_INFO = const(0)
 SEV_WARNING = const(1)
 SEV_ALARM = const(2)
 SEV_CRITICAL = const(3)
 
 # NACK error codes.
-ERRORS = const(
+_ERRORS = const(
     (
         "ok",  # 0 (never sent in a nack)
         "malformed",  # 1 frame or payload could not be decoded
@@ -147,24 +149,24 @@ ERRORS = const(
         "rate_limited",  # 14 too many requests of this kind: wait and retry
     )
 )
-ERR_OK = const(0)
-ERR_MALFORMED = const(1)
-ERR_VERSION = const(2)
-ERR_UNKNOWN_TYPE = const(3)
-ERR_MISSING_FIELD = const(4)
-ERR_BAD_TYPE = const(5)
-ERR_OUT_OF_RANGE = const(6)
-ERR_BAD_STATE = const(7)
-ERR_BUSY = const(8)
-ERR_STORAGE = const(9)
-ERR_UNSUPPORTED = const(10)
-ERR_INTERNAL = const(11)
-ERR_DIRECTION = const(12)
-ERR_UNAUTHORIZED = const(13)
-ERR_RATE_LIMITED = const(14)
+_ERR_OK = const(0)
+_ERR_MALFORMED = const(1)
+_ERR_VERSION = const(2)
+_ERR_UNKNOWN_TYPE = const(3)
+_ERR_MISSING_FIELD = const(4)
+_ERR_BAD_TYPE = const(5)
+_ERR_OUT_OF_RANGE = const(6)
+_ERR_BAD_STATE = const(7)
+_ERR_BUSY = const(8)
+_ERR_STORAGE = const(9)
+_ERR_UNSUPPORTED = const(10)
+_ERR_INTERNAL = const(11)
+_ERR_DIRECTION = const(12)
+_ERR_UNAUTHORIZED = const(13)
+_ERR_RATE_LIMITED = const(14)
 
 # Relay autotune (device/control/autotune.py): where a test is, or why it stopped.
-TUNE_STATUS = const(
+_TUNE_STATUS = const(
     (
         "idle",  # 0 no test has run
         "running",  # 1 relay cycles being measured
@@ -178,27 +180,27 @@ TUNE_STATUS = const(
         "inconsistent",  # 9 cycles did not agree within the tolerance
     )
 )
-TUNE_IDLE = const(0)
+_TUNE_IDLE = const(0)
 TUNE_RUNNING = const(1)
 TUNE_DONE = const(2)
-TUNE_ABORTED = const(3)
-TUNE_SAFETY = const(4)
-TUNE_NOT_HOSTED = const(5)
-TUNE_TOO_HOT = const(6)
-TUNE_TIMEOUT = const(7)
-TUNE_FLOOR = const(8)
-TUNE_INCONSISTENT = const(9)
-TUNE_ACTIONS = const(("start", "abort"))
+_TUNE_ABORTED = const(3)
+_TUNE_SAFETY = const(4)
+_TUNE_NOT_HOSTED = const(5)
+_TUNE_TOO_HOT = const(6)
+_TUNE_TIMEOUT = const(7)
+_TUNE_FLOOR = const(8)
+_TUNE_INCONSISTENT = const(9)
+_TUNE_ACTIONS = const(("start", "abort"))
 
-CHANNELS = const(("gpu", "vram", "mos", "amb"))  # NTC channels, index order
-FAN_MODES = const(("auto", "manual", "curve"))
-CAL_MODELS = const(("sh", "beta", "poly"))
+_CHANNELS = const(("gpu", "vram", "mos", "amb"))  # NTC channels, index order
+_FAN_MODES = const(("auto", "manual", "curve"))
+_CAL_MODELS = const(("sh", "beta", "poly"))
 
 # Telemetry ``faults`` bitmask.
-FAULT_NTC_GPU = const(1 << 0)
-FAULT_NTC_VRAM = const(1 << 1)
-FAULT_NTC_MOS = const(1 << 2)
-FAULT_NTC_AMB = const(1 << 3)
+_FAULT_NTC_GPU = const(1 << 0)
+_FAULT_NTC_VRAM = const(1 << 1)
+_FAULT_NTC_MOS = const(1 << 2)
+_FAULT_NTC_AMB = const(1 << 3)
 FAULT_FAN1_STALL = const(1 << 4)
 FAULT_FAN2_STALL = const(1 << 5)
 FAULT_POWER_MONITOR = const(1 << 6)
@@ -210,7 +212,7 @@ FAULT_FAN1_TACH = const(1 << 11)  # tach reading implausible for the duty
 FAULT_FAN2_TACH = const(1 << 12)
 FAULT_NTC_STUCK = const(1 << 13)  # a channel frozen (its ntc_* bit is set too)
 FAULT_NTC_IMPLAUSIBLE = const(1 << 14)  # a channel disagrees (its ntc_* bit is set too)
-FAULT_BITS = const(
+_FAULT_BITS = const(
     (
         "ntc_gpu",
         "ntc_vram",
@@ -232,18 +234,18 @@ FAULT_BITS = const(
 
 # Bounds used for validation (protocol-level sanity; the firmware adds its own
 # safety limits on top).
-TEMP_MIN_MC = const(-55000)
-TEMP_MAX_MC = const(200000)
-DUTY_MAX = const(65535)
-U16 = const(0xFFFF)
-U32 = const(0xFFFFFFFF)
-I32_MIN = const(-0x80000000)
-I32_MAX = const(0x7FFFFFFF)
+_TEMP_MIN_MC = const(-55000)
+_TEMP_MAX_MC = const(200000)
+_DUTY_MAX = const(65535)
+_U16 = const(0xFFFF)
+_U32 = const(0xFFFFFFFF)
+_I32_MIN = const(-0x80000000)
+_I32_MAX = const(0x7FFFFFFF)
 
 # --- messages -------------------------------------------------------------------
 # Directions
-D2H = const("d2h")  # module -> host
-H2D = const("h2d")  # host -> module
+_D2H = const("d2h")  # module -> host
+_H2D = const("h2d")  # host -> module
 
 # A field: (key, name, kind, required, lo, hi, json_scale, unit)
 # ``lo``/``hi`` bound integers (and list/str/bytes/map lengths); None = unbounded.
@@ -261,316 +263,296 @@ H2D = const("h2d")  # host -> module
 # copies them into an array), never computed with.
 
 
-F_KEY = const(0)
-F_NAME = const(1)
-F_KIND = const(2)
-F_REQUIRED = const(3)
-F_LO = const(4)
-F_HI = const(5)
-F_SCALE = const(6)
-F_UNIT = const(7)
+_F_KEY = const(0)
+_F_NAME = const(1)
+_F_KIND = const(2)
+_F_REQUIRED = const(3)
+_F_LO = const(4)
+_F_HI = const(5)
+_F_SCALE = const(6)
+_F_UNIT = const(7)
 
-T_HELLO = const(0x01)
-T_HELLO_REQUEST = const(0x02)
-T_TELEMETRY = const(0x10)
-T_EVENT = const(0x11)
-T_CAL_RAW = const(0x12)
-T_CONFIG = const(0x13)
-T_ACK = const(0x14)
-T_NACK = const(0x15)
-T_HEARTBEAT = const(0x20)
-T_FAN_MODE = const(0x30)
-T_SETPOINTS = const(0x31)
-T_PID_GAINS = const(0x32)
-T_FAN_CURVE = const(0x33)
-T_CONFIG_GET = const(0x40)
-T_CONFIG_SET = const(0x41)
-T_CONFIG_SAVE = const(0x42)
-T_CONFIG_RESET = const(0x43)
-T_CAL_READ = const(0x50)
-T_CAL_WRITE = const(0x51)
-T_SELFTEST_REPORT = const(0x16)
-T_REBOOT = const(0x60)
-T_REPL = const(0x61)
-T_SELFTEST = const(0x62)
-T_PAIR = const(0x63)
-T_AUTOTUNE = const(0x34)
-T_AUTOTUNE_REPORT = const(0x17)
+_T_HELLO = const(0x01)
+_T_HELLO_REQUEST = const(0x02)
+_T_TELEMETRY = const(0x10)
+_T_EVENT = const(0x11)
+_T_CAL_RAW = const(0x12)
+_T_CONFIG = const(0x13)
+_T_ACK = const(0x14)
+_T_NACK = const(0x15)
+_T_HEARTBEAT = const(0x20)
+_T_FAN_MODE = const(0x30)
+_T_SETPOINTS = const(0x31)
+_T_PID_GAINS = const(0x32)
+_T_FAN_CURVE = const(0x33)
+_T_CONFIG_GET = const(0x40)
+_T_CONFIG_SET = const(0x41)
+_T_CONFIG_SAVE = const(0x42)
+_T_CONFIG_RESET = const(0x43)
+_T_CAL_READ = const(0x50)
+_T_CAL_WRITE = const(0x51)
+_T_SELFTEST_REPORT = const(0x16)
+_T_REBOOT = const(0x60)
+_T_REPL = const(0x61)
+_T_SELFTEST = const(0x62)
+_T_PAIR = const(0x63)
+_T_AUTOTUNE = const(0x34)
+_T_AUTOTUNE_REPORT = const(0x17)
 
 
 # frozen-ints: compared only
-MESSAGES = (
+_MESSAGES = const(
     (
-        T_HELLO,
-        "hello",
-        D2H,
         (
-            (0, "fw_version", K_STR, True, 1, 32, None, ""),
-            (1, "proto_minor", K_UINT, True, 0, 255, None, ""),
-            (2, "board", K_STR, True, 1, 32, None, ""),
-            (3, "uid", K_STR, True, 1, 64, None, ""),
-            (4, "channels", K_LIST, True, 0, 8, None, ""),
-            (5, "fans", K_UINT, True, 0, 8, None, ""),
-            (6, "max_frame", K_UINT, True, 64, 4096, None, "B"),
-            (7, "telemetry_ms", K_UINT, False, 0, 60000, None, "ms"),
-            (8, "state", K_ENUM, False, 0, 255, STATES, ""),
-            (9, "ref", K_UINT, False, 0, U16, None, ""),
-            (10, "nonce", K_BYTES, False, 8, 8, None, ""),
-            (11, "paired", K_BOOL, False, None, None, None, ""),
+            _T_HELLO,
+            "hello",
+            _D2H,
+            (
+                (0, "fw_version", _K_STR, True, 1, 32, None, ""),
+                (1, "proto_minor", _K_UINT, True, 0, 255, None, ""),
+                (2, "board", _K_STR, True, 1, 32, None, ""),
+                (3, "uid", _K_STR, True, 1, 64, None, ""),
+                (4, "channels", _K_LIST, True, 0, 8, None, ""),
+                (5, "fans", _K_UINT, True, 0, 8, None, ""),
+                (6, "max_frame", _K_UINT, True, 64, 4096, None, "B"),
+                (7, "telemetry_ms", _K_UINT, False, 0, 60000, None, "ms"),
+                (8, "state", _K_ENUM, False, 0, 255, _STATES, ""),
+                (9, "ref", _K_UINT, False, 0, _U16, None, ""),
+                (10, "nonce", _K_BYTES, False, 8, 8, None, ""),
+                (11, "paired", _K_BOOL, False, None, None, None, ""),
+            ),
         ),
-    ),
-    (T_HELLO_REQUEST, "hello_request", H2D, ()),
-    (
-        T_TELEMETRY,
-        "telemetry",
-        D2H,
+        (_T_HELLO_REQUEST, "hello_request", _H2D, ()),
         (
-            (0, "uptime_s", K_UINT, False, 0, U32, None, "s"),
-            (1, "state", K_ENUM, True, 0, 255, STATES, ""),
-            (2, "reason", K_ENUM, False, 0, 255, REASONS, ""),
-            (3, "faults", K_UINT, False, 0, U32, None, ""),
-            (4, "temp_gpu", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            (5, "temp_vram", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            (6, "temp_mos", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            (7, "temp_amb", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            (8, "fan1_rpm", K_UINT, False, 0, 100000, None, "RPM"),
-            (9, "fan2_rpm", K_UINT, False, 0, 100000, None, "RPM"),
-            (10, "fan1_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            (11, "fan2_duty", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            (12, "v_in", K_UINT, False, 0, 40000, MILLI, "mV"),
-            (13, "i_in", K_INT, False, -100000, 100000, MILLI, "mA"),
-            (14, "p_in", K_INT, False, 0, 4000000, MILLI, "mW"),
-            (15, "target", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            (16, "flash_writes", K_UINT, False, 0, U32, None, ""),
-            (17, "auth_failures", K_UINT, False, 0, U32, None, ""),
-            (18, "internal_errors", K_UINT, False, 0, U32, None, ""),
+            _T_TELEMETRY,
+            "telemetry",
+            _D2H,
+            (
+                (0, "uptime_s", _K_UINT, False, 0, _U32, None, "s"),
+                (1, "state", _K_ENUM, True, 0, 255, _STATES, ""),
+                (2, "reason", _K_ENUM, False, 0, 255, _REASONS, ""),
+                (3, "faults", _K_UINT, False, 0, _U32, None, ""),
+                (4, "temp_gpu", _K_INT, False, _TEMP_MIN_MC, _TEMP_MAX_MC, _MILLI, "m degC"),
+                (5, "temp_vram", _K_INT, False, _TEMP_MIN_MC, _TEMP_MAX_MC, _MILLI, "m degC"),
+                (6, "temp_mos", _K_INT, False, _TEMP_MIN_MC, _TEMP_MAX_MC, _MILLI, "m degC"),
+                (7, "temp_amb", _K_INT, False, _TEMP_MIN_MC, _TEMP_MAX_MC, _MILLI, "m degC"),
+                (8, "fan1_rpm", _K_UINT, False, 0, 100000, None, "RPM"),
+                (9, "fan2_rpm", _K_UINT, False, 0, 100000, None, "RPM"),
+                (10, "fan1_duty", _K_UINT, False, 0, _DUTY_MAX, _DUTY_PCT, "1/65535"),
+                (11, "fan2_duty", _K_UINT, False, 0, _DUTY_MAX, _DUTY_PCT, "1/65535"),
+                (12, "v_in", _K_UINT, False, 0, 40000, _MILLI, "mV"),
+                (13, "i_in", _K_INT, False, -100000, 100000, _MILLI, "mA"),
+                (14, "p_in", _K_INT, False, 0, 4000000, _MILLI, "mW"),
+                (15, "target", _K_INT, False, _TEMP_MIN_MC, _TEMP_MAX_MC, _MILLI, "m degC"),
+                (16, "flash_writes", _K_UINT, False, 0, _U32, None, ""),
+                (17, "auth_failures", _K_UINT, False, 0, _U32, None, ""),
+                (18, "internal_errors", _K_UINT, False, 0, _U32, None, ""),
+            ),
         ),
-    ),
-    (
-        T_EVENT,
-        "event",
-        D2H,
         (
-            (0, "code", K_ENUM, True, 0, 255, REASONS, ""),
-            (1, "severity", K_ENUM, True, 0, 3, SEVERITIES, ""),
-            (2, "active", K_BOOL, False, None, None, None, ""),
-            (3, "state", K_ENUM, False, 0, 255, STATES, ""),
-            (4, "prev_state", K_ENUM, False, 0, 255, STATES, ""),
-            (5, "index", K_INT, False, -1, 255, None, ""),
-            (6, "value", K_INT, False, I32_MIN, I32_MAX, None, ""),
-            (7, "text", K_STR, False, 0, 96, None, ""),
-            (8, "uptime_s", K_UINT, False, 0, U32, None, "s"),
+            _T_EVENT,
+            "event",
+            _D2H,
+            (
+                (0, "code", _K_ENUM, True, 0, 255, _REASONS, ""),
+                (1, "severity", _K_ENUM, True, 0, 3, _SEVERITIES, ""),
+                (2, "active", _K_BOOL, False, None, None, None, ""),
+                (3, "state", _K_ENUM, False, 0, 255, _STATES, ""),
+                (4, "prev_state", _K_ENUM, False, 0, 255, _STATES, ""),
+                (5, "index", _K_INT, False, -1, 255, None, ""),
+                (6, "value", _K_INT, False, _I32_MIN, _I32_MAX, None, ""),
+                (7, "text", _K_STR, False, 0, 96, None, ""),
+                (8, "uptime_s", _K_UINT, False, 0, _U32, None, "s"),
+            ),
         ),
-    ),
-    (
-        T_CAL_RAW,
-        "cal_raw",
-        D2H,
         (
-            (0, "ref", K_UINT, True, 0, U16, None, ""),
-            (1, "channel", K_UINT, True, 0, 7, None, ""),
-            (2, "samples", K_UINT, True, 1, 65535, None, ""),
-            (3, "raw_mean_x16", K_UINT, True, 0, 65535 * 16, None, "ADC/16"),
-            (4, "raw_min", K_UINT, True, 0, 65535, None, "ADC"),
-            (5, "raw_max", K_UINT, True, 0, 65535, None, "ADC"),
-            (6, "ohms", K_UINT, False, 0, U32, None, "ohm"),
-            (7, "temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
+            _T_CAL_RAW,
+            "cal_raw",
+            _D2H,
+            (
+                (0, "ref", _K_UINT, True, 0, _U16, None, ""),
+                (1, "channel", _K_UINT, True, 0, 7, None, ""),
+                (2, "samples", _K_UINT, True, 1, 65535, None, ""),
+                (3, "raw_mean_x16", _K_UINT, True, 0, 65535 * 16, None, "ADC/16"),
+                (4, "raw_min", _K_UINT, True, 0, 65535, None, "ADC"),
+                (5, "raw_max", _K_UINT, True, 0, 65535, None, "ADC"),
+                (6, "ohms", _K_UINT, False, 0, _U32, None, "ohm"),
+                (7, "temp", _K_INT, False, _TEMP_MIN_MC, _TEMP_MAX_MC, _MILLI, "m degC"),
+            ),
         ),
-    ),
-    (
-        T_CONFIG,
-        "config",
-        D2H,
         (
-            (0, "ref", K_UINT, True, 0, U16, None, ""),
-            (1, "values", K_MAP, True, 0, 64, None, ""),
-            (2, "version", K_UINT, False, 0, U16, None, ""),
+            _T_CONFIG,
+            "config",
+            _D2H,
+            (
+                (0, "ref", _K_UINT, True, 0, _U16, None, ""),
+                (1, "values", _K_MAP, True, 0, 64, None, ""),
+                (2, "version", _K_UINT, False, 0, _U16, None, ""),
+            ),
         ),
-    ),
-    (
-        T_ACK,
-        "ack",
-        D2H,
         (
-            (0, "ref", K_UINT, True, 0, U16, None, ""),
-            (1, "ref_type", K_UINT, True, 0, 255, None, ""),
+            _T_ACK,
+            "ack",
+            _D2H,
+            (
+                (0, "ref", _K_UINT, True, 0, _U16, None, ""),
+                (1, "ref_type", _K_UINT, True, 0, 255, None, ""),
+            ),
         ),
-    ),
-    (
-        T_NACK,
-        "nack",
-        D2H,
         (
-            (0, "ref", K_UINT, True, 0, U16, None, ""),
-            (1, "ref_type", K_UINT, True, 0, 255, None, ""),
-            (2, "code", K_ENUM, True, 0, 255, ERRORS, ""),
-            (3, "field", K_STR, False, 0, 32, None, ""),
-            (4, "text", K_STR, False, 0, 96, None, ""),
+            _T_NACK,
+            "nack",
+            _D2H,
+            (
+                (0, "ref", _K_UINT, True, 0, _U16, None, ""),
+                (1, "ref_type", _K_UINT, True, 0, 255, None, ""),
+                (2, "code", _K_ENUM, True, 0, 255, _ERRORS, ""),
+                (3, "field", _K_STR, False, 0, 32, None, ""),
+                (4, "text", _K_STR, False, 0, 96, None, ""),
+            ),
         ),
-    ),
-    (
-        T_HEARTBEAT,
-        "heartbeat",
-        H2D,
         (
-            (0, "gpu_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            (1, "gpu_power", K_UINT, False, 0, 4000000, MILLI, "mW"),
-            (2, "power_limit", K_UINT, False, 0, 4000000, MILLI, "mW"),
-            (3, "host_time", K_UINT, False, 0, U32, None, "s"),
-            (4, "gpu_mem_temp", K_INT, False, TEMP_MIN_MC, TEMP_MAX_MC, MILLI, "m degC"),
-            (5, "period_ms", K_UINT, False, 0, 600000, None, "ms"),
-            (6, "gpu_slowdown", K_INT, False, 40000, 125000, MILLI, "m degC"),
+            _T_HEARTBEAT,
+            "heartbeat",
+            _H2D,
+            (
+                (0, "gpu_temp", _K_INT, False, _TEMP_MIN_MC, _TEMP_MAX_MC, _MILLI, "m degC"),
+                (1, "gpu_power", _K_UINT, False, 0, 4000000, _MILLI, "mW"),
+                (2, "power_limit", _K_UINT, False, 0, 4000000, _MILLI, "mW"),
+                (3, "host_time", _K_UINT, False, 0, _U32, None, "s"),
+                (4, "gpu_mem_temp", _K_INT, False, _TEMP_MIN_MC, _TEMP_MAX_MC, _MILLI, "m degC"),
+                (5, "period_ms", _K_UINT, False, 0, 600000, None, "ms"),
+                (6, "gpu_slowdown", _K_INT, False, 40000, 125000, _MILLI, "m degC"),
+            ),
         ),
-    ),
-    (
-        T_FAN_MODE,
-        "fan_mode",
-        H2D,
         (
-            (0, "mode", K_ENUM, True, 0, 2, FAN_MODES, ""),
-            (1, "duty1", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            (2, "duty2", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
+            _T_FAN_MODE,
+            "fan_mode",
+            _H2D,
+            (
+                (0, "mode", _K_ENUM, True, 0, 2, _FAN_MODES, ""),
+                (1, "duty1", _K_UINT, False, 0, _DUTY_MAX, _DUTY_PCT, "1/65535"),
+                (2, "duty2", _K_UINT, False, 0, _DUTY_MAX, _DUTY_PCT, "1/65535"),
+            ),
         ),
-    ),
-    (
-        T_SETPOINTS,
-        "setpoints",
-        H2D,
         (
-            (0, "sp_gpu", K_INT, False, 20000, 110000, MILLI, "m degC"),
-            (1, "sp_vram", K_INT, False, 20000, 110000, MILLI, "m degC"),
-            (2, "sp_mos", K_INT, False, 20000, 125000, MILLI, "m degC"),
-            (3, "sp_amb", K_INT, False, 10000, 60000, MILLI, "m degC"),
+            _T_SETPOINTS,
+            "setpoints",
+            _H2D,
+            (
+                (0, "sp_gpu", _K_INT, False, 20000, 110000, _MILLI, "m degC"),
+                (1, "sp_vram", _K_INT, False, 20000, 110000, _MILLI, "m degC"),
+                (2, "sp_mos", _K_INT, False, 20000, 125000, _MILLI, "m degC"),
+                (3, "sp_amb", _K_INT, False, 10000, 60000, _MILLI, "m degC"),
+            ),
         ),
-    ),
-    (
-        T_PID_GAINS,
-        "pid_gains",
-        H2D,
         (
-            (0, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC"),
-            (1, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)"),
-            (2, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC"),
-            (3, "kff", K_INT, False, 0, 1000000, GAIN, "m %/W"),
+            _T_PID_GAINS,
+            "pid_gains",
+            _H2D,
+            (
+                (0, "kp", _K_INT, False, 0, 1000000, _GAIN, "m %/degC"),
+                (1, "ki", _K_INT, False, 0, 1000000, _GAIN, "m %/(degC s)"),
+                (2, "kd", _K_INT, False, 0, 1000000, _GAIN, "m % s/degC"),
+                (3, "kff", _K_INT, False, 0, 1000000, _GAIN, "m %/W"),
+            ),
         ),
-    ),
-    (
-        T_FAN_CURVE,
-        "fan_curve",
-        H2D,
         (
-            (0, "points", K_LIST, True, 2, 16, None, ""),
-            (1, "hysteresis", K_UINT, False, 0, 20000, MILLI, "m degC"),
+            _T_FAN_CURVE,
+            "fan_curve",
+            _H2D,
+            (
+                (0, "points", _K_LIST, True, 2, 16, None, ""),
+                (1, "hysteresis", _K_UINT, False, 0, 20000, _MILLI, "m degC"),
+            ),
         ),
-    ),
-    (T_CONFIG_GET, "config_get", H2D, ((0, "section", K_STR, False, 0, 32, None, ""),)),
-    (T_CONFIG_SET, "config_set", H2D, ((0, "values", K_MAP, True, 1, 64, None, ""),)),
-    (T_CONFIG_SAVE, "config_save", H2D, ()),
-    (T_CONFIG_RESET, "config_reset", H2D, ()),
-    (
-        T_CAL_READ,
-        "cal_read",
-        H2D,
+        (_T_CONFIG_GET, "config_get", _H2D, ((0, "section", _K_STR, False, 0, 32, None, ""),)),
+        (_T_CONFIG_SET, "config_set", _H2D, ((0, "values", _K_MAP, True, 1, 64, None, ""),)),
+        (_T_CONFIG_SAVE, "config_save", _H2D, ()),
+        (_T_CONFIG_RESET, "config_reset", _H2D, ()),
         (
-            (0, "channel", K_UINT, True, 0, 7, None, ""),
-            (1, "samples", K_UINT, False, 1, 4096, None, ""),
+            _T_CAL_READ,
+            "cal_read",
+            _H2D,
+            (
+                (0, "channel", _K_UINT, True, 0, 7, None, ""),
+                (1, "samples", _K_UINT, False, 1, 4096, None, ""),
+            ),
         ),
-    ),
-    (
-        T_CAL_WRITE,
-        "cal_write",
-        H2D,
         (
-            (0, "channel", K_UINT, True, 0, 7, None, ""),
-            (1, "model", K_ENUM, True, 0, 2, CAL_MODELS, ""),
-            (2, "coeffs", K_LIST, True, 1, 8, None, ""),
-            (3, "correction", K_LIST, False, 0, 8, None, ""),
+            _T_CAL_WRITE,
+            "cal_write",
+            _H2D,
+            (
+                (0, "channel", _K_UINT, True, 0, 7, None, ""),
+                (1, "model", _K_ENUM, True, 0, 2, _CAL_MODELS, ""),
+                (2, "coeffs", _K_LIST, True, 1, 8, None, ""),
+                (3, "correction", _K_LIST, False, 0, 8, None, ""),
+            ),
         ),
-    ),
-    (
-        T_SELFTEST_REPORT,
-        "selftest_report",
-        D2H,
         (
-            (0, "ref", K_UINT, True, 0, U16, None, ""),
-            (1, "passed", K_BOOL, True, None, None, None, ""),
-            (2, "fan1_rpm", K_LIST, False, 0, 8, None, ""),
-            (3, "fan2_rpm", K_LIST, False, 0, 8, None, ""),
-            (4, "fans_ok", K_LIST, False, 0, 8, None, ""),
-            (5, "channels_ok", K_LIST, False, 0, 8, None, ""),
-            (6, "power_monitor_ok", K_BOOL, False, None, None, None, ""),
-            (7, "v_in", K_UINT, False, 0, 40000, MILLI, "mV"),
-            (8, "text", K_STR, False, 0, 96, None, ""),
+            _T_SELFTEST_REPORT,
+            "selftest_report",
+            _D2H,
+            (
+                (0, "ref", _K_UINT, True, 0, _U16, None, ""),
+                (1, "passed", _K_BOOL, True, None, None, None, ""),
+                (2, "fan1_rpm", _K_LIST, False, 0, 8, None, ""),
+                (3, "fan2_rpm", _K_LIST, False, 0, 8, None, ""),
+                (4, "fans_ok", _K_LIST, False, 0, 8, None, ""),
+                (5, "channels_ok", _K_LIST, False, 0, 8, None, ""),
+                (6, "power_monitor_ok", _K_BOOL, False, None, None, None, ""),
+                (7, "v_in", _K_UINT, False, 0, 40000, _MILLI, "mV"),
+                (8, "text", _K_STR, False, 0, 96, None, ""),
+            ),
         ),
-    ),
-    (T_REBOOT, "reboot", H2D, ()),
-    (T_REPL, "repl", H2D, ()),
-    # abort (1.x, append-only): end a running self-test now, fans back to the controller
-    (T_SELFTEST, "selftest", H2D, ((0, "abort", K_BOOL, False, None, None, None, ""),)),
-    (T_PAIR, "pair", H2D, ((0, "key", K_BYTES, True, 32, 32, None, ""),)),
-    (
-        T_AUTOTUNE,
-        "autotune",
-        H2D,
+        (_T_REBOOT, "reboot", _H2D, ()),
+        (_T_REPL, "repl", _H2D, ()),
+        # abort (1.x, append-only): end a running self-test now, fans back to the controller
+        (_T_SELFTEST, "selftest", _H2D, ((0, "abort", _K_BOOL, False, None, None, None, ""),)),
+        (_T_PAIR, "pair", _H2D, ((0, "key", _K_BYTES, True, 32, 32, None, ""),)),
         (
-            (0, "action", K_ENUM, True, 0, 1, TUNE_ACTIONS, ""),
-            (1, "amplitude", K_UINT, False, 3277, 32767, DUTY_PCT, "1/65535"),
-            (2, "hysteresis", K_UINT, False, 50, 5000, MILLI, "m degC"),
-            (3, "max_rise", K_UINT, False, 1000, 20000, MILLI, "m degC"),
-            (4, "timeout_s", K_UINT, False, 60, 7200, None, "s"),
-            (5, "cycles", K_UINT, False, 2, 8, None, ""),
+            _T_AUTOTUNE,
+            "autotune",
+            _H2D,
+            (
+                (0, "action", _K_ENUM, True, 0, 1, _TUNE_ACTIONS, ""),
+                (1, "amplitude", _K_UINT, False, 3277, 32767, _DUTY_PCT, "1/65535"),
+                (2, "hysteresis", _K_UINT, False, 50, 5000, _MILLI, "m degC"),
+                (3, "max_rise", _K_UINT, False, 1000, 20000, _MILLI, "m degC"),
+                (4, "timeout_s", _K_UINT, False, 60, 7200, None, "s"),
+                (5, "cycles", _K_UINT, False, 2, 8, None, ""),
+            ),
         ),
-    ),
-    (
-        T_AUTOTUNE_REPORT,
-        "autotune_report",
-        D2H,
         (
-            (0, "ref", K_UINT, True, 0, U16, None, ""),
-            (1, "status", K_ENUM, True, 0, 255, TUNE_STATUS, ""),
-            (2, "cycles", K_UINT, False, 0, 255, None, ""),
-            (3, "elapsed_s", K_UINT, False, 0, U32, None, "s"),
-            (4, "bias", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            (5, "relay", K_UINT, False, 0, DUTY_MAX, DUTY_PCT, "1/65535"),
-            (6, "period_ms", K_UINT, False, 0, U32, None, "ms"),
-            (7, "amplitude", K_UINT, False, 0, 200000, MILLI, "m degC"),
-            (8, "causes", K_UINT, False, 0, 255, None, ""),
-            (9, "ku", K_UINT, False, 0, 1000000, GAIN, "m %/degC"),
-            (10, "pu_ms", K_UINT, False, 0, U32, None, "ms"),
-            (11, "kp", K_INT, False, 0, 1000000, GAIN, "m %/degC"),
-            (12, "ki", K_INT, False, 0, 1000000, GAIN, "m %/(degC s)"),
-            (13, "kd", K_INT, False, 0, 1000000, GAIN, "m % s/degC"),
-            (14, "center", K_INT, False, -200000, 200000, MILLI, "m degC"),
+            _T_AUTOTUNE_REPORT,
+            "autotune_report",
+            _D2H,
+            (
+                (0, "ref", _K_UINT, True, 0, _U16, None, ""),
+                (1, "status", _K_ENUM, True, 0, 255, _TUNE_STATUS, ""),
+                (2, "cycles", _K_UINT, False, 0, 255, None, ""),
+                (3, "elapsed_s", _K_UINT, False, 0, _U32, None, "s"),
+                (4, "bias", _K_UINT, False, 0, _DUTY_MAX, _DUTY_PCT, "1/65535"),
+                (5, "relay", _K_UINT, False, 0, _DUTY_MAX, _DUTY_PCT, "1/65535"),
+                (6, "period_ms", _K_UINT, False, 0, _U32, None, "ms"),
+                (7, "amplitude", _K_UINT, False, 0, 200000, _MILLI, "m degC"),
+                (8, "causes", _K_UINT, False, 0, 255, None, ""),
+                (9, "ku", _K_UINT, False, 0, 1000000, _GAIN, "m %/degC"),
+                (10, "pu_ms", _K_UINT, False, 0, _U32, None, "ms"),
+                (11, "kp", _K_INT, False, 0, 1000000, _GAIN, "m %/degC"),
+                (12, "ki", _K_INT, False, 0, 1000000, _GAIN, "m %/(degC s)"),
+                (13, "kd", _K_INT, False, 0, 1000000, _GAIN, "m % s/degC"),
+                (14, "center", _K_INT, False, -200000, 200000, _MILLI, "m degC"),
+            ),
         ),
-    ),
+    )
 )
 
-M_TYPE = const(0)
-M_NAME = const(1)
-M_DIR = const(2)
-M_FIELDS = const(3)
-
-
-# Applying a scale (protocol.jsonl and protocol.telemetry, one table of powers for both).
-# From a list: a constant tuple's ints above 0x1FFF freeze as big ints
-# (tests/test_frozen_ints.py).
-_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
-
-
-def mul_div_round(v, mul, div):
-    """round(v * mul / div), half up, for v >= 0; intermediates stay below 2**30 for
-    v < 2**16 and mul a multiple of 1000 up to 10**6 (the duty scale) so the MCU never
-    makes a big int.
-
-    >>> mul_div_round(30000, 100000, 65535)
-    45777
-    """
-    if mul > 1000:
-        x = v * (mul // 1000)
-        hi = x // div  # not divmod(): a tuple would allocate
-        r = x - hi * div
-        return hi * 1000 + (r * 2000 + div) // (2 * div)
-    return (v * mul * 2 + div) // (2 * div)
+_M_TYPE = const(0)
+_M_NAME = const(1)
+_M_DIR = const(2)
+_M_FIELDS = const(3)
 
 
 def scale_ints(scale):
@@ -581,26 +563,171 @@ def scale_ints(scale):
 
 def by_type(type_id):
     """Message definition for a type id, or None."""
-    for m in MESSAGES:
-        if m[M_TYPE] == type_id:
+    for m in _MESSAGES:
+        if m[_M_TYPE] == type_id:
             return m
     return None
 
 
 def by_name(name):
     """Message definition for a name, or None."""
-    for m in MESSAGES:
-        if m[M_NAME] == name:
+    for m in _MESSAGES:
+        if m[_M_NAME] == name:
             return m
     return None
 
 
 def field_index(msg_def, name):
     """Index of field ``name`` in a message definition, or -1."""
-    fields = msg_def[M_FIELDS]
+    fields = msg_def[_M_FIELDS]
     i = 0
     while i < len(fields):
-        if fields[i][F_NAME] == name:
+        if fields[i][_F_NAME] == name:
             return i
         i += 1
     return -1
+
+
+# The names above that the firmware does not read in its control tick (the host's,
+# and those the module reads only at boot, in a command or in an event) are const()-
+# private, so they cost the MCU no slot in this module's dict (8 B each, and the dict
+# a size step or two smaller: issue 24's boot heap); module attribute lookups find them
+# here instead, through __getattr__ below, in flash. The control tick's names
+# (states, the fail-safe's reasons and fault bits, severities) stay plain module
+# attributes. On CPython every name is a plain attribute too (the loop at the end).
+# Pairs: name, value.
+# fmt: off
+# frozen-ints: compared only (U16, DUTY_MAX, TEMP_*; DUTY_PCT: see scale_ints)
+_LAZY = (
+    "K_UINT", _K_UINT,
+    "K_INT", _K_INT,
+    "K_STR", _K_STR,
+    "K_BYTES", _K_BYTES,
+    "K_BOOL", _K_BOOL,
+    "K_LIST", _K_LIST,
+    "K_MAP", _K_MAP,
+    "K_NUM", _K_NUM,
+    "K_ENUM", _K_ENUM,
+    "MILLI", _MILLI,
+    "DUTY_PCT", _DUTY_PCT,
+    "GAIN", _GAIN,
+    "RAW", _RAW,
+    "STATES", _STATES,
+    "REASONS", _REASONS,
+    "REASON_NONE", _REASON_NONE,
+    "REASON_SENSOR_STALE", _REASON_SENSOR_STALE,
+    "REASON_CONFIG_CORRUPT", _REASON_CONFIG_CORRUPT,
+    "REASON_CONFIG_SAVED", _REASON_CONFIG_SAVED,
+    "REASON_WATCHDOG_RESET", _REASON_WATCHDOG_RESET,
+    "REASON_CLEARED", _REASON_CLEARED,
+    "REASON_SELFTEST", _REASON_SELFTEST,
+    "REASON_CALIBRATION", _REASON_CALIBRATION,
+    "REASON_MANUAL_EXPIRED", _REASON_MANUAL_EXPIRED,
+    "REASON_CONFIG_FALLBACK", _REASON_CONFIG_FALLBACK,
+    "REASON_UNAUTHORIZED", _REASON_UNAUTHORIZED,
+    "REASON_INTERNAL_ERROR", _REASON_INTERNAL_ERROR,
+    "REASON_PAIRED", _REASON_PAIRED,
+    "REASON_AUTOTUNE", _REASON_AUTOTUNE,
+    "SEVERITIES", _SEVERITIES,
+    "ERRORS", _ERRORS,
+    "ERR_OK", _ERR_OK,
+    "ERR_MALFORMED", _ERR_MALFORMED,
+    "ERR_VERSION", _ERR_VERSION,
+    "ERR_UNKNOWN_TYPE", _ERR_UNKNOWN_TYPE,
+    "ERR_MISSING_FIELD", _ERR_MISSING_FIELD,
+    "ERR_BAD_TYPE", _ERR_BAD_TYPE,
+    "ERR_OUT_OF_RANGE", _ERR_OUT_OF_RANGE,
+    "ERR_BAD_STATE", _ERR_BAD_STATE,
+    "ERR_BUSY", _ERR_BUSY,
+    "ERR_STORAGE", _ERR_STORAGE,
+    "ERR_UNSUPPORTED", _ERR_UNSUPPORTED,
+    "ERR_INTERNAL", _ERR_INTERNAL,
+    "ERR_DIRECTION", _ERR_DIRECTION,
+    "ERR_UNAUTHORIZED", _ERR_UNAUTHORIZED,
+    "ERR_RATE_LIMITED", _ERR_RATE_LIMITED,
+    "TUNE_STATUS", _TUNE_STATUS,
+    "TUNE_IDLE", _TUNE_IDLE,
+    "TUNE_ABORTED", _TUNE_ABORTED,
+    "TUNE_SAFETY", _TUNE_SAFETY,
+    "TUNE_NOT_HOSTED", _TUNE_NOT_HOSTED,
+    "TUNE_TOO_HOT", _TUNE_TOO_HOT,
+    "TUNE_TIMEOUT", _TUNE_TIMEOUT,
+    "TUNE_FLOOR", _TUNE_FLOOR,
+    "TUNE_INCONSISTENT", _TUNE_INCONSISTENT,
+    "TUNE_ACTIONS", _TUNE_ACTIONS,
+    "CHANNELS", _CHANNELS,
+    "FAN_MODES", _FAN_MODES,
+    "CAL_MODELS", _CAL_MODELS,
+    "FAULT_NTC_GPU", _FAULT_NTC_GPU,
+    "FAULT_NTC_VRAM", _FAULT_NTC_VRAM,
+    "FAULT_NTC_MOS", _FAULT_NTC_MOS,
+    "FAULT_NTC_AMB", _FAULT_NTC_AMB,
+    "FAULT_BITS", _FAULT_BITS,
+    "TEMP_MIN_MC", _TEMP_MIN_MC,
+    "TEMP_MAX_MC", _TEMP_MAX_MC,
+    "DUTY_MAX", _DUTY_MAX,
+    "U16", _U16,
+    "U32", _U32,
+    "I32_MIN", _I32_MIN,
+    "I32_MAX", _I32_MAX,
+    "D2H", _D2H,
+    "H2D", _H2D,
+    "F_KEY", _F_KEY,
+    "F_NAME", _F_NAME,
+    "F_KIND", _F_KIND,
+    "F_REQUIRED", _F_REQUIRED,
+    "F_LO", _F_LO,
+    "F_HI", _F_HI,
+    "F_SCALE", _F_SCALE,
+    "F_UNIT", _F_UNIT,
+    "T_HELLO", _T_HELLO,
+    "T_HELLO_REQUEST", _T_HELLO_REQUEST,
+    "T_TELEMETRY", _T_TELEMETRY,
+    "T_EVENT", _T_EVENT,
+    "T_CAL_RAW", _T_CAL_RAW,
+    "T_CONFIG", _T_CONFIG,
+    "T_ACK", _T_ACK,
+    "T_NACK", _T_NACK,
+    "T_HEARTBEAT", _T_HEARTBEAT,
+    "T_FAN_MODE", _T_FAN_MODE,
+    "T_SETPOINTS", _T_SETPOINTS,
+    "T_PID_GAINS", _T_PID_GAINS,
+    "T_FAN_CURVE", _T_FAN_CURVE,
+    "T_CONFIG_GET", _T_CONFIG_GET,
+    "T_CONFIG_SET", _T_CONFIG_SET,
+    "T_CONFIG_SAVE", _T_CONFIG_SAVE,
+    "T_CONFIG_RESET", _T_CONFIG_RESET,
+    "T_CAL_READ", _T_CAL_READ,
+    "T_CAL_WRITE", _T_CAL_WRITE,
+    "T_SELFTEST_REPORT", _T_SELFTEST_REPORT,
+    "T_REBOOT", _T_REBOOT,
+    "T_REPL", _T_REPL,
+    "T_SELFTEST", _T_SELFTEST,
+    "T_PAIR", _T_PAIR,
+    "T_AUTOTUNE", _T_AUTOTUNE,
+    "T_AUTOTUNE_REPORT", _T_AUTOTUNE_REPORT,
+    "M_TYPE", _M_TYPE,
+    "M_NAME", _M_NAME,
+    "M_DIR", _M_DIR,
+    "M_FIELDS", _M_FIELDS,
+)
+# fmt: on
+
+
+def __getattr__(name):
+    """A name of ``_LAZY`` (``C.T_HELLO``, ``from protocol.catalog import MESSAGES``);
+    allocates nothing when it is one."""
+    if name == "MESSAGES":  # not in _LAZY: a second copy in flash, another object
+        return _MESSAGES
+    if name in _LAZY:
+        i = _LAZY.index(name)
+        if not i & 1:
+            return _LAZY[i + 1]
+    raise AttributeError(name)
+
+
+if "_HOST" in globals():  # CPython (see const): plain attributes, dir() lists them
+    for _i in range(0, len(_LAZY), 2):
+        globals()[_LAZY[_i]] = _LAZY[_i + 1]
+    del _i
+    MESSAGES = _MESSAGES

@@ -18,19 +18,25 @@ def max_encoded_len(n):
     return n + n // 254 + 1
 
 
-def encode_into(src, src_len, dst, dst_off=0):
-    """COBS-encode ``src[:src_len]`` into ``dst`` at ``dst_off``; return the end offset.
+def encode_into(src, src_len, dst, dst_off=0, src_off=0):
+    """COBS-encode ``src[src_off:src_off+src_len]`` into ``dst`` at ``dst_off``; return
+    the end offset.
 
     Canonical COBS: a block of 254 non-zero bytes that ends the input gets no extra
     code byte. Raises OversizeError if ``dst`` is too small. Does not allocate.
+
+    ``src`` may be ``dst`` itself, the input starting at least the overhead
+    (``max_encoded_len(src_len) - src_len``) after ``dst_off``: every byte is read
+    before its position is written (the telemetry encoder's frame is stuffed in place).
     """
     if dst_off + max_encoded_len(src_len) > len(dst):
         raise E.OversizeError("COBS output buffer too small")
     code_pos = dst_off
     out = dst_off + 1
     code = 1
-    i = 0
-    while i < src_len:
+    i = src_off
+    end = src_off + src_len
+    while i < end:
         b = src[i]
         i += 1
         if b:
@@ -41,7 +47,7 @@ def encode_into(src, src_len, dst, dst_off=0):
             dst[code_pos] = code
             code = 1
             code_pos = out
-            if not b or i < src_len:
+            if not b or i < end:
                 out += 1
     dst[code_pos] = code
     return out

@@ -17,7 +17,7 @@ interpreters emit the same bytes.
 
 from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
-from protocol.catalog import _POW10, mul_div_round  # noqa: F401 - jsonl.mul_div_round too
+from protocol.telemetry import _POW10, mul_div_round  # noqa: F401 - jsonl.mul_div_round too
 from protocol.crc import crc16
 from protocol.errors import (
     CBORDecodeError,

@@ -17,7 +17,6 @@ The bytes are identical to :func:`protocol.frame.encode_frame` and
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, catalog as C, cobs
 from protocol.cbor import MAJOR_MAP, put_head, put_int
-from protocol.catalog import _POW10, mul_div_round  # one table of powers for both
 from protocol.crc import crc16
 from protocol.frame import HEADER_LEN
 
@@ -29,9 +28,41 @@ except ImportError:  # CPython
         return x
 
 
-_MDEF = C.by_type(C.T_TELEMETRY)
-FIELDS = _MDEF[C.M_FIELDS]
+# Catalog constants this module reads (in the tick among others): copies, folded by
+# the compiler (another module's names are dict lookups; tests check the copies).
+_T_TELEMETRY = const(0x10)
+_M_FIELDS = const(3)
+_F_KEY = const(0)
+_F_NAME = const(1)
+_F_KIND = const(2)
+_F_SCALE = const(6)
+_K_ENUM = const("e")
+
+_MDEF = C.by_type(_T_TELEMETRY)
+FIELDS = _MDEF[_M_FIELDS]
 N_FIELDS = len(FIELDS)
+
+
+# Applying a scale (this module and protocol.jsonl, one table of powers for both).
+# From a list: a constant tuple's ints above 0x1FFF freeze as big ints
+# (tests/test_frozen_ints.py).
+_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
+
+
+def mul_div_round(v, mul, div):
+    """round(v * mul / div), half up, for v >= 0; intermediates stay below 2**30 for
+    v < 2**16 and mul a multiple of 1000 up to 10**6 (the duty scale) so the MCU never
+    makes a big int.
+
+    >>> mul_div_round(30000, 100000, 65535)
+    45777
+    """
+    if mul > 1000:
+        x = v * (mul // 1000)
+        hi = x // div  # not divmod(): a tuple would allocate
+        r = x - hi * div
+        return hi * 1000 + (r * 2000 + div) // (2 * div)
+    return (v * mul * 2 + div) // (2 * div)
 
 
 def index(name):
@@ -147,11 +178,11 @@ def max_json_len():
     while i < N_FIELDS:
         f = FIELDS[i]
         longest = _VALUE_TEXT
-        if f[C.F_KIND] == C.K_ENUM:
-            for name in f[C.F_SCALE]:
+        if f[_F_KIND] == _K_ENUM:
+            for name in f[_F_SCALE]:
                 if len(name) + 2 > longest:
                     longest = len(name) + 2
-        n += 1 + len(f[C.F_NAME]) + 3 + longest  # ,"name": value
+        n += 1 + len(f[_F_NAME]) + 3 + longest  # ,"name": value
         i += 1
     return n
 
@@ -172,15 +203,20 @@ class TelemetryEncoder:
         # (silently on MicroPython), and reading an array("q") item allocates.
         self.values = [0] * N_FIELDS
         self.present = 0
-        self.raw = bytearray(max_cbor_len())
         # ``json=False`` (the module, which sends frames unless a host speaks JSON
         # lines): ``out`` fits a frame, and the JSON tables (and a line's ``out``) are
-        # made by the first encode_json: allocations when the format changes, none after
-        self.out = bytearray(cobs.max_encoded_len(len(self.raw)) + 1)
+        # made by the first encode_json: allocations when the format changes, none after.
+        # encode_cbor writes the unstuffed frame at out[1:] and COBS-encodes it in place
+        # to out[0:] (one buffer, not two: heap on the MCU), which takes a frame's COBS
+        # overhead to be one byte: under 254 bytes.
+        n = max_cbor_len()
+        if cobs.max_encoded_len(n) != n + 1:  # pragma: no cover - the catalog's size
+            raise ValueError("a telemetry frame of %d bytes is too long to stuff in place" % n)
+        self.out = bytearray(n + 2)  # the code byte, the frame, the 0x00
         keys = bytearray(N_FIELDS)
         i = 0
         while i < N_FIELDS:
-            keys[i] = FIELDS[i][C.F_KEY]
+            keys[i] = FIELDS[i][_F_KEY]
             i += 1
         self._keys = keys
         self._jhead = None
@@ -194,12 +230,12 @@ class TelemetryEncoder:
         i = 0
         while i < N_FIELDS:
             f = FIELDS[i]
-            if f[C.F_KIND] == C.K_ENUM:
+            if f[_F_KIND] == _K_ENUM:
                 kinds[i] = _KIND_ENUM
-                scales.append(f[C.F_SCALE])
-            elif f[C.F_SCALE] is not None:
+                scales.append(f[_F_SCALE])
+            elif f[_F_SCALE] is not None:
                 kinds[i] = _KIND_SCALED
-                scales.append(C.scale_ints(f[C.F_SCALE]))  # small ints: no allocation
+                scales.append(C.scale_ints(f[_F_SCALE]))  # small ints: no allocation
             else:
                 kinds[i] = _KIND_PLAIN
                 scales.append(None)
@@ -226,18 +262,18 @@ class TelemetryEncoder:
         i = 0
         while i < N_FIELDS:
             if self.present & (1 << i):
-                out[FIELDS[i][C.F_NAME]] = self.values[i]
+                out[FIELDS[i][_F_NAME]] = self.values[i]
             i += 1
         return out
 
     def encode_cbor(self, seq):
         """Write a complete binary frame into ``out``; return its length (with 0x00)."""
-        raw = self.raw
-        raw[0] = VERSION_MAJOR
-        raw[1] = VERSION_MINOR
-        raw[2] = C.T_TELEMETRY
-        raw[3] = (seq >> 8) & 0xFF
-        raw[4] = seq & 0xFF
+        raw = self.out  # the frame at [1:], stuffed in place (see __init__)
+        raw[1] = VERSION_MAJOR
+        raw[2] = VERSION_MINOR
+        raw[3] = _T_TELEMETRY
+        raw[4] = (seq >> 8) & 0xFF
+        raw[5] = seq & 0xFF
         present = self.present
         values = self.values
         keys = self._keys
@@ -247,7 +283,7 @@ class TelemetryEncoder:
             if present & (1 << i):
                 count += 1
             i += 1
-        o = HEADER_LEN
+        o = 1 + HEADER_LEN
         if count:
             o = put_head(raw, o, MAJOR_MAP, count)
             i = 0
@@ -256,11 +292,11 @@ class TelemetryEncoder:
                     o = put_head(raw, o, 0, keys[i])
                     o = put_int(raw, o, values[i])
                 i += 1
-        crc = crc16(raw, 0, o)
+        crc = crc16(raw, 1, o)
         raw[o] = crc >> 8
         raw[o + 1] = crc & 0xFF
-        n = cobs.encode_into(raw, o + 2, self.out, 0)
-        self.out[n] = 0
+        n = cobs.encode_into(raw, o + 1, raw, 0, 1)
+        raw[n] = 0
         return n + 1
 
     def encode_json(self, seq):
@@ -278,7 +314,7 @@ class TelemetryEncoder:
             if present & (1 << i):
                 buf[o] = 0x2C  # ','
                 buf[o + 1] = 0x22  # '"'
-                o = _put_str(buf, o + 2, FIELDS[i][C.F_NAME])
+                o = _put_str(buf, o + 2, FIELDS[i][_F_NAME])
                 buf[o] = 0x22
                 buf[o + 1] = 0x3A  # ':'
                 o += 2

@@ -12,9 +12,13 @@ SCALES = (C.MILLI, C.DUTY_PCT, C.GAIN)
 
 
 def _constants(prefix):
-    """Module-level ints named prefix* (MicroPython keeps public const() names)."""
+    """Module-level ints named prefix* (MicroPython keeps public const() names; the
+    others are answered by the module's __getattr__ from its _LAZY pairs)."""
     out = {}
-    for name in dir(C):
+    names = list(dir(C))
+    for i in range(0, len(C._LAZY), 2):
+        names.append(C._LAZY[i])
+    for name in names:
         if name.startswith(prefix):
             value = getattr(C, name)
             if isinstance(value, int) and not isinstance(value, bool):
@@ -48,7 +52,6 @@ def test_message_shape():
         assert isinstance(m[C.M_FIELDS], tuple), m[C.M_NAME]
 
 
-
 def test_every_message_and_field_has_a_doc():
     # catalog_doc.py is the prose half of the catalog (host-only, for SPEC.md): one
     # entry per message (non-empty) and per field ("" allowed), and nothing stale.
@@ -68,6 +71,7 @@ def test_every_message_and_field_has_a_doc():
             assert catalog_doc.field_doc(key[0], key[1]) is doc, key
     for key in catalog_doc.DOCS:
         assert key in want, ("doc for a message or field the catalog lacks", key)
+
 
 def test_field_keys_unique_and_ascending():
     for m in C.MESSAGES:
