@@ -31,28 +31,11 @@ allocating anything: see :class:`HeartbeatState`.
 
 from array import array
 
-from protocol import VERSION_MAJOR, VERSION_MINOR, cbor, cobs
 from protocol import catalog as C
+from protocol import cbor, cobs
 from protocol import errors as E  # the classes by attribute: 8 fewer module names
+from protocol import message as M  # by attribute too: 9 fewer
 from protocol.crc import crc16
-from protocol.message import (
-    FMT_CBOR,
-    FMT_JSON,
-    BadFrame,
-    Message,
-    check_seq,
-    encode_payload,
-    fields_from_keys,
-    lookup,
-    validate_fields,
-)
-from protocol.sign import (
-    AUTH_NONE,
-    AUTH_OK,
-    AUTH_UNCHECKED,
-    FLAG_SIGNED,
-    TRAILER_LEN,
-)
 
 try:
     from micropython import const
@@ -61,6 +44,40 @@ except ImportError:  # CPython
     def const(x):
         return x
 
+
+# Constants of protocol (VERSION_*), protocol.catalog, protocol.message and
+# protocol.sign that this module reads: copies, which the compiler folds (another
+# module's names are dict lookups at run time, and imported ones slots in this
+# module's dict on the MCU). tests/test_message_frame.py checks each against its source.
+_VERSION_MAJOR = const(1)
+_VERSION_MINOR = const(0)
+_FLAG_SIGNED = const(0x80)
+_TRAILER_LEN = const(13)
+_AUTH_NONE = const(0)
+_AUTH_OK = const(1)
+_AUTH_UNCHECKED = const(4)
+_FMT_CBOR = const("cbor")
+_FMT_JSON = const("json")
+_T_HEARTBEAT = const(0x20)
+_H2D = const("h2d")
+_M_TYPE = const(0)
+_M_NAME = const(1)
+_M_DIR = const(2)
+_M_FIELDS = const(3)
+_F_KEY = const(0)
+_F_NAME = const(1)
+_F_KIND = const(2)
+_F_REQUIRED = const(3)
+_F_LO = const(4)
+_F_HI = const(5)
+_K_UINT = const("u")
+_K_INT = const("i")
+_K_ENUM = const("e")
+_ERR_MALFORMED = const(1)
+_ERR_VERSION = const(2)
+_ERR_UNKNOWN_TYPE = const(3)
+_ERR_OUT_OF_RANGE = const(6)
+_ERR_DIRECTION = const(12)
 
 HEADER_LEN = const(5)
 CRC_LEN = const(2)
@@ -80,7 +97,7 @@ _TICKS_MASK = const(0x3FFFFFFF)  # ms ticks wrap at 2**30 (device/ticks.py)
 
 
 def encode_frame(
-    type_or_name, fields=None, seq=0, minor=VERSION_MINOR, major=VERSION_MAJOR, signer=None
+    type_or_name, fields=None, seq=0, minor=_VERSION_MINOR, major=_VERSION_MAJOR, signer=None
 ):
     """Validate and encode one message; returns the COBS frame plus its 0x00 delimiter.
 
@@ -93,23 +110,23 @@ def encode_frame(
     type not in it, OversizeError when the frame would exceed MAX_FRAME, SigningError
     when the signer has no nonce yet.
     """
-    mdef = lookup(type_or_name)
+    mdef = M.lookup(type_or_name)
     fields = fields or {}
-    check_seq(seq)
-    validate_fields(mdef, fields)
+    M.check_seq(seq)
+    M.validate_fields(mdef, fields)
     if signer is not None and not 0 <= minor <= _MINOR_MASK:
         raise E.FieldError(
-            "minor %r does not fit beside the signed flag" % (minor,), C.ERR_OUT_OF_RANGE, "minor"
+            "minor %r does not fit beside the signed flag" % (minor,), _ERR_OUT_OF_RANGE, "minor"
         )
-    payload = encode_payload(mdef, fields)
+    payload = M.encode_payload(mdef, fields)
     body = HEADER_LEN + len(payload) + CRC_LEN
-    n = body if signer is None else body + TRAILER_LEN
+    n = body if signer is None else body + _TRAILER_LEN
     if n > MAX_FRAME:
-        raise E.OversizeError("%s frame of %d bytes exceeds %d" % (mdef[C.M_NAME], n, MAX_FRAME))
+        raise E.OversizeError("%s frame of %d bytes exceeds %d" % (mdef[_M_NAME], n, MAX_FRAME))
     raw = bytearray(n)
     raw[0] = major
-    raw[1] = minor if signer is None else minor | FLAG_SIGNED
-    raw[2] = mdef[C.M_TYPE]
+    raw[1] = minor if signer is None else minor | _FLAG_SIGNED
+    raw[2] = mdef[_M_TYPE]
     raw[3] = (seq >> 8) & 0xFF
     raw[4] = seq & 0xFF
     raw[HEADER_LEN : HEADER_LEN + len(payload)] = payload
@@ -118,7 +135,7 @@ def encode_frame(
     raw[body - 1] = crc & 0xFF
     if signer is not None:
         trailer = signer.trailer(bytes(raw[:body]))
-        if len(trailer) != TRAILER_LEN:  # pragma: no cover - Signer guarantees it
+        if len(trailer) != _TRAILER_LEN:  # pragma: no cover - Signer guarantees it
             raise E.FrameError("signer returned a %d-byte trailer" % len(trailer))
         raw[body:n] = trailer
     out = bytearray(cobs.max_encoded_len(n) + 1)
@@ -129,7 +146,7 @@ def encode_frame(
 
 def encode_message(msg, signer=None):
     """Encode a Message in its own format (binary frame or JSON line)."""
-    if msg.fmt == FMT_JSON:
+    if msg.fmt == _FMT_JSON:
         from protocol import jsonl  # JSON lines: imported for the first one (kept)
 
         return jsonl.encode_line(msg.name, msg.fields, msg.seq, signer=signer)
@@ -152,8 +169,8 @@ def decode_raw(raw, n, accept=None, verifier=None):
     if n < MIN_FRAME:
         raise E.FrameError("frame of %d bytes is shorter than %d" % (n, MIN_FRAME))
     end = n  # end of the CRC
-    if raw[1] & FLAG_SIGNED:
-        end = n - TRAILER_LEN
+    if raw[1] & _FLAG_SIGNED:
+        end = n - _TRAILER_LEN
         if end < MIN_FRAME:
             raise E.FrameError("signed frame of %d bytes is shorter than %d" % (n, MIN_SIGNED))
     got = (raw[end - 2] << 8) | raw[end - 1]
@@ -164,20 +181,20 @@ def decode_raw(raw, n, accept=None, verifier=None):
     minor = raw[1] & _MINOR_MASK
     type_id = raw[2]
     seq = (raw[3] << 8) | raw[4]
-    if major != VERSION_MAJOR:
+    if major != _VERSION_MAJOR:
         err = E.VersionError(
-            "peer speaks protocol %d.%d, this side speaks %d.x" % (major, minor, VERSION_MAJOR),
+            "peer speaks protocol %d.%d, this side speaks %d.x" % (major, minor, _VERSION_MAJOR),
             major,
             minor,
         )
         err.type_id = type_id
         err.seq = seq
         raise err
-    auth = AUTH_NONE
+    auth = _AUTH_NONE
     link = -1
     if end != n:
         link = raw[end]
-        auth = AUTH_UNCHECKED if verifier is None else verifier.verify(raw, n)
+        auth = _AUTH_UNCHECKED if verifier is None else verifier.verify(raw, n)
     mdef = C.by_type(type_id)
     if mdef is None:
         err = E.UnknownTypeError("unknown message type 0x%02x" % type_id)
@@ -187,9 +204,9 @@ def decode_raw(raw, n, accept=None, verifier=None):
         err.link = link
         raise err
     try:
-        if accept is not None and mdef[C.M_DIR] != accept:
+        if accept is not None and mdef[_M_DIR] != accept:
             raise E.FieldError(
-                "%s is not accepted in this direction" % mdef[C.M_NAME], C.ERR_DIRECTION
+                "%s is not accepted in this direction" % mdef[_M_NAME], _ERR_DIRECTION
             )
         pend = end - CRC_LEN
         if pend == HEADER_LEN:
@@ -200,14 +217,14 @@ def decode_raw(raw, n, accept=None, verifier=None):
                 raise E.CBORDecodeError("%d bytes after the payload map" % (pend - pos))
             if not isinstance(raw_fields, dict):
                 raise E.CBORDecodeError("payload is not a map")
-        fields = fields_from_keys(mdef, raw_fields)
+        fields = M.fields_from_keys(mdef, raw_fields)
     except E.ProtocolError as e:
         e.type_id = type_id
         e.seq = seq
         e.auth = auth
         e.link = link
         raise
-    return Message(type_id, mdef[C.M_NAME], seq, fields, minor, FMT_CBOR, auth, link)
+    return M.Message(type_id, mdef[_M_NAME], seq, fields, minor, _FMT_CBOR, auth, link)
 
 
 def decode_frame(data, accept=None, verifier=None):
@@ -223,10 +240,10 @@ def decode_frame(data, accept=None, verifier=None):
 # ----------------------------------------------------------------------------
 # Heartbeats without allocation
 
-_HB_DEF = C.by_type(C.T_HEARTBEAT)
-_SMALL_MIN = -0x40000000  # a MicroPython small int on a 32-bit MCU: -2**30 ..
-_SMALL_MAX = 0x3FFFFFFF  # .. 2**30 - 1
-_INT_KINDS = (C.K_UINT, C.K_INT, C.K_ENUM)
+_HB_DEF = C.by_type(_T_HEARTBEAT)
+_SMALL_MIN = const(-0x40000000)  # a MicroPython small int on a 32-bit MCU: -2**30 ..
+_SMALL_MAX = const(0x3FFFFFFF)  # .. 2**30 - 1
+_INT_KINDS = const((_K_UINT, _K_INT, _K_ENUM))
 
 
 class HeartbeatState:
@@ -268,62 +285,64 @@ class HeartbeatState:
     """
 
     def __init__(self):
-        fields = _HB_DEF[C.M_FIELDS]
+        fields = _HB_DEF[_M_FIELDS]
         n = len(fields)
-        self.n_fields = n
         self.values = array("i", [0] * n)
         self.present = 0
         self.wide = 0
         self.seq = 0
         self.minor = 0
-        self.auth = AUTH_NONE
+        self.auth = _AUTH_NONE
         self.link = -1
         self.pending = False
         self.fresh = False
         self.bad = 0
         self.bad_seq = 0
-        self.bad_auth = AUTH_NONE
+        self.bad_auth = _AUTH_NONE
         self.taken = 0
         self.accepted = 0
         self.refused = 0
         self.fallbacks = 0
-        self._scratch = array("i", [0] * n)
-        self._lo = array("i", [0] * n)
-        self._hi = array("i", [0] * n)
-        self._index = bytearray(24)  # CBOR key -> field index + 1 (0: not a field)
+        # One array (a header and a heap block, and an attribute, for all; 17
+        # attributes keep the instance's table a size step smaller): the parsed values
+        # [0, n), the lower bounds [n, 2n), the upper [2n, 3n), then the masks of
+        # integer fields, of fields whose 4-byte uints are all in range, and of
+        # required fields.
+        t = array("i", [0] * (3 * n + 3))
+        self._t = t
         ints = 0
         wide_ok = 0
         required = 0
         i = 0
         while i < n:
             f = fields[i]
-            if f[C.F_KEY] < 24:
-                self._index[f[C.F_KEY]] = i + 1
-            lo = f[C.F_LO]
-            hi = f[C.F_HI]
-            if f[C.F_KIND] in _INT_KINDS:
+            if f[_F_KEY] != i:  # take() reads a key as the field's index
+                raise ValueError("heartbeat field keys are not 0..n-1")
+            lo = f[_F_LO]
+            hi = f[_F_HI]
+            if f[_F_KIND] in _INT_KINDS:
                 ints |= 1 << i
-            if f[C.F_KIND] == C.K_UINT and (lo is None or lo < 0):
+            if f[_F_KIND] == _K_UINT and (lo is None or lo < 0):
                 lo = 0
-            self._lo[i] = _SMALL_MIN if lo is None or lo < _SMALL_MIN else lo
-            self._hi[i] = _SMALL_MAX if hi is None or hi > _SMALL_MAX else hi
+            t[n + i] = _SMALL_MIN if lo is None or lo < _SMALL_MIN else lo
+            t[2 * n + i] = _SMALL_MAX if hi is None or hi > _SMALL_MAX else hi
             if hi is None or hi >= 0xFFFFFFFF:
                 wide_ok |= 1 << i  # any 4-byte uint fits its range
-            if f[C.F_REQUIRED]:
+            if f[_F_REQUIRED]:
                 required |= 1 << i
             i += 1
-        self._ints = ints
-        self._wide_ok = wide_ok
-        self._required = required
+        t[3 * n] = ints
+        t[3 * n + 1] = wide_ok
+        t[3 * n + 2] = required
 
     def fields(self):
         """The present values as a name -> value dict (allocates; tests and hosts)."""
         out = {}
-        fields = _HB_DEF[C.M_FIELDS]
+        fields = _HB_DEF[_M_FIELDS]
         i = 0
-        while i < self.n_fields:
+        while i < len(fields):
             if self.present & (1 << i):
-                out[fields[i][C.F_NAME]] = self.values[i]
+                out[fields[i][_F_NAME]] = self.values[i]
             i += 1
         return out
 
@@ -331,14 +350,14 @@ class HeartbeatState:
         """Handle the unstuffed frame ``raw[:n]`` if it is a heartbeat this path can
         parse; True when it did (the state describes it), False to decode it the
         normal way. Allocates nothing."""
-        if n < MIN_FRAME or raw[2] != C.T_HEARTBEAT or raw[0] != VERSION_MAJOR:
+        if n < MIN_FRAME or raw[2] != _T_HEARTBEAT or raw[0] != _VERSION_MAJOR:
             return False
-        if accept is not None and accept != C.H2D:
+        if accept is not None and accept != _H2D:
             return False
         self.fallbacks += 1  # undone below when the frame is taken
         end = n
-        if raw[1] & FLAG_SIGNED:
-            end = n - TRAILER_LEN
+        if raw[1] & _FLAG_SIGNED:
+            end = n - _TRAILER_LEN
             if end < MIN_FRAME:
                 return False
         if crc16(raw, 0, end - CRC_LEN) != (raw[end - 2] << 8) | raw[end - 1]:
@@ -347,16 +366,16 @@ class HeartbeatState:
         pend = end - CRC_LEN
         present = 0
         wide = 0
+        t = self._t
+        nf = len(self.values)
         if p < pend:
             ib = raw[p]
             p += 1
             if ib < 0xA0 or ib > 0xB7:  # a map with fewer than 24 pairs
                 return False
             count = ib - 0xA0
-            index = self._index
-            scratch = self._scratch
-            lo = self._lo
-            hi = self._hi
+            ints = t[3 * nf]
+            wide_ok = t[3 * nf + 1]
             seen = 0
             while count:
                 if p + 2 > pend:
@@ -396,49 +415,47 @@ class HeartbeatState:
                     return False  # 8-byte or reserved argument
                 if ib >= 0x20:
                     v = -1 - v
-                fi = index[k] - 1
-                if fi >= 0:  # unknown keys (a newer minor's fields) are ignored
-                    bit = 1 << fi
-                    if not self._ints & bit:
+                if k < nf:  # the field's index; unknown keys (a newer minor's) are ignored
+                    bit = 1 << k
+                    if not ints & bit:
                         return False
                     if big:
-                        if ib >= 0x20 or not self._wide_ok & bit:
+                        if ib >= 0x20 or not wide_ok & bit:
                             return False
                         wide |= bit
                     else:
-                        if v < lo[fi] or v > hi[fi]:
+                        if v < t[nf + k] or v > t[2 * nf + k]:
                             return False
-                        scratch[fi] = v
+                        t[k] = v
                         present |= bit
                 count -= 1
             if p != pend:
                 return False
-        if self._required & ~(present | wide):
+        if t[3 * nf + 2] & ~(present | wide):
             return False
         # The frame is valid: the signature is checked now, exactly once.
         self.fallbacks -= 1
         if end != n:
             self.link = raw[end]
-            self.auth = AUTH_UNCHECKED if verifier is None else verifier.verify(raw, n)
+            self.auth = _AUTH_UNCHECKED if verifier is None else verifier.verify(raw, n)
         else:
             self.link = -1
-            self.auth = AUTH_NONE
+            self.auth = _AUTH_NONE
         self.seq = (raw[3] << 8) | raw[4]
         self.minor = raw[1] & _MINOR_MASK
         self.pending = True
         self.taken += 1
-        if self.auth != AUTH_OK:
+        if self.auth != _AUTH_OK:
             self.refused += 1
             self.bad += 1
             self.bad_seq = self.seq
             self.bad_auth = self.auth
             return True
         values = self.values
-        scratch = self._scratch
         i = 0
-        while i < self.n_fields:
+        while i < nf:
             if present & (1 << i):
-                values[i] = scratch[i]
+                values[i] = t[i]
             i += 1
         self.present = present
         self.wide = wide
@@ -485,17 +502,6 @@ ERROR_KINDS = (
 )
 
 
-class _Sink:
-    """Stands in for the output list when ``feed`` is given a sink: ``append`` hands
-    the item on, so the decoder's internals work the same either way."""
-
-    def __init__(self):
-        self.fn = None
-
-    def append(self, item):
-        self.fn(item)
-
-
 class StreamDecoder:
     """Turns a byte stream into messages; never raises on any input.
 
@@ -529,7 +535,7 @@ class StreamDecoder:
         # to a line's size (once: a peer that speaks JSON lines keeps speaking them).
         self._buf = bytearray(self.max_encoded + 1)
         self.max_frame = max_frame
-        self._sink = _Sink()
+        self._fn = None  # feed()'s sink while it runs
         self._n = 0
         self._state = _IDLE
         self._discard_text = False
@@ -562,11 +568,8 @@ class StreamDecoder:
         receive buffer every time, and a sink bound once (``self._on_item =
         self.on_item`` in ``__init__``: naming a bound method allocates it anew).
         """
-        if sink is None:
-            out = []
-        else:
-            out = self._sink
-            out.fn = sink
+        out = [] if sink is None else None  # None: each item goes to the sink (_put)
+        self._fn = sink
         self._quiet = -1
         end = len(data)
         if n is not None and n < end:
@@ -632,7 +635,7 @@ class StreamDecoder:
                     else:
                         self._end_binary(out)  # too short: counted
                     continue
-                if first == _NL and b != VERSION_MAJOR:
+                if first == _NL and b != _VERSION_MAJOR:
                     # A blank line, not the COBS code byte 0x0A of a frame (whose
                     # second byte would be the major version): b starts the run.
                     buf[0] = b
@@ -659,17 +662,15 @@ class StreamDecoder:
                 self._n = 0
                 self._state = _IDLE
                 self.errors["noise"] += 1
-                out.append(BadFrame("noise", "text ended by 0x00", fmt=FMT_JSON))
+                self._put(out, M.BadFrame("noise", "text ended by 0x00", fmt=_FMT_JSON))
                 continue
             if self._n >= self.max_line:
                 self._overflow(out, True)
                 continue
             buf[self._n] = b
             self._n += 1
-        if sink is None:
-            return out
-        out.fn = None
-        return None
+        self._fn = None
+        return out
 
     def idle(self, now):
         """The port was found empty at ``now`` (ms ticks, 0 .. 2**30 - 1).
@@ -694,6 +695,14 @@ class StreamDecoder:
                 return  # a text line (or one being discarded) ends at its LF only
             self.reset()
 
+    def _put(self, out, item):
+        """An item to feed()'s list ``out``, or when that is None to its sink (no
+        list, and no object standing in for one: a class costs heap on the MCU)."""
+        if out is None:
+            self._fn(item)
+        else:
+            out.append(item)
+
     def _line_buffer(self):
         """The buffer grown to hold a text line (the first byte kept); returns it."""
         big = bytearray(self.max_line + 1)
@@ -706,8 +715,8 @@ class StreamDecoder:
         self._n = 0
         self._state = _DISCARD
         self._discard_text = text
-        fmt = FMT_JSON if text else FMT_CBOR
-        out.append(BadFrame("oversize", "longer than the receive buffer", fmt=fmt))
+        fmt = _FMT_JSON if text else _FMT_CBOR
+        self._put(out, M.BadFrame("oversize", "longer than the receive buffer", fmt=fmt))
 
     def _reject(self, out, err, fmt):
         kind = err.kind
@@ -717,12 +726,12 @@ class StreamDecoder:
         code = getattr(err, "code", None)
         if code is None:
             if kind == "version":
-                code = C.ERR_VERSION
+                code = _ERR_VERSION
             elif kind == "unknown_type":
-                code = C.ERR_UNKNOWN_TYPE
+                code = _ERR_UNKNOWN_TYPE
             else:
-                code = C.ERR_MALFORMED
-        bad = BadFrame(
+                code = _ERR_MALFORMED
+        bad = M.BadFrame(
             kind,
             str(err),
             code,
@@ -731,11 +740,11 @@ class StreamDecoder:
             getattr(err, "field", None),
             fmt,
         )
-        auth = getattr(err, "auth", AUTH_NONE)
-        if auth != AUTH_NONE:
+        auth = getattr(err, "auth", _AUTH_NONE)
+        if auth != _AUTH_NONE:
             bad.auth = auth
             bad.link = err.link
-        out.append(bad)
+        self._put(out, bad)
 
     def _end_binary(self, out):
         n = self._n
@@ -750,13 +759,13 @@ class StreamDecoder:
                 return
             msg = decode_raw(raw, m, self.accept, self.verifier)
         except E.ProtocolError as e:
-            self._reject(out, e, FMT_CBOR)
+            self._reject(out, e, _FMT_CBOR)
             return
         except Exception as e:  # noqa: BLE001 - the read loop must survive anything
-            self._reject(out, E.FrameError("decoder bug: %r" % (e,)), FMT_CBOR)
+            self._reject(out, E.FrameError("decoder bug: %r" % (e,)), _FMT_CBOR)
             return
         self.frames += 1
-        out.append(msg)
+        self._put(out, msg)
 
     def _end_text(self, out):
         n = self._n
@@ -773,18 +782,20 @@ class StreamDecoder:
             return
         if buf[s] != _LBRACE and not _bom_object(buf, s, e):
             self.errors["noise"] += 1
-            out.append(BadFrame("noise", "text line that is not a JSON object", fmt=FMT_JSON))
+            self._put(
+                out, M.BadFrame("noise", "text line that is not a JSON object", fmt=_FMT_JSON)
+            )
             return
         try:
             from protocol import jsonl  # imported for the first line (kept): not at boot
 
             msg = jsonl.decode_line(bytes(buf[s:e]), self.accept, self.verifier)
         except E.ProtocolError as e:
-            self._reject(out, e, FMT_JSON)
+            self._reject(out, e, _FMT_JSON)
             return
         except Exception as e:  # noqa: BLE001 - the read loop must survive anything
-            self._reject(out, E.FrameError("decoder bug: %r" % (e,)), FMT_JSON)
+            self._reject(out, E.FrameError("decoder bug: %r" % (e,)), _FMT_JSON)
             return
         self.frames += 1
         self.json_lines += 1
-        out.append(msg)
+        self._put(out, msg)

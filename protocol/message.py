@@ -3,7 +3,41 @@
 from protocol import catalog as C
 from protocol import cbor
 from protocol import errors as E  # the classes by attribute, made on first use
-from protocol.sign import AUTH_NONE
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+# Constants of protocol.catalog and protocol.sign this module reads: copies, which the
+# compiler folds (another module's names are dict lookups at run time, and imported
+# ones slots in this module's dict on the MCU); tests/test_message_frame.py checks them.
+_AUTH_NONE = const(0)
+_M_NAME = const(1)
+_M_FIELDS = const(3)
+_F_KEY = const(0)
+_F_NAME = const(1)
+_F_KIND = const(2)
+_F_REQUIRED = const(3)
+_F_LO = const(4)
+_F_HI = const(5)
+_K_UINT = const("u")
+_K_INT = const("i")
+_K_STR = const("s")
+_K_BYTES = const("b")
+_K_BOOL = const("?")
+_K_LIST = const("l")
+_K_MAP = const("m")
+_K_NUM = const("n")
+_K_ENUM = const("e")
+_ERR_MALFORMED = const(1)
+_ERR_MISSING_FIELD = const(4)
+_ERR_BAD_TYPE = const(5)
+_ERR_OUT_OF_RANGE = const(6)
+_ERR_INTERNAL = const(11)
 
 FMT_CBOR = "cbor"
 FMT_JSON = "json"
@@ -20,7 +54,7 @@ class Message:
 
     ok = True
 
-    def __init__(self, type_id, name, seq, fields, minor=0, fmt=FMT_CBOR, auth=AUTH_NONE, link=-1):
+    def __init__(self, type_id, name, seq, fields, minor=0, fmt=FMT_CBOR, auth=_AUTH_NONE, link=-1):
         self.type = type_id
         self.name = name
         self.seq = seq
@@ -55,11 +89,11 @@ class BadFrame:
     """
 
     ok = False
-    auth = AUTH_NONE
+    auth = _AUTH_NONE
     link = -1
 
     def __init__(
-        self, kind, detail, code=C.ERR_MALFORMED, type_id=0, seq=0, field=None, fmt=FMT_CBOR
+        self, kind, detail, code=_ERR_MALFORMED, type_id=0, seq=0, field=None, fmt=FMT_CBOR
     ):
         self.kind = kind
         self.detail = detail
@@ -84,81 +118,74 @@ def lookup(type_or_name):
     return m
 
 
-def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def check_value(fdef, value):
     """Raise FieldError unless ``value`` fits field definition ``fdef``."""
-    kind = fdef[C.F_KIND]
-    name = fdef[C.F_NAME]
-    lo = fdef[C.F_LO]
-    hi = fdef[C.F_HI]
+    kind = fdef[_F_KIND]
+    name = fdef[_F_NAME]
+    lo = fdef[_F_LO]
+    hi = fdef[_F_HI]
     size = None
-    if kind == C.K_UINT or kind == C.K_INT or kind == C.K_ENUM:
-        if not _is_int(value):
-            raise E.FieldError("%s must be an integer" % name, C.ERR_BAD_TYPE, name)
-        if kind == C.K_UINT and value < 0:
-            raise E.FieldError("%s must not be negative" % name, C.ERR_OUT_OF_RANGE, name)
+    if kind == _K_UINT or kind == _K_INT or kind == _K_ENUM:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise E.FieldError("%s must be an integer" % name, _ERR_BAD_TYPE, name)
+        if kind == _K_UINT and value < 0:
+            raise E.FieldError("%s must not be negative" % name, _ERR_OUT_OF_RANGE, name)
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             raise E.FieldError(
-                "%s=%d outside %s..%s" % (name, value, lo, hi), C.ERR_OUT_OF_RANGE, name
+                "%s=%d outside %s..%s" % (name, value, lo, hi), _ERR_OUT_OF_RANGE, name
             )
         return
-    if kind == C.K_STR:
+    if kind == _K_STR:
         if not isinstance(value, str):
-            raise E.FieldError("%s must be text" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be text" % name, _ERR_BAD_TYPE, name)
         size = len(value)
-    elif kind == C.K_BYTES:
+    elif kind == _K_BYTES:
         if not isinstance(value, (bytes, bytearray)):
-            raise E.FieldError("%s must be bytes" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be bytes" % name, _ERR_BAD_TYPE, name)
         size = len(value)
-    elif kind == C.K_BOOL:
+    elif kind == _K_BOOL:
         if not isinstance(value, bool):
-            raise E.FieldError("%s must be true or false" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be true or false" % name, _ERR_BAD_TYPE, name)
         return
-    elif kind == C.K_LIST:
+    elif kind == _K_LIST:
         if not isinstance(value, (list, tuple)):
-            raise E.FieldError("%s must be a list" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be a list" % name, _ERR_BAD_TYPE, name)
         size = len(value)
-    elif kind == C.K_MAP:
+    elif kind == _K_MAP:
         if not isinstance(value, dict):
-            raise E.FieldError("%s must be a map" % name, C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s must be a map" % name, _ERR_BAD_TYPE, name)
         for k in value:
             if not isinstance(k, str):
-                raise E.FieldError("%s keys must be text" % name, C.ERR_BAD_TYPE, name)
+                raise E.FieldError("%s keys must be text" % name, _ERR_BAD_TYPE, name)
         size = len(value)
-    elif kind == C.K_NUM:
+    elif kind == _K_NUM:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise E.FieldError("%s must be a number" % name, C.ERR_BAD_TYPE, name)
-        if isinstance(value, float) and (value != value or value in (_INF, -_INF)):
-            raise E.FieldError("%s must be finite" % name, C.ERR_OUT_OF_RANGE, name)
+            raise E.FieldError("%s must be a number" % name, _ERR_BAD_TYPE, name)
+        if isinstance(value, float) and value - value != 0:  # inf - inf, nan: nan
+            raise E.FieldError("%s must be finite" % name, _ERR_OUT_OF_RANGE, name)
         return
     else:  # pragma: no cover - catalog test guarantees known kinds
-        raise E.FieldError("%s has unknown kind %r" % (name, kind), C.ERR_INTERNAL, name)
+        raise E.FieldError("%s has unknown kind %r" % (name, kind), _ERR_INTERNAL, name)
     if (lo is not None and size < lo) or (hi is not None and size > hi):
         raise E.FieldError(
-            "%s length %d outside %s..%s" % (name, size, lo, hi), C.ERR_OUT_OF_RANGE, name
+            "%s length %d outside %s..%s" % (name, size, lo, hi), _ERR_OUT_OF_RANGE, name
         )
-
-
-_INF = float("inf")
 
 
 def check_seq(seq):
     """Sequence numbers are u16; anything else is a caller bug, refused loudly."""
-    if not _is_int(seq) or not 0 <= seq <= 0xFFFF:
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= 0xFFFF:
         raise E.FieldError(
-            "seq must be an integer 0..65535, got %r" % (seq,), C.ERR_OUT_OF_RANGE, "seq"
+            "seq must be an integer 0..65535, got %r" % (seq,), _ERR_OUT_OF_RANGE, "seq"
         )
 
 
 def check_required(mdef, fields):
-    for fdef in mdef[C.M_FIELDS]:
-        if fdef[C.F_REQUIRED] and fdef[C.F_NAME] not in fields:
-            name = fdef[C.F_NAME]
+    for fdef in mdef[_M_FIELDS]:
+        if fdef[_F_REQUIRED] and fdef[_F_NAME] not in fields:
+            name = fdef[_F_NAME]
             raise E.FieldError(
-                "%s is required in %s" % (name, mdef[C.M_NAME]), C.ERR_MISSING_FIELD, name
+                "%s is required in %s" % (name, mdef[_M_NAME]), _ERR_MISSING_FIELD, name
             )
 
 
@@ -170,10 +197,10 @@ def encode_payload(mdef, fields):
     if not fields:
         return b""
     keyed = {}
-    for fdef in mdef[C.M_FIELDS]:
-        name = fdef[C.F_NAME]
+    for fdef in mdef[_M_FIELDS]:
+        name = fdef[_F_NAME]
         if name in fields:
-            keyed[fdef[C.F_KEY]] = fields[name]
+            keyed[fdef[_F_KEY]] = fields[name]
     return cbor.dumps(keyed)
 
 
@@ -183,22 +210,22 @@ def fields_from_keys(mdef, raw):
     Unknown keys (fields added by a newer minor version) are ignored.
     """
     out = {}
-    for fdef in mdef[C.M_FIELDS]:
-        key = fdef[C.F_KEY]
+    for fdef in mdef[_M_FIELDS]:
+        key = fdef[_F_KEY]
         if key in raw:
             value = raw[key]
             check_value(fdef, value)
-            out[fdef[C.F_NAME]] = value
+            out[fdef[_F_NAME]] = value
     check_required(mdef, out)
     return out
 
 
 def validate_fields(mdef, fields):
     """Validate a name -> value dict for sending; unknown names are an error here."""
-    known = mdef[C.M_FIELDS]
+    known = mdef[_M_FIELDS]
     for name in fields:
         i = C.field_index(mdef, name)
         if i < 0:
-            raise E.FieldError("%s has no field %r" % (mdef[C.M_NAME], name), C.ERR_BAD_TYPE, name)
+            raise E.FieldError("%s has no field %r" % (mdef[_M_NAME], name), _ERR_BAD_TYPE, name)
         check_value(known[i], fields[name])
     check_required(mdef, fields)

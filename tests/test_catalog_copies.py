@@ -1,0 +1,72 @@
+"""The protocol modules' private copies of other modules' constants agree with them.
+
+protocol.frame, protocol.message and protocol.telemetry read catalog, sign and version
+constants as ``_NAME = const(value)`` copies of their own: MicroPython's compiler folds
+those (a name from another module is a dict lookup at run time, and an imported one a
+slot in the importing module's dict on the MCU: issue 24's boot heap). Each copy
+``_X`` must equal ``X`` of protocol.catalog, protocol.sign, protocol.message or protocol
+(VERSION_*).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import protocol
+from protocol import catalog as C
+from protocol import message, sign
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIERS = ("frame.py", "message.py", "telemetry.py")
+# copies that are not a catalog/sign/version name with a leading underscore
+LOCAL = {
+    "frame.py": {"_DELIMITER", "_MINOR_MASK", "_GAP_MS", "_TICKS_MASK", "_SMALL_MIN",
+                 "_SMALL_MAX", "_INT_KINDS", "_IDLE", "_FIRST", "_TEXT", "_BIN",
+                 "_DISCARD", "_NL", "_LBRACE"},
+    "telemetry.py": {"_KIND_PLAIN", "_KIND_ENUM", "_KIND_SCALED", "_VALUE_TEXT",
+                     "_CBOR_FIELD"},
+}  # fmt: skip
+
+
+def _source_value(name: str):
+    for mod in (C, sign, message, protocol):
+        if hasattr(mod, name):
+            return getattr(mod, name)
+    raise AssertionError(f"{name}: in none of catalog, sign, message, protocol")
+
+
+def _copies(path: Path) -> dict[str, object]:
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id.startswith("_")
+            and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", None) == "const"
+            and isinstance(node.value.args[0], ast.Constant)
+        ):
+            out[node.targets[0].id] = node.value.args[0].value
+    return out
+
+
+@pytest.mark.parametrize("name", COPIERS)
+def test_copies_agree(name):
+    copies = _copies(ROOT / "protocol" / name)
+    checked = 0
+    for private, value in copies.items():
+        if private in LOCAL.get(name, ()):
+            continue
+        assert value == _source_value(private[1:]), (name, private, value)
+        checked += 1
+    assert checked >= 7, (name, sorted(copies))
+
+
+def test_frame_int_kinds():
+    from protocol import frame
+
+    assert frame._INT_KINDS == (C.K_UINT, C.K_INT, C.K_ENUM)
