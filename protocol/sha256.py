@@ -30,13 +30,21 @@ below 2**20:
 
 from array import array
 
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
 DIGEST_LEN = 32
 BLOCK_LEN = 64
 
 # Round constants K[0..63] as big-endian (hi, lo) 16-bit halves, 4 bytes a round:
 # K[t] = bytes 4t..4t+3. Constant bytes stay in flash when frozen (an array: 272
-# bytes of RAM).
-_K = (
+# bytes of RAM); const(): not a slot in the module's dict either.
+_K = const(
     b"\x42\x8a\x2f\x98\x71\x37\x44\x91\xb5\xc0\xfb\xcf\xe9\xb5\xdb\xa5"
     b"\x39\x56\xc2\x5b\x59\xf1\x11\xf1\x92\x3f\x82\xa4\xab\x1c\x5e\xd5"
     b"\xd8\x07\xaa\x98\x12\x83\x5b\x01\x24\x31\x85\xbe\x55\x0c\x7d\xc3"
@@ -56,7 +64,7 @@ _K = (
 )
 
 # Initial hash value H(0), as big-endian (hi, lo) 16-bit halves (in flash too).
-_H0 = (
+_H0 = const(
     b"\x6a\x09\xe6\x67\xbb\x67\xae\x85\x3c\x6e\xf3\x72\xa5\x4f\xf5\x3a"
     b"\x51\x0e\x52\x7f\x9b\x05\x68\x8c\x1f\x83\xd9\xab\x5b\xe0\xcd\x19"
 )
@@ -101,13 +109,19 @@ class Sha256:
         self._count = 0
         self._done = False
 
-    def keep_state_only(self):
-        """For a state that is only ever copied from (an HMAC key's, hashed to a
-        block boundary): frees the 64-byte block buffer, which ``copy_from`` then has
-        nothing to read from. Hashing more into this object fails afterwards."""
-        if self._n:
-            raise ValueError("a partial block is waiting: not at a block boundary")
-        self._block = b""
+    def load_state(self, src, off, count):
+        """Start from a saved state: the 8 words (16 halves) at ``src[off:off+16]`` (an
+        ``array('H')``, e.g. a copy of another hash's ``_h`` taken at a block boundary)
+        after ``count`` bytes (a multiple of 64) were hashed. No allocation. HMAC keeps
+        its key's inner and outer states this way instead of two whole hashes."""
+        h = self._h
+        i = 0
+        while i < 16:
+            h[i] = src[off + i]
+            i += 1
+        self._n = 0
+        self._count = count
+        self._done = False
 
     def copy_from(self, other):
         """Make this hash a copy of ``other``'s state (no allocation)."""

@@ -23,7 +23,9 @@ TS_UNIX_EPOCH and TS_PER_S): imported by the first use of one of those names her
 RAM.
 """
 
-from protocol.sha256 import BLOCK_LEN, DIGEST_LEN, Sha256
+from array import array
+
+from protocol.sha256 import Sha256
 
 try:
     from micropython import const
@@ -32,28 +34,53 @@ except ImportError:  # CPython
     def const(x):
         return x
 
+    _HOST = True
 
-FLAG_SIGNED = const(0x80)  # in frame byte 1 (minor): a 13-byte trailer follows the CRC
+
+# The names the firmware reads are plain module attributes; the others (the host's,
+# and this module's own, folded here) are const()-private and answered by __getattr__
+# from _LAZY, in flash: no slot in the module's dict on the MCU (issue 24's boot heap).
+# On CPython every name is a plain attribute (the loop at the end).
+_FLAG_SIGNED = const(0x80)  # in frame byte 1 (minor): a 13-byte trailer follows the CRC
 KEY_LEN = const(32)  # bytes of a signing secret
 NONCE_LEN = const(8)  # bytes of the module's per-boot nonce
-LINK_LEN = const(1)
-TS_LEN = const(6)  # u48, big-endian, 10 us units since 2015-01-01 00:00 UTC
-SIG_LEN = const(6)  # truncated HMAC-SHA256
-TRAILER_LEN = const(13)  # LINK_LEN + TS_LEN + SIG_LEN
-N_LINKS = const(8)  # replay slots: link & 7
+_LINK_LEN = const(1)
+_TS_LEN = const(6)  # u48, big-endian, 10 us units since 2015-01-01 00:00 UTC
+_SIG_LEN = const(6)  # truncated HMAC-SHA256
+_TRAILER_LEN = const(13)  # LINK_LEN + TS_LEN + SIG_LEN
+_N_LINKS = const(8)  # replay slots: link & 7
 
 # Outcome of a signature check (``Message.auth``, ``HeartbeatState.auth``).
 AUTH_NONE = const(0)  # not signed
 AUTH_OK = const(1)  # signed with the receiver's key, timestamp newer than the link's last
-AUTH_BAD = const(2)  # wrong signature, or the receiver has no key
+_AUTH_BAD = const(2)  # wrong signature, or the receiver has no key
 AUTH_REPLAY = const(3)  # right signature, timestamp not newer than the link's last
-AUTH_UNCHECKED = const(4)  # signed, but this receiver verifies nothing (a host)
-AUTH_NAMES = ("none", "ok", "bad", "replay", "unchecked")
+_AUTH_UNCHECKED = const(4)  # signed, but this receiver verifies nothing (a host)
+_AUTH_NAMES = const(("none", "ok", "bad", "replay", "unchecked"))
 
-TS_MAX = 0xFFFFFFFFFFFF  # 2**48 - 1
+_TS_MAX = const(0xFFFFFFFFFFFF)  # 2**48 - 1
 
 _IPAD = const(0x36)
 _OPAD = const(0x5C)
+_BLOCK_LEN = const(64)  # protocol.sha256's
+_DIGEST_LEN = const(32)
+_SIG_AT = const(48)  # N_LINKS * TS_LEN: where Verifier._last keeps the computed signature
+
+# Pairs: name, value.
+# fmt: off
+_LAZY = const((
+    "FLAG_SIGNED", _FLAG_SIGNED,
+    "LINK_LEN", _LINK_LEN,
+    "TS_LEN", _TS_LEN,
+    "SIG_LEN", _SIG_LEN,
+    "TRAILER_LEN", _TRAILER_LEN,
+    "N_LINKS", _N_LINKS,
+    "AUTH_BAD", _AUTH_BAD,
+    "AUTH_UNCHECKED", _AUTH_UNCHECKED,
+    "AUTH_NAMES", _AUTH_NAMES,
+    "TS_MAX", _TS_MAX,
+))
+# fmt: on
 
 
 def _check_key(key):
@@ -65,44 +92,49 @@ class Mac:
     """HMAC-SHA256 with a fixed 32-byte key, truncated to 48 bits.
 
     The key's inner (key ^ ipad) and outer (key ^ opad) hash states are computed once
-    here; :meth:`mac48_into` then costs two or three SHA-256 blocks for a short frame
-    and allocates nothing on MicroPython.
+    here and kept as 16 halves each in one array (not two whole Sha256 objects: heap
+    on the MCU); :meth:`mac48_into` then costs two or three SHA-256 blocks for a short
+    frame and allocates nothing on MicroPython.
     """
 
     def __init__(self, key):
         _check_key(key)
-        pad = bytearray(BLOCK_LEN)
-        self._inner = Sha256()
-        self._outer = Sha256()
-        i = 0
-        while i < BLOCK_LEN:
-            pad[i] = (key[i] if i < KEY_LEN else 0) ^ _IPAD
-            i += 1
-        self._inner.update_from(pad, 0, BLOCK_LEN)
-        i = 0
-        while i < BLOCK_LEN:
-            pad[i] = (key[i] if i < KEY_LEN else 0) ^ _OPAD
-            i += 1
-        self._outer.update_from(pad, 0, BLOCK_LEN)
-        self._inner.keep_state_only()  # copied from only: no block buffer (64 B each)
-        self._outer.keep_state_only()
-        self._h = Sha256()
-        self._d = bytearray(DIGEST_LEN)
+        pad = bytearray(_BLOCK_LEN)
+        h = Sha256()
+        ko = array("H", bytes(64))  # inner state [0, 16), outer [16, 32)
+        p = _IPAD
+        j = 0
+        while j < 32:
+            i = 0
+            while i < _BLOCK_LEN:
+                pad[i] = (key[i] if i < KEY_LEN else 0) ^ p
+                i += 1
+            h.reset()
+            h.update_from(pad, 0, _BLOCK_LEN)
+            i = 0
+            while i < 16:
+                ko[j + i] = h._h[i]
+                i += 1
+            p = _OPAD
+            j += 16
+        self._ko = ko
+        self._h = h
+        self._d = bytearray(_DIGEST_LEN)
 
     def mac48_into(self, nonce, buf, start, end, out, off):
         """Write the first 6 bytes of HMAC(key, nonce || buf[start:end]) into
         ``out[off:off+6]``. ``nonce`` is any buffer (8 bytes in this protocol)."""
         h = self._h
         d = self._d
-        h.copy_from(self._inner)
+        h.load_state(self._ko, 0, _BLOCK_LEN)
         h.update_from(nonce, 0, len(nonce))
         h.update_from(buf, start, end)
         h.digest_into(d, 0)
-        h.copy_from(self._outer)
-        h.update_from(d, 0, DIGEST_LEN)
+        h.load_state(self._ko, 16, _BLOCK_LEN)
+        h.update_from(d, 0, _DIGEST_LEN)
         h.digest_into(d, 0)
         i = 0
-        while i < SIG_LEN:
+        while i < _SIG_LEN:
             out[off + i] = d[i]
             i += 1
 
@@ -121,8 +153,8 @@ class Verifier:
     def __init__(self, key=None):
         self._mac = None
         self.nonce = None
-        self._last = bytearray(N_LINKS * TS_LEN)
-        self._sig = bytearray(SIG_LEN)
+        # each link's last timestamp [0, 48), then the computed signature [48, 54)
+        self._last = bytearray(_N_LINKS * _TS_LEN + _SIG_LEN)
         self.ok = 0
         self.bad = 0
         self.replayed = 0
@@ -146,7 +178,7 @@ class Verifier:
         self.nonce = bytes(nonce)
         last = self._last
         i = 0
-        while i < N_LINKS * TS_LEN:
+        while i < _N_LINKS * _TS_LEN:
             last[i] = 0
             i += 1
 
@@ -157,61 +189,73 @@ class Verifier:
         checked the CRC and that ``n`` leaves room for a header and the trailer.
         """
         mac = self._mac
-        if mac is None or self.nonce is None or n < TRAILER_LEN:
+        if mac is None or self.nonce is None or n < _TRAILER_LEN:
             self.bad += 1
-            return AUTH_BAD
-        body = n - SIG_LEN
-        sig = self._sig
-        mac.mac48_into(self.nonce, raw, 0, body, sig, 0)
+            return _AUTH_BAD
+        body = n - _SIG_LEN
+        last = self._last
+        mac.mac48_into(self.nonce, raw, 0, body, last, _SIG_AT)
         diff = 0
         i = 0
-        while i < SIG_LEN:  # no early exit: the time taken does not depend on the data
-            diff |= sig[i] ^ raw[body + i]
+        while i < _SIG_LEN:  # no early exit: the time taken does not depend on the data
+            diff |= last[_SIG_AT + i] ^ raw[body + i]
             i += 1
         if diff:
             self.bad += 1
-            return AUTH_BAD
-        ts = n - SIG_LEN - TS_LEN
-        last = self._last
-        slot = (raw[n - TRAILER_LEN] & (N_LINKS - 1)) * TS_LEN
+            return _AUTH_BAD
+        ts = n - _SIG_LEN - _TS_LEN
+        slot = (raw[n - _TRAILER_LEN] & (_N_LINKS - 1)) * _TS_LEN
         i = 0
-        while i < TS_LEN:
+        while i < _TS_LEN:
             a = raw[ts + i]
             b = last[slot + i]
             if a != b:
                 break
             i += 1
-        if i == TS_LEN or raw[ts + i] < last[slot + i]:
+        if i == _TS_LEN or raw[ts + i] < last[slot + i]:
             self.replayed += 1
             return AUTH_REPLAY
         i = 0
-        while i < TS_LEN:
+        while i < _TS_LEN:
             last[slot + i] = raw[ts + i]
             i += 1
         self.ok += 1
         return AUTH_OK
 
 
-_HOST_NAMES = (
-    "SigningError",
-    "Signer",
-    "new_key",
-    "check_key_bytes",
-    "load_key_file",
-    "ts_from_unix",
-    "TS_UNIX_EPOCH",
-    "TS_PER_S",
-    "_default_clock",
-    "_epoch_unix_s",
-    "_host_mac",
-    "_HashlibMac",
+_HOST_NAMES = const(
+    (
+        "SigningError",
+        "Signer",
+        "new_key",
+        "check_key_bytes",
+        "load_key_file",
+        "ts_from_unix",
+        "TS_UNIX_EPOCH",
+        "TS_PER_S",
+        "_default_clock",
+        "_epoch_unix_s",
+        "_host_mac",
+        "_HashlibMac",
+    )
 )
 
 
 def __getattr__(name):
-    """The host side's names (modbridge.firmware_host.sign_host), imported on first use."""
+    """A name of ``_LAZY``, or of the host side (modbridge.firmware_host.sign_host,
+    imported on first use)."""
+    if name in _LAZY:
+        i = _LAZY.index(name)
+        if not i & 1:
+            return _LAZY[i + 1]
     if name in _HOST_NAMES:
         from modbridge.firmware_host import sign_host
 
         return getattr(sign_host, name)
     raise AttributeError(name)
+
+
+if "_HOST" in globals():  # CPython (see const): plain attributes
+    for _i in range(0, len(_LAZY), 2):
+        globals()[_LAZY[_i]] = _LAZY[_i + 1]
+    del _i
