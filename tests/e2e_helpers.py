@@ -19,6 +19,7 @@ from modbridge.bridge import Bridge
 from modbridge.config import BridgeConfig, ModuleMapping
 from modbridge.exporter.eventlog import EventLog
 from modbridge.gpu.virtual import VirtualBackend
+from modbridge.link.requests import timeout_scale
 from modbridge.policy.engine import PolicyConfig
 from modbridge.sim.fleet import SimFleet
 from modbridge.sim.profiles import Profile
@@ -33,6 +34,9 @@ FAST_POLICY = dict(module_silent_s=1.0, module_grace_s=5.0, min_hold_s=0.5)
 
 
 def wait_for(pred, timeout: float, what: str, step: float = 0.05):
+    """``pred()`` once true, within ``timeout`` seconds times $MODBRIDGE_TIMEOUT_SCALE
+    (conftest: 4): a bound on a loaded machine's delays, not a measurement."""
+    timeout *= timeout_scale()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = pred()

@@ -36,6 +36,7 @@ import time
 import tty
 from pathlib import Path
 
+from modbridge.link.requests import timeout_scale
 from protocol import catalog as C
 from protocol import sign
 from protocol.frame import StreamDecoder, encode_frame
@@ -251,8 +252,11 @@ class PtyPeer:
                     return
                 view = view[n:]
 
-    def wait_for(self, pred, timeout: float = 5.0) -> bool:
-        """Poll ``pred()`` every 10 ms until true or ``timeout``."""
+    def wait_for(self, pred, timeout: float | None = None) -> bool:
+        """Poll ``pred()`` every 10 ms until true or ``timeout`` (default 5 s times
+        $MODBRIDGE_TIMEOUT_SCALE: a loaded machine runs both ends late)."""
+        if timeout is None:
+            timeout = 5.0 * timeout_scale()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if pred():
