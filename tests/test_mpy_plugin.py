@@ -6,7 +6,14 @@ from pathlib import Path
 import pytest
 
 TESTS_DIR = Path(__file__).parent
-PLUGIN_FILES = ("conftest.py", "_mpy_runner.py", "mpcompat.py", "_qemu_column.py", "slowtier.py")
+PLUGIN_FILES = (
+    "conftest.py",
+    "_mpy_runner.py",
+    "_mpy_bytecode.py",
+    "mpcompat.py",
+    "_qemu_column.py",
+    "slowtier.py",
+)
 
 
 @pytest.fixture
