@@ -37,9 +37,10 @@ from protocol import errors as E  # the classes by attribute: 8 fewer module nam
 from protocol import message as M  # by attribute too: 9 fewer
 from protocol.crc import crc16
 
-try:
-    from micropython import const
-except ImportError:  # CPython
+if __import__("sys").implementation.name != "micropython":
+    # CPython's stand-in. MicroPython's compiler folds every ``NAME = const(value)``
+    # here itself (the name need not exist: not importing it keeps it out of this
+    # module's dict on the MCU).
 
     def const(x):
         return x
@@ -240,7 +241,6 @@ def decode_frame(data, accept=None, verifier=None):
 # ----------------------------------------------------------------------------
 # Heartbeats without allocation
 
-_HB_DEF = C.by_type(_T_HEARTBEAT)
 _SMALL_MIN = const(-0x40000000)  # a MicroPython small int on a 32-bit MCU: -2**30 ..
 _SMALL_MAX = const(0x3FFFFFFF)  # .. 2**30 - 1
 _INT_KINDS = const((_K_UINT, _K_INT, _K_ENUM))
@@ -284,8 +284,10 @@ class HeartbeatState:
     either way.
     """
 
+    _def = C.by_type(_T_HEARTBEAT)  # the catalog's heartbeat (a class attribute: no module slot)
+
     def __init__(self):
-        fields = _HB_DEF[_M_FIELDS]
+        fields = self._def[_M_FIELDS]
         n = len(fields)
         self.values = array("i", [0] * n)
         self.present = 0
@@ -338,7 +340,7 @@ class HeartbeatState:
     def fields(self):
         """The present values as a name -> value dict (allocates; tests and hosts)."""
         out = {}
-        fields = _HB_DEF[_M_FIELDS]
+        fields = self._def[_M_FIELDS]
         i = 0
         while i < len(fields):
             if self.present & (1 << i):
@@ -476,18 +478,6 @@ _LBRACE = const(0x7B)
 
 def _is_space(b):
     return b == 0x20 or b == 0x09 or b == 0x0A or b == 0x0D
-
-
-def _bom_object(buf, s, e):
-    """True when ``buf[s:e]`` is a UTF-8 byte order mark and then (after spaces) a
-    ``{``: a JSON line an editor marked, which the parser refuses as ``undecodable``
-    and the module answers ``nack malformed`` (SPEC sections 7.4 and 8), not noise."""
-    if e - s < 4 or buf[s] != 0xEF or buf[s + 1] != 0xBB or buf[s + 2] != 0xBF:
-        return False
-    s += 3
-    while s < e and buf[s] <= 0x20:
-        s += 1
-    return s < e and buf[s] == _LBRACE
 
 
 ERROR_KINDS = (
@@ -780,12 +770,21 @@ class StreamDecoder:
             e -= 1
         if s == e:
             return
-        if buf[s] != _LBRACE and not _bom_object(buf, s, e):
-            self.errors["noise"] += 1
-            self._put(
-                out, M.BadFrame("noise", "text line that is not a JSON object", fmt=_FMT_JSON)
-            )
-            return
+        if buf[s] != _LBRACE:
+            # A UTF-8 byte order mark, spaces, then a ``{``: a JSON line an editor
+            # marked, which the parser refuses as ``undecodable`` and the module answers
+            # ``nack malformed`` (SPEC sections 7.4 and 8). Anything else is noise.
+            b = s
+            if e - s >= 4 and buf[s] == 0xEF and buf[s + 1] == 0xBB and buf[s + 2] == 0xBF:
+                b = s + 3
+                while b < e and buf[b] <= 0x20:
+                    b += 1
+            if b == s or b >= e or buf[b] != _LBRACE:
+                self.errors["noise"] += 1
+                self._put(
+                    out, M.BadFrame("noise", "text line that is not a JSON object", fmt=_FMT_JSON)
+                )
+                return
         try:
             from protocol import jsonl  # imported for the first line (kept): not at boot
 
