@@ -149,6 +149,16 @@ def _put_fixed(buf, o, v, mul, div, dec):
     return o
 
 
+def _intern_chars(s):
+    """Iterate ``s`` once, where allocating is allowed: MicroPython hands each
+    character out as an interned one-character string, made (in the heap's string
+    pool) the first time that character is seen, unless the image already has it;
+    encode_json then finds every character of its names interned (issue 24: which ones
+    the imports happen to intern is no guarantee)."""
+    for _c in s:
+        pass
+
+
 def _put_str(buf, o, s):
     """The ASCII text ``s`` (a catalog name, in flash) at ``o``: iterating a str and
     ``ord`` of its one-character items allocate nothing."""
@@ -230,9 +240,12 @@ class TelemetryEncoder:
         i = 0
         while i < N_FIELDS:
             f = FIELDS[i]
+            _intern_chars(f[_F_NAME])
             if f[_F_KIND] == _K_ENUM:
                 kinds[i] = _KIND_ENUM
                 scales.append(f[_F_SCALE])
+                for name in f[_F_SCALE]:
+                    _intern_chars(name)
             elif f[_F_SCALE] is not None:
                 kinds[i] = _KIND_SCALED
                 scales.append(C.scale_ints(f[_F_SCALE]))  # small ints: no allocation
