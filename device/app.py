@@ -833,10 +833,12 @@ def _commands():
     for those blocks, and the collect gc_alloc makes when one fails comes mid-import,
     too late (bench/bench_arm_stress.py, garbage mode on the F411's pool: long seeds 1
     and 5 failed there, nack internal, and pass with it). A few ms per configuring
-    command, never on the tick."""
+    command, never on the tick. MicroPython only: CPython's heap does not fragment that
+    way, and its collector walks every object of the process (a test worker's, after a
+    thousand tests: ~0.25 s a command, 187 s of one garbage test in a full run)."""
     import sys
 
-    if "device.commands" not in sys.modules:
+    if "device.commands" not in sys.modules and sys.implementation.name == "micropython":
         import gc
 
         gc.collect()
