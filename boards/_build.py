@@ -15,7 +15,6 @@ from boards._common import (
     _REBOOT_MARK,
     _STM32_RTC_BKP0R,
     Hal,
-    StdioPort,
     UartPort,
     _stm32_backup_write,
 )
@@ -99,6 +98,8 @@ def make_port(machine, cfg):
         import sys
         import select
         import micropython
+
+        from boards._optional import StdioPort
 
         poller = select.poll()
         poller.register(sys.stdin, select.POLLIN)

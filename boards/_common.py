@@ -2,9 +2,11 @@
 
 ``boards/_build.py`` constructs it from a board's pin table at boot (``build``), and
 device.main forgets that module after: its functions and tables are needed once. What
-is here is what the HAL hands out and keeps calling: the ports, the transmit writer,
-the muxed ADC, the software reset. Everything is set up once at boot; the callables
-never allocate (the control tick uses them).
+is here is what the HAL hands out and keeps calling on every board: the UART port
+and its transmit writer, the software reset. What only some boards use (a port on
+the REPL's own stream, a muxed ADC) is in boards/_optional.py, imported by those:
+each class is ~200 B of RAM on a board that never makes one. Everything is set up
+once at boot; the callables never allocate (the control tick uses them).
 """
 
 try:
@@ -56,43 +58,29 @@ def stm32_reboot(machine):
     machine.reset()
 
 
-class MuxedADC:
-    """One ADC input shared by two dividers through an SPDT analog switch.
+class UartPort:
+    """Protocol on a hardware UART (the seed's CH340 USB-UART at 115200 8N1).
 
-    ``read_u16`` drives the select pin, then converts. The 100 nF capacitor of each
-    divider sits *before* the switch, so the selected node is already settled: the
-    ADC's sample capacitor (~pF) barely disturbs 100 nF and no wait is needed.
+    ``write(buf, n)`` sends ``buf[:n]`` without slicing: ``machine.UART.write`` is
+    ``mp_stream_write1_obj`` (one argument, no max_len) in MicroPython's
+    extmod/machine_uart.c, and slicing a memoryview allocates. So a CHUNK-byte transmit
+    buffer and one memoryview of each power-of-two length up to CHUNK are made here,
+    once (7 views, ~200 B; one per length 0..CHUNK took ~1.3 KB of the boot heap); a
+    write copies ``buf`` through the transmit buffer in pieces of the largest power of
+    two left, at most CHUNK (~1 us/byte on a Cortex-M4, against 87 us/byte on the wire
+    at 115200): the same bytes in the same order, in at most log2(CHUNK) + 1 stream
+    writes per CHUNK. Bytes a stream refuses (a full TX buffer past its timeout) are
+    counted in ``dropped``; the peer resynchronises at the next frame delimiter.
+    ``chunk`` must be a power of two. The board's other port kind (the REPL's own,
+    boards/_optional.py) shares this writer.
     """
 
-    def __init__(self, adc, select_pin, level):
-        self._adc = adc
-        self._sel = select_pin
-        self._level = level
-
-    def read_u16(self):
-        self._sel.value(self._level)
-        return self._adc.read_u16()
-
-
-class _Writer:
-    """``write(buf, n)`` without slicing on a stream whose ``write`` takes one buffer.
-
-    ``machine.UART.write`` is ``mp_stream_write1_obj`` (one argument, no max_len) in
-    MicroPython's extmod/machine_uart.c, and slicing a memoryview allocates. So a
-    CHUNK-byte transmit buffer and one memoryview of each power-of-two length up to
-    CHUNK are made here, once (7 views, ~200 B; one per length 0..CHUNK took ~1.3 KB
-    of the boot heap); a write copies ``buf`` through the transmit buffer in pieces of
-    the largest power of two left, at most CHUNK (~1 us/byte on a Cortex-M4, against
-    87 us/byte on the wire at 115200): the same bytes in the same order, in at most
-    log2(CHUNK) + 1 stream writes per CHUNK. Bytes a stream refuses (a full TX buffer
-    past its timeout) are counted in ``dropped``; the peer resynchronises at the next
-    frame delimiter. ``chunk`` must be a power of two.
-    """
-
+    shares_repl = False
     CHUNK = 64
 
-    def __init__(self, stream_write, chunk=CHUNK):
-        self._write = stream_write
+    def __init__(self, uart, chunk=CHUNK):
+        self._uart = uart
+        self._write = uart.write
         self.tx = bytearray(chunk)
         mv = memoryview(self.tx)
         views = []
@@ -126,17 +114,6 @@ class _Writer:
                 self.dropped += size - w
             i += size
 
-
-class UartPort:
-    """Protocol on a hardware UART (the seed's CH340 USB-UART at 115200 8N1)."""
-
-    shares_repl = False
-
-    def __init__(self, uart):
-        self._uart = uart
-        self._writer = _Writer(uart.write)
-        self.write = self._writer.write
-
     def readinto(self, buf):
         """Non-blocking: read what is already buffered (at most ``len(buf)``)."""
         n = self._uart.any()
@@ -148,46 +125,6 @@ class UartPort:
 
     def release(self):
         """Nothing to give back: the REPL lives on another port."""
-
-
-class StdioPort:
-    """Protocol on the REPL port itself (USB VCP, or a NUCLEO's ST-LINK UART).
-
-    Ctrl-C is disabled (``micropython.kbd_intr(-1)``) while the protocol owns the
-    port, so a 0x03 byte in a frame cannot raise KeyboardInterrupt; :meth:`release`
-    restores it so ``mpremote`` can interrupt and reflash.
-    """
-
-    shares_repl = True
-
-    def __init__(self, stdin, stdout, poller, kbd_intr):
-        self._stdin = stdin
-        self._poll = poller
-        self._kbd_intr = kbd_intr
-        self._one = bytearray(1)
-        self._writer = _Writer(stdout.write)
-        self.write = self._writer.write
-        kbd_intr(-1)
-
-    def readinto(self, buf):
-        """Non-blocking: one byte per ``ipoll(0)`` readiness, at most ``len(buf)``."""
-        n = 0
-        cap = len(buf)
-        one = self._one
-        while n < cap:
-            ready = False
-            for _ in self._poll.ipoll(0):
-                ready = True
-            if not ready:
-                break
-            if not self._stdin.readinto(one):
-                break
-            buf[n] = one[0]
-            n += 1
-        return n
-
-    def release(self):
-        self._kbd_intr(3)
 
 
 class Hal:

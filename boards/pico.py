@@ -8,7 +8,7 @@ keeping its own 100 nF before the switch. A board that breaks GP29 out as a plai
 ADC input can set ``"ntc": (26, 27, 28, 29)`` and ``"adc_mux": None``.
 """
 
-from boards import _build, _common
+from boards import _build
 
 NAME = "pico"
 MCU = "RP2040"
@@ -46,6 +46,8 @@ def make_hal(machine=None):
     adc = None
     mux = PINS["adc_mux"]
     if mux:
+        from boards._optional import MuxedADC
+
         sel = machine.Pin(mux["select"], machine.Pin.OUT, value=0)
         adc = []
         shared = None
@@ -53,7 +55,7 @@ def make_hal(machine=None):
             if i in mux["channels"]:
                 if shared is None:
                     shared = machine.ADC(machine.Pin(gp))
-                adc.append(_common.MuxedADC(shared, sel, mux["channels"].index(i)))
+                adc.append(MuxedADC(shared, sel, mux["channels"].index(i)))
             else:
                 adc.append(machine.ADC(machine.Pin(gp)))
     return _build.build(

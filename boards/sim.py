@@ -84,7 +84,7 @@ MAX_TX = const(2048)
 MAX_RX = const(512)
 MAX_ADC = const(16)
 MAX_REPLY = const(1200)  # >= link.MAX_REPLY
-RX_BUF = const(1024)  # like the MCU boards' UART ring (boards/_common.PORT_RXBUF)
+RX_BUF = const(1024)  # like the MCU boards' UART ring (boards/_build.PORT_RXBUF)
 
 _TX_OFF = const(29)  # HEADER_SIZE + REQ_FIXED_SIZE: tx bytes go straight into the request
 

@@ -16,7 +16,8 @@ def make_hal(name, machine=None):
     """The HAL of board ``name`` (on ``machine``, else the board's own). The board
     module, boards._build and the ``boards`` package are forgotten after: their pin
     tables are dicts, RAM even when frozen, and their functions are needed once, here;
-    the HAL keeps what it uses (boards._common, its classes)."""
+    the HAL keeps what it uses (boards._common, its classes; boards._optional where
+    the board uses one of its parts)."""
     from device.app import _unload
 
     hal = load_board(name).make_hal(machine)

@@ -16,7 +16,12 @@ import os
 #: Directories (posix, relative to the root) whose every ``.py`` is firmware.
 PACKAGES = ("device", "device/control", "device/drivers", "protocol")
 #: Files of boards/ every board runs, besides its own module.
-BOARD_SUPPORT = ("boards/__init__.py", "boards/_build.py", "boards/_common.py")
+BOARD_SUPPORT = (
+    "boards/__init__.py",
+    "boards/_build.py",
+    "boards/_common.py",
+    "boards/_optional.py",
+)
 #: mpy-cross's optimisation level for every image and every .mpy deploy: 3 drops the
 #: bytecode's line-number tables (and asserts; the firmware has none), ~9 KB of the
 #: frozen image and of a .mpy deploy's RAM. A traceback still names each function.

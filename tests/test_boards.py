@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from boards import BOARDS, _build, _common, load
+from boards import BOARDS, _build, _common, _optional, load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MCU_BOARDS = ("pyboard_v11", "blackpill_f411", "nucleo_f411re", "pico")
@@ -301,11 +301,15 @@ def test_port_write_writes_exactly_n_bytes():
     uart.out_n = 0
     hal.port_write(big, 1030)
     assert bytes(uart.out[: uart.out_n]) == bytes(big)
-    assert hal.port._writer.dropped == 0
+    assert hal.port.dropped == 0
 
 
 def test_port_write_counts_refused_bytes():
-    w = _common._Writer(lambda view: None if len(view) > 10 else len(view) - 1, chunk=16)
+    class Refusing:  # takes 7 of 8, refuses a chunk over 10 bytes (None)
+        def write(self, view):
+            return None if len(view) > 10 else len(view) - 1
+
+    w = _common.UartPort(Refusing(), chunk=16)
     w.write(bytearray(40), 40)  # chunks 16, 16, 8: refused, refused, 7 of 8
     assert w.dropped == 16 + 16 + 1
 
@@ -363,7 +367,7 @@ def test_stdio_port_disables_and_restores_ctrl_c():
             Out.got += bytes(b)
 
     poll = Poll()
-    port = _common.StdioPort(In(), Out(), poll, calls.append)
+    port = _optional.StdioPort(In(), Out(), poll, calls.append)
     assert calls == [-1]
     buf = bytearray(8)
     assert port.readinto(buf) == 0
@@ -415,7 +419,7 @@ for name in ("pyboard_v11", "blackpill_f411", "nucleo_f411re", "pico"):
     uart.in_n = 3
     tick(hal, bytearray(64), bytearray(1030))
     assert uart.out_n == 1097, uart.out_n
-    assert hal.port._writer.dropped == 0
+    assert hal.port.dropped == 0
     print(name, "ok")
 '''
 

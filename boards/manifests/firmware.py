@@ -3,9 +3,9 @@
 # board's manifest beside this file; built by `make firmware BOARD=<board>`.
 #
 # The files firmware/allowlist.py names (the one allow-list, which `modbridge flash`
-# deploys as .mpy too): boards/__init__.py, boards/_build.py, boards/_common.py and every .py in the
-# firmware's package directories; tests/test_images.py checks that the image and the
-# deploy are the same files.
+# deploys as .mpy too): its BOARD_SUPPORT (boards/__init__.py, _build.py, _common.py,
+# _optional.py) and every .py in the firmware's package directories;
+# tests/test_images.py checks that the image and the deploy are the same files.
 #
 # Not included: MicroPython's default stm32 manifest (asyncio, dht, onewire), which the
 # firmware does not use. MicroPython's manifest reader runs this file with its folder
