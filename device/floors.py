@@ -87,8 +87,8 @@ OFFSET_MAX_MC = const(15000)
 OFFSET_TAU_MS = const(30000)  # the offset seen is low-passed over this first
 OFFSET_DOWN_MC = const(1000)
 OFFSET_DOWN_MS = const(600000)  # 1 degC per 10 minutes
-STANDALONE_WARN_MARGIN_MC = const(3000)
-STANDALONE_CRIT_MARGIN_MC = const(0)
+_STANDALONE_WARN_MARGIN_MC = const(3000)  # (these two: ``__getattr__``)
+_STANDALONE_CRIT_MARGIN_MC = const(0)
 
 # --- calibration band ---------------------------------------------------------------
 # A channel's calibrated reading is clamped to the board's nominal NTC curve
@@ -112,7 +112,8 @@ _STALL_MAX_MS = const(10000)  # fans.*.stall_ms
 _HOST_TIMEOUT_MAX_MS = const(30000)  # control.host_timeout_ms
 
 # --- MANUAL is a lease -----------------------------------------------------------
-MANUAL_LEASE_MS = const(600000)  # 10 min: then back to automatic control, with an event
+# (``__getattr__``: read by a MANUAL tick only)
+_MANUAL_LEASE_MS = const(600000)  # 10 min: then back to automatic control, with an event
 
 # --- fan models ---------------------------------------------------------------------
 # name: (min_spin, kick, kick_ms, rpm_check_duty, rpm_floor_pct, rpm_nominal)
@@ -143,6 +144,8 @@ _FM_KICK_MS = const(2)
 _FM_RPM_CHECK_DUTY = const(3)
 _FM_RPM_FLOOR_PCT = const(4)
 _FM_RPM_NOMINAL = const(5)
+
+del const  # folded at compile time: a module name less (its table has 17 slots)
 
 
 def fan_model(name):
@@ -209,7 +212,14 @@ def __getattr__(name):
     """The names read when configuring (``FLOOR_*``, ``DUTY_FULL``, ``FM_*``, ...): made
     on each access, so neither their module slots nor ``SAFETY_MINIMUMS`` and
     ``NTC_NOMINAL``'s tuples are kept in RAM (a test may still assign them). Ints
-    without allocation: a tick may ask too."""
+    without allocation: a tick may ask too (the MANUAL lease; the standalone margins
+    when the slowdown they follow moves)."""
+    if name == "MANUAL_LEASE_MS":
+        return _MANUAL_LEASE_MS
+    if name == "STANDALONE_WARN_MARGIN_MC":
+        return _STANDALONE_WARN_MARGIN_MC
+    if name == "STANDALONE_CRIT_MARGIN_MC":
+        return _STANDALONE_CRIT_MARGIN_MC
     if name == "FLOOR_BOOT":
         return _FLOOR_BOOT
     if name == "FLOOR_HOST_LOST":
@@ -256,5 +266,3 @@ def __getattr__(name):
         return _t(3950, 10000, 25000, 10000, True)
     raise AttributeError(name)
 
-
-del const  # folded at compile time: no need for the name at run time

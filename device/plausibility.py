@@ -64,8 +64,6 @@ the verdicts and the state; ``stuck`` and ``implausible``, which the app reads e
 tick, are attributes too, the rest is read by name through ``__getattr__``).
 """
 
-from array import array
-
 from device.ticks import ticks_diff
 
 try:
@@ -142,8 +140,8 @@ _COLD_C = const(39)  # channels colder than ambient - cold_mc, since their _COLD
 _WARM_C = const(40)  # flagged channels back within cold_clear_mc, since their _COLD_T
 _PREV_OK = const(41)  # channels valid at the previous tick
 _OBP = const(42)  # where the ring's bucket power means start (nb of them)
-_OBMIN = const(43)  # ... the ring's per-channel minima (nb per channel, by channel)
-_OBMAX = const(44)  # ... and maxima
+_OBMIN = const(43)  # ... the ring's minima: nb per channel of stuck_mask, by channel
+_OBMAX = const(44)  # ... and maxima (the other channels are never judged stuck)
 _CH = const(45)  # then one record of _K ints per channel:
 _CMIN = const(0)  # the current bucket's minimum
 _CMAX = const(1)  # ... and maximum
@@ -158,6 +156,8 @@ _SMAX = const(9)
 _COLD_T = const(10)
 _JUMP_T = const(11)
 _K = const(12)
+
+del const  # folded at compile time: a module name less (its table has 12 slots)
 
 
 def _check(value, lo, hi, what):
@@ -231,11 +231,19 @@ class NtcWatch:
             (frozen_swing_mw, "frozen_swing_mw"),
         ):
             _check(value, 0, 100000000, what)
+        from array import array
+
         n = n_channels
         nb = window_ms // bucket_ms
-        # the records, then the ring: nb bucket power means, nb minima and maxima a channel
+        ns = 0  # channels judged stuck or not
+        m = stuck_mask
+        while m:
+            ns += m & 1
+            m >>= 1
+        # the records, then the ring: nb bucket power means, nb minima and maxima for
+        # each channel of stuck_mask
         obp = _CH + _K * n
-        a = array("i", bytes(4 * (obp + nb * (2 * n + 1))))
+        a = array("i", bytes(4 * (obp + nb * (2 * ns + 1))))
         cfg = (n, controlled, ambient, stuck_mask, stuck_pp_mc, clear_pp_mc, window_ms)
         cfg += (bucket_ms, confirm_ms, swing_mw, frozen_ms, frozen_min_mw, frozen_swing_mw)
         cfg += (cold_mc, cold_clear_mc, cold_ms, jump_mc, jump_dt_ms, jump_hold_ms, nb)
@@ -245,7 +253,7 @@ class NtcWatch:
             k += 1
         a[_OBP] = obp
         a[_OBMIN] = obp + nb
-        a[_OBMAX] = obp + nb + n * nb
+        a[_OBMAX] = obp + nb + ns * nb
         o = _CH
         while o < obp:
             a[o + _CMIN] = _BIG
@@ -305,8 +313,7 @@ class NtcWatch:
         full = (1 << n) - 1
         valid = valid_mask & full
 
-        _jumps(a, temps_mc, valid, dt, now_ms)
-        _colder(a, temps_mc, valid, now_ms)
+        _implausible(a, temps_mc, valid, dt, now_ms)
 
         # the current bucket
         o = _CH
@@ -331,8 +338,24 @@ class NtcWatch:
             a[_PMEAN] += (power_mw - a[_PMEAN]) // pn
 
         _frozen_tick(a, temps_mc, valid, now_ms)
-        if a[_STUCK] & valid:
-            _stuck_moves(a, temps_mc, valid)
+        s = a[_STUCK] & valid
+        if s:  # a stuck channel that moved clear_pp_mc since it was flagged is not stuck
+            o = _CH
+            i = 0
+            while i < n:
+                bit = 1 << i
+                if s & bit:
+                    t = temps_mc[i]
+                    if t < a[o + _SMIN]:
+                        a[o + _SMIN] = t
+                    if t > a[o + _SMAX]:
+                        a[o + _SMAX] = t
+                    if a[o + _SMAX] - a[o + _SMIN] >= a[_CLEAR_PP]:
+                        a[_STUCK] &= ~bit
+                        a[_CAND] &= ~bit
+                        a[_RUN] &= ~bit
+                o += _K
+                i += 1
         if ticks_diff(now_ms, a[_BSTART]) >= a[_BKT]:
             _close_bucket(a, now_ms)
 
@@ -347,7 +370,8 @@ class NtcWatch:
 
 
 # -- implausible ---------------------------------------------------------------------
-def _jumps(a, temps_mc, valid, dt, now_ms):
+def _implausible(a, temps_mc, valid, dt, now_ms):
+    """Jumping channels (every one), then channels colder than the air (controlled)."""
     n = a[_N]
     both = valid & a[_PREV_OK] if 0 < dt <= a[_JUMP_DT] else 0
     lim = a[_JUMP_MC_I]
@@ -370,8 +394,6 @@ def _jumps(a, temps_mc, valid, dt, now_ms):
     a[_JUMPY] = jumpy
     a[_PREV_OK] = valid
 
-
-def _colder(a, temps_mc, valid, now_ms):
     amb_i = a[_AMB]
     if amb_i < 0:
         return
@@ -381,7 +403,6 @@ def _colder(a, temps_mc, valid, now_ms):
         a[_WARM_C] = 0
         return
     amb = temps_mc[amb_i]
-    n = a[_N]
     ctl = a[_CTL]
     cold = a[_COLD]
     cold_c = a[_COLD_C]
@@ -422,38 +443,6 @@ def _colder(a, temps_mc, valid, now_ms):
 
 
 # -- stuck -----------------------------------------------------------------------------
-def _flag_stuck(a, o, bit, t):
-    """Channel ``bit`` (record at ``o``) is stuck at ``t``."""
-    if a[_STUCK] & bit:
-        return
-    a[_STUCK] |= bit
-    a[_SCOUNT] += 1
-    a[o + _SMIN] = t
-    a[o + _SMAX] = t
-
-
-def _stuck_moves(a, temps_mc, valid):
-    """A stuck channel that moved clear_pp_mc since it was flagged is not stuck."""
-    s = a[_STUCK] & valid
-    n = a[_N]
-    o = _CH
-    i = 0
-    while i < n:
-        bit = 1 << i
-        if s & bit:
-            t = temps_mc[i]
-            if t < a[o + _SMIN]:
-                a[o + _SMIN] = t
-            if t > a[o + _SMAX]:
-                a[o + _SMAX] = t
-            if a[o + _SMAX] - a[o + _SMIN] >= a[_CLEAR_PP]:
-                a[_STUCK] &= ~bit
-                a[_CAND] &= ~bit
-                a[_RUN] &= ~bit
-        o += _K
-        i += 1
-
-
 def _frozen_tick(a, temps_mc, valid, now_ms):
     n = a[_N]
     smask = a[_SMASK]
@@ -480,8 +469,11 @@ def _frozen_tick(a, temps_mc, valid, now_ms):
                 and ticks_diff(now_ms, a[o + _SAME_MS]) >= a[_FROZEN]
                 and a[o + _FPMIN] >= a[_FMIN]
                 and a[o + _FPMAX] - a[o + _FPMIN] >= a[_FSWING]
-            ):
-                _flag_stuck(a, o, bit, t)
+            ) and not a[_STUCK] & bit:
+                a[_STUCK] |= bit  # stuck (frozen) at t
+                a[_SCOUNT] += 1
+                a[o + _SMIN] = t
+                a[o + _SMAX] = t
         o += _K
         i += 1
     a[_RUN] = run
@@ -496,12 +488,15 @@ def _close_bucket(a, now_ms):
     cbad = a[_CBAD]
     bmin = a[_OBMIN]
     bmax = a[_OBMAX]
+    smask = a[_SMASK]
     o = _CH
-    r = h  # the channel's ring slot h
+    r = h  # slot h of the channel's ring (channels of stuck_mask only have one)
     i = 0
     while i < n:
-        a[bmin + r] = a[o + _CMIN]
-        a[bmax + r] = a[o + _CMAX]
+        if smask & (1 << i):
+            a[bmin + r] = a[o + _CMIN]
+            a[bmax + r] = a[o + _CMAX]
+            r += nb
         if cbad & (1 << i):
             a[o + _VB] = 0
         elif a[o + _VB] < nb:
@@ -509,7 +504,6 @@ def _close_bucket(a, now_ms):
         a[o + _CMIN] = _BIG
         a[o + _CMAX] = -_BIG
         o += _K
-        r += nb
         i += 1
     a[_CBAD] = 0
     pknown = not a[_PBAD] and a[_PN] > 0
@@ -561,7 +555,6 @@ def _close_bucket(a, now_ms):
     if hi - lo < a[_SWING]:
         a[_CAND] = 0
         return
-    smask = a[_SMASK]
     cand = a[_CAND]
     o = _CH
     r = 0  # the channel's ring
@@ -585,9 +578,13 @@ def _close_bucket(a, now_ms):
             elif not cand & bit:
                 cand |= bit
                 a[o + _CAND_MS] = now_ms
-            elif ticks_diff(now_ms, a[o + _CAND_MS]) >= a[_CONFIRM]:
-                _flag_stuck(a, o, bit, a[o + _LAST])
+            elif ticks_diff(now_ms, a[o + _CAND_MS]) >= a[_CONFIRM] and not a[_STUCK] & bit:
+                a[_STUCK] |= bit  # stuck (flat under the swing) at its last reading
+                a[_SCOUNT] += 1
+                a[o + _SMIN] = a[o + _LAST]
+                a[o + _SMAX] = a[o + _LAST]
+        if smask & bit:
+            r += nb
         o += _K
-        r += nb
         i += 1
     a[_CAND] = cand

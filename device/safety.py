@@ -34,8 +34,6 @@ app and the configuring commands use are attributes (``prot_mc``, ``crit_mc``,
 name through ``__getattr__`` (``sf.hold``, ``sf.f_manual``, ``sf.causes``).
 """
 
-from array import array
-
 from device import floors as F
 from device.drivers.ntc import NTC, lut_interp_mc
 
@@ -88,6 +86,8 @@ _HOLD = const(20)  # per fan
 _APPLIED = const(22)  # per fan
 _NOM = const(24)  # per channel (nominal_mc)
 
+del const  # folded at compile time: a module name less (its table has 12 slots)
+
 
 class Safety:
     """Floors, bounded readings and the hold. ``fans``: the app's Fan objects.
@@ -100,6 +100,7 @@ class Safety:
     def __init__(self, hal, fans, n_ch=4, luts=None):
         if NTC.INVALID != _INVALID:
             raise ValueError("NTC.INVALID moved")
+        from array import array
         self.fans = fans
         model = F.fan_model(getattr(hal, "fan_model", None))
         self.model = model
@@ -191,12 +192,12 @@ class Safety:
         """Take the config's floors where they are higher than the compiled ones."""
         s = cfg["safety"]
         a = self._a
-        a[_F_BOOT] = _hi(F.FLOOR_BOOT, s["boot"])
-        a[_F_HOST] = _hi(F.FLOOR_HOST_LOST, s["host_lost"])
-        a[_F_SENSOR] = _hi(F.FLOOR_SENSOR, s["sensor_fault"])
-        a[_F_STALL] = _hi(F.FLOOR_STALL, s["fan_stall"])
-        a[_F_OVER] = _hi(F.FLOOR_OVER_TEMP, s["over_temp"])
-        a[_F_MANUAL] = _hi(F.FLOOR_MANUAL, s["min_manual_duty"])
+        a[_F_BOOT] = max(F.FLOOR_BOOT, s["boot"])
+        a[_F_HOST] = max(F.FLOOR_HOST_LOST, s["host_lost"])
+        a[_F_SENSOR] = max(F.FLOOR_SENSOR, s["sensor_fault"])
+        a[_F_STALL] = max(F.FLOOR_STALL, s["fan_stall"])
+        a[_F_OVER] = max(F.FLOOR_OVER_TEMP, s["over_temp"])
+        a[_F_MANUAL] = max(F.FLOOR_MANUAL, s["min_manual_duty"])
         chans = cfg["channels"]
         i = 0
         while i < a[_N_CH]:
@@ -375,7 +376,3 @@ class Safety:
         fans = self.fans
         fans[0].set_duty(d0, now)
         fans[1].set_duty(d1, now)
-
-
-def _hi(a, b):
-    return a if a > b else b
