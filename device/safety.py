@@ -119,20 +119,26 @@ class Safety:
         a = array("i", bytes(4 * (_NOM + n_ch)))
         a[_N_CH] = n_ch
         a[_MIN_SPIN] = model[F.FM_MIN_SPIN]
-        a[_F_BOOT] = F.FLOOR_BOOT
-        a[_F_HOST] = F.FLOOR_HOST_LOST
-        a[_F_SENSOR] = F.FLOOR_SENSOR
-        a[_F_STALL] = F.FLOOR_STALL
-        a[_F_OVER] = F.FLOOR_OVER_TEMP
-        a[_F_MANUAL] = F.FLOOR_MANUAL
+        # the compiled cause floors (configure() may raise them), _F_BOOT.._F_MANUAL
+        k = _F_BOOT
+        for v in (
+            F.FLOOR_BOOT,
+            F.FLOOR_HOST_LOST,
+            F.FLOOR_SENSOR,
+            F.FLOOR_STALL,
+            F.FLOOR_OVER_TEMP,
+            F.FLOOR_MANUAL,
+        ):
+            a[k] = v
+            k += 1
         # before the first tick: BOOT, with the fans at their initial 100 % (a fault
         # already there holds that)
         a[_KEY] = CAUSE_BOOT
-        a[_LO] = nom._lo
-        a[_HI] = nom._hi
-        a[_FAULT_LO] = nom._fault_lo
-        a[_FAULT_HI] = nom._fault_hi
-        a[_STEP] = nom._step
+        # the nominal table's thresholds, _LO.._STEP
+        k = _LO
+        for v in (nom._lo, nom._hi, nom._fault_lo, nom._fault_hi, nom._step):
+            a[k] = v
+            k += 1
         # the Fan drivers start at 100 % (their initial duty): what "the tick before"
         # the first tick commanded
         a[_APPLIED] = _DUTY_FULL
