@@ -21,8 +21,6 @@ then. :meth:`Supervisor.update` runs in the control tick: it does not allocate (
 masks, preallocated arrays, a fixed-size event ring).
 """
 
-from array import array
-
 from device import floors as F
 from device import safety as S
 from protocol import catalog as C
@@ -49,11 +47,15 @@ SLOWDOWN_CRIT_MARGIN_MC = const(3000)
 # beside the memory MOSFETs reads 12 degC below a throttling die: issue 11).
 DIE_OFFSET_MC = const(6000)
 
+del const  # folded at compile time: a module name less (its table has 12 slots)
+
 
 class EventQueue:
     """Fixed-size ring of pending events (ints only); the oldest is dropped when full."""
 
     def __init__(self, capacity=16):
+        from array import array
+
         self.cap = capacity
         # the small fields (code, severity, active, index, state, prev_state) as
         # 16-bit items, ``value`` (an i32: a temperature, a count) apart: 18 bytes an
@@ -118,11 +120,20 @@ class Supervisor:
     """
 
     def __init__(self, cfg, events=None):
+        from array import array
+
         chans = cfg["channels"]
         self.n = len(chans)
         self.warn_mc = array("i", [c["warn_mc"] for c in chans])
         # critical: the config's limit, never above the compiled hot-floor end
-        self.crit_mc = array("i", [_crit(i, chans[i]["crit_mc"]) for i in range(self.n)])
+        self.crit_mc = array("i", [c["crit_mc"] for c in chans])
+        hot = F.HOT_FULL_MC
+        i = 0
+        while i < self.n and i < len(hot):
+            full = hot[i]
+            if full is not None and self.crit_mc[i] >= full:
+                self.crit_mc[i] = full
+            i += 1
         # the configured GPU-channel limits; warn_mc[0]/crit_mc[0] follow the slowdown
         self.warn_cfg0 = self.warn_mc[0]
         self.crit_cfg0 = self.crit_mc[0]
@@ -358,11 +369,6 @@ class Supervisor:
                 sev = C.SEV_WARNING
             self.events.push(code, sev, active, i, values[i] if values is not None else 0, st, st)
             diff &= ~low
-
-
-def _crit(i, crit_mc):
-    full = F.HOT_FULL_MC[i] if i < len(F.HOT_FULL_MC) else None
-    return crit_mc if full is None or crit_mc < full else full
 
 
 def _severity(state, reason):

@@ -31,7 +31,7 @@ except ImportError:  # CPython
         return x
 
 
-DUTY_FULL = const(65535)
+_DUTY_FULL = const(65535)
 
 
 def _t(*items):
@@ -42,13 +42,17 @@ def _t(*items):
 
 
 # --- per-cause floors (the largest active cause wins) --------------------------------
-FLOOR_BOOT = const(45875)  # 70 % until the sensors are valid
-FLOOR_HOST_LOST = const(26214)  # 40 % in STANDALONE once a host was seen
-FLOOR_SENSOR = const(52428)  # 80 % with an open/short/stuck/implausible controlled NTC
-FLOOR_STALL = const(65535)  # a stalled or implausible fan: both fans flat out
-FLOOR_OVER_TEMP = const(52428)  # 80 % above a warning limit
+# (These, DUTY_FULL, STALL_MAX_MS, HOST_TIMEOUT_MAX_MS, FAN_MODEL_DEFAULT and FM_*, read
+# when configuring only, are served by ``__getattr__`` (end of file) under their public
+# names: ``floors.FLOOR_BOOT``. A module-level name is a slot of the module's table in
+# RAM; only what a tick reads stays one.)
+_FLOOR_BOOT = const(45875)  # 70 % until the sensors are valid
+_FLOOR_HOST_LOST = const(26214)  # 40 % in STANDALONE once a host was seen
+_FLOOR_SENSOR = const(52428)  # 80 % with an open/short/stuck/implausible controlled NTC
+_FLOOR_STALL = const(65535)  # a stalled or implausible fan: both fans flat out
+_FLOOR_OVER_TEMP = const(52428)  # 80 % above a warning limit
 _FLOOR_CRITICAL = const(65535)  # above a critical limit: fixed
-FLOOR_MANUAL = const(19661)  # 30 %: the lowest duty a MANUAL command may ask for
+_FLOOR_MANUAL = const(19661)  # 30 %: the lowest duty a MANUAL command may ask for
 
 # Config key in ``safety`` -> its compiled minimum (config may only raise them):
 # ``SAFETY_MINIMUMS``, made by ``__getattr__`` (end of file) when read: configuring
@@ -83,8 +87,8 @@ OFFSET_MAX_MC = const(15000)
 OFFSET_TAU_MS = const(30000)  # the offset seen is low-passed over this first
 OFFSET_DOWN_MC = const(1000)
 OFFSET_DOWN_MS = const(600000)  # 1 degC per 10 minutes
-STANDALONE_WARN_MARGIN_MC = const(3000)
-STANDALONE_CRIT_MARGIN_MC = const(0)
+_STANDALONE_WARN_MARGIN_MC = const(3000)  # (these two: ``__getattr__``)
+_STANDALONE_CRIT_MARGIN_MC = const(0)
 
 # --- calibration band ---------------------------------------------------------------
 # A channel's calibrated reading is clamped to the board's nominal NTC curve
@@ -104,11 +108,12 @@ RAMP_DOWN_PER_S = const(3276)  # 5 % per second
 # --- detection times: config may shorten them, never stretch them past these -------
 # A stalled fan unnoticed for a minute at 650 W, or a dead host whose heartbeats are
 # waited for ten minutes, would be cooling made worse by configuration.
-STALL_MAX_MS = const(10000)  # fans.*.stall_ms
-HOST_TIMEOUT_MAX_MS = const(30000)  # control.host_timeout_ms
+_STALL_MAX_MS = const(10000)  # fans.*.stall_ms
+_HOST_TIMEOUT_MAX_MS = const(30000)  # control.host_timeout_ms
 
 # --- MANUAL is a lease -----------------------------------------------------------
-MANUAL_LEASE_MS = const(600000)  # 10 min: then back to automatic control, with an event
+# (``__getattr__``: read by a MANUAL tick only)
+_MANUAL_LEASE_MS = const(600000)  # 10 min: then back to automatic control, with an event
 
 # --- fan models ---------------------------------------------------------------------
 # name: (min_spin, kick, kick_ms, rpm_check_duty, rpm_floor_pct, rpm_nominal)
@@ -132,13 +137,15 @@ FAN_MODELS = {
     # 300 at 20 %: the slower world keeps 2x at every duty from min_spin, the faster 8x.
     "sim": _t(13107, 45875, 300, 13107, 50, 3000),
 }
-FAN_MODEL_DEFAULT = "pwm4"
-FM_MIN_SPIN = const(0)
-FM_KICK = const(1)
-FM_KICK_MS = const(2)
-FM_RPM_CHECK_DUTY = const(3)
-FM_RPM_FLOOR_PCT = const(4)
-FM_RPM_NOMINAL = const(5)
+# FAN_MODEL_DEFAULT: "pwm4" (``__getattr__``; fan_model(None) names it too)
+_FM_MIN_SPIN = const(0)  # FM_*: the fields of a model tuple
+_FM_KICK = const(1)
+_FM_KICK_MS = const(2)
+_FM_RPM_CHECK_DUTY = const(3)
+_FM_RPM_FLOOR_PCT = const(4)
+_FM_RPM_NOMINAL = const(5)
+
+del const  # folded at compile time: a module name less (its table has 17 slots)
 
 
 def fan_model(name):
@@ -147,21 +154,17 @@ def fan_model(name):
     raises ValueError naming the known models (it used to become ``pwm4`` silently,
     which took a server fan's tach floor from 2,000 to 400 RPM)."""
     if name is None:
-        name = FAN_MODEL_DEFAULT
+        name = "pwm4"  # FAN_MODEL_DEFAULT
     m = FAN_MODELS.get(name)
     if m is None:
-        raise ValueError("unknown fan model %r (known: %s)" % (name, fan_model_names()))
+        known = ", ".join(sorted(FAN_MODELS))  # "pwm4, pwm4_server, sim"
+        raise ValueError("unknown fan model %r (known: %s)" % (name, known))
     return m
-
-
-def fan_model_names():
-    """The known fan models, sorted, as one string: ``"pwm4, pwm4_server, sim"``."""
-    return ", ".join(sorted(FAN_MODELS))
 
 
 def rpm_floor(model):
     """RPM a turning fan of ``model`` reads at least at 100 % (x duty / 65535 below)."""
-    return model[FM_RPM_NOMINAL] * model[FM_RPM_FLOOR_PCT] // 100
+    return model[_FM_RPM_NOMINAL] * model[_FM_RPM_FLOOR_PCT] // 100
 
 
 def hot_floor(i, temp_mc, min_spin):
@@ -176,10 +179,10 @@ def hot_floor(i, temp_mc, min_spin):
         return 0
     full = HOT_FULL_MC[i]
     if temp_mc >= full:
-        return DUTY_FULL
+        return _DUTY_FULL
     # (temp - start) < 50000 and span < 65536: the product stays below 2**32 / 1 --
     # split it so it stays a small int on a 32-bit MCU (< 2**30).
-    span = DUTY_FULL - min_spin
+    span = _DUTY_FULL - min_spin
     num = temp_mc - start
     den = full - start
     return min_spin + (num // 10) * span // (den // 10)
@@ -200,24 +203,66 @@ def die_floor(die_mc, slowdown_mc, min_spin):
         return 0
     full = slowdown_mc - _DIE_FULL_MARGIN_MC
     if die_mc >= full:
-        return DUTY_FULL
+        return _DUTY_FULL
     # (die - start) < 3000 and span < 65536: the product stays below 2**28
-    return min_spin + (die_mc - start) * (DUTY_FULL - min_spin) // (full - start)
+    return min_spin + (die_mc - start) * (_DUTY_FULL - min_spin) // (full - start)
 
 
 def __getattr__(name):
-    """``SAFETY_MINIMUMS`` and ``NTC_NOMINAL``, read when configuring: made on each
-    access, so the tuples are not kept in RAM (a test may still assign them)."""
+    """The names read when configuring (``FLOOR_*``, ``DUTY_FULL``, ``FM_*``, ...): made
+    on each access, so neither their module slots nor ``SAFETY_MINIMUMS`` and
+    ``NTC_NOMINAL``'s tuples are kept in RAM (a test may still assign them). Ints
+    without allocation: a tick may ask too (the MANUAL lease; the standalone margins
+    when the slowdown they follow moves)."""
+    if name == "MANUAL_LEASE_MS":
+        return _MANUAL_LEASE_MS
+    if name == "STANDALONE_WARN_MARGIN_MC":
+        return _STANDALONE_WARN_MARGIN_MC
+    if name == "STANDALONE_CRIT_MARGIN_MC":
+        return _STANDALONE_CRIT_MARGIN_MC
+    if name == "FLOOR_BOOT":
+        return _FLOOR_BOOT
+    if name == "FLOOR_HOST_LOST":
+        return _FLOOR_HOST_LOST
+    if name == "FLOOR_SENSOR":
+        return _FLOOR_SENSOR
+    if name == "FLOOR_STALL":
+        return _FLOOR_STALL
+    if name == "FLOOR_OVER_TEMP":
+        return _FLOOR_OVER_TEMP
+    if name == "FLOOR_MANUAL":
+        return _FLOOR_MANUAL
+    if name == "DUTY_FULL":
+        return _DUTY_FULL
+    if name == "FM_MIN_SPIN":
+        return _FM_MIN_SPIN
+    if name == "FM_KICK":
+        return _FM_KICK
+    if name == "FM_KICK_MS":
+        return _FM_KICK_MS
+    if name == "FM_RPM_CHECK_DUTY":
+        return _FM_RPM_CHECK_DUTY
+    if name == "FM_RPM_FLOOR_PCT":
+        return _FM_RPM_FLOOR_PCT
+    if name == "FM_RPM_NOMINAL":
+        return _FM_RPM_NOMINAL
+    if name == "STALL_MAX_MS":
+        return _STALL_MAX_MS
+    if name == "HOST_TIMEOUT_MAX_MS":
+        return _HOST_TIMEOUT_MAX_MS
+    if name == "FAN_MODEL_DEFAULT":
+        return "pwm4"  # fan_model(None)
     if name == "SAFETY_MINIMUMS":
         return (
-            _t("boot", FLOOR_BOOT),
-            _t("host_lost", FLOOR_HOST_LOST),
-            _t("sensor_fault", FLOOR_SENSOR),
-            _t("fan_stall", FLOOR_STALL),
-            _t("over_temp", FLOOR_OVER_TEMP),
+            _t("boot", _FLOOR_BOOT),
+            _t("host_lost", _FLOOR_HOST_LOST),
+            _t("sensor_fault", _FLOOR_SENSOR),
+            _t("fan_stall", _FLOOR_STALL),
+            _t("over_temp", _FLOOR_OVER_TEMP),
             _t("critical", _FLOOR_CRITICAL),
-            _t("min_manual_duty", FLOOR_MANUAL),
+            _t("min_manual_duty", _FLOOR_MANUAL),
         )
     if name == "NTC_NOMINAL":
         return _t(3950, 10000, 25000, 10000, True)
     raise AttributeError(name)
+

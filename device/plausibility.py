@@ -59,10 +59,10 @@ Implausible:
 ``stuck`` and ``implausible`` are per-channel bitmasks, ``cold`` and ``jumpy`` the
 two halves of ``implausible``, ``faults = stuck | implausible``; ``stuck_count`` and
 ``implausible_count`` count the bits raised. No events: the supervisor raises them
-on the edges. ``update()`` allocates nothing (ints < 2**30, arrays made here).
+on the edges. ``update()`` allocates nothing (ints < 2**30, one array made here: the configuration,
+the verdicts and the state; ``stuck`` and ``implausible``, which the app reads every
+tick, are attributes too, the rest is read by name through ``__getattr__``).
 """
-
-from array import array
 
 from device.ticks import ticks_diff
 
@@ -92,6 +92,72 @@ _COLD_MS = const(30000)
 _JUMP_MC = const(15000)
 _JUMP_DT_MS = const(1000)
 _JUMP_HOLD_MS = const(30000)
+
+# Everything an NtcWatch holds, in one array of ints (an instance attribute each took
+# a slot of its 59-slot table and most of the per-channel arrays a 32 B block of their
+# own: 1,360 B on ARM): first the configuration and the verdicts, readable by name
+# through ``__getattr__`` (in this order: its names tuple), then the state ...
+_N = const(0)
+_CTL = const(1)  # controlled
+_AMB = const(2)  # ambient channel, -1: none
+_SMASK = const(3)  # stuck_mask
+_STUCK_PP = const(4)
+_CLEAR_PP = const(5)
+_WIN = const(6)  # window_ms
+_BKT = const(7)  # bucket_ms
+_CONFIRM = const(8)
+_SWING = const(9)
+_FROZEN = const(10)
+_FMIN = const(11)  # frozen_min_mw
+_FSWING = const(12)  # frozen_swing_mw
+_COLD_MC_I = const(13)
+_COLD_CLR = const(14)
+_COLD_MS_I = const(15)
+_JUMP_MC_I = const(16)
+_JUMP_DT = const(17)
+_JUMP_HOLD = const(18)
+_NB = const(19)  # complete buckets in the window
+_STUCK = const(20)  # the verdicts (``stuck`` and ``implausible`` are attributes too)
+_IMPL = const(21)
+_COLD = const(22)
+_JUMPY = const(23)
+_FAULTS = const(24)
+_SCOUNT = const(25)  # stuck_count
+_ICOUNT = const(26)  # implausible_count
+_HEAD = const(27)  # ring slot the next complete bucket goes to
+_CBAD = const(28)  # channels invalid at some tick of the current bucket
+_PMEAN = const(29)  # mean power of the current bucket (incremental)
+_PN = const(30)
+_PBAD = const(31)  # power unknown at some tick of the current bucket
+_PVB = const(32)  # consecutive complete buckets with known power
+_BSTART = const(33)
+_STARTED = const(34)
+_LAST_MS = const(35)
+_CAND = const(36)  # channels flat under a swing at the last evaluation
+_RUN = const(37)  # channels whose reading is unchanged (and valid) since their _SAME_MS
+_FPBAD = const(38)  # runs that saw a bucket with unknown power
+_COLD_C = const(39)  # channels colder than ambient - cold_mc, since their _COLD_T
+_WARM_C = const(40)  # flagged channels back within cold_clear_mc, since their _COLD_T
+_PREV_OK = const(41)  # channels valid at the previous tick
+_OBP = const(42)  # where the ring's bucket power means start (nb of them)
+_OBMIN = const(43)  # ... the ring's minima: nb per channel of stuck_mask, by channel
+_OBMAX = const(44)  # ... and maxima (the other channels are never judged stuck)
+_CH = const(45)  # then one record of _K ints per channel:
+_CMIN = const(0)  # the current bucket's minimum
+_CMAX = const(1)  # ... and maximum
+_VB = const(2)  # consecutive complete valid buckets
+_CAND_MS = const(3)
+_LAST = const(4)  # last valid reading
+_SAME_MS = const(5)
+_FPMIN = const(6)  # bucket power means over the frozen run
+_FPMAX = const(7)
+_SMIN = const(8)  # movement since flagged stuck
+_SMAX = const(9)
+_COLD_T = const(10)
+_JUMP_T = const(11)
+_K = const(12)
+
+del const  # folded at compile time: a module name less (its table has 12 slots)
 
 
 def _check(value, lo, hi, what):
@@ -165,331 +231,360 @@ class NtcWatch:
             (frozen_swing_mw, "frozen_swing_mw"),
         ):
             _check(value, 0, 100000000, what)
-        self.n = n_channels
-        self.controlled = controlled
-        self.ambient = ambient
-        self.stuck_mask = stuck_mask
-        self.stuck_pp_mc = stuck_pp_mc
-        self.clear_pp_mc = clear_pp_mc
-        self.window_ms = window_ms
-        self.bucket_ms = bucket_ms
-        self.confirm_ms = confirm_ms
-        self.swing_mw = swing_mw
-        self.frozen_ms = frozen_ms
-        self.frozen_min_mw = frozen_min_mw
-        self.frozen_swing_mw = frozen_swing_mw
-        self.cold_mc = cold_mc
-        self.cold_clear_mc = cold_clear_mc
-        self.cold_ms = cold_ms
-        self.jump_mc = jump_mc
-        self.jump_dt_ms = jump_dt_ms
-        self.jump_hold_ms = jump_hold_ms
-        nb = window_ms // bucket_ms
-        self.nb = nb
+        from array import array
+
         n = n_channels
-
-        # verdicts
+        nb = window_ms // bucket_ms
+        ns = 0  # channels judged stuck or not
+        m = stuck_mask
+        while m:
+            ns += m & 1
+            m >>= 1
+        # the records, then the ring: nb bucket power means, nb minima and maxima for
+        # each channel of stuck_mask
+        obp = _CH + _K * n
+        a = array("i", bytes(4 * (obp + nb * (2 * ns + 1))))
+        cfg = (n, controlled, ambient, stuck_mask, stuck_pp_mc, clear_pp_mc, window_ms)
+        cfg += (bucket_ms, confirm_ms, swing_mw, frozen_ms, frozen_min_mw, frozen_swing_mw)
+        cfg += (cold_mc, cold_clear_mc, cold_ms, jump_mc, jump_dt_ms, jump_hold_ms, nb)
+        k = 0
+        for v in cfg:
+            a[k] = v
+            k += 1
+        a[_OBP] = obp
+        a[_OBMIN] = obp + nb
+        a[_OBMAX] = obp + nb + ns * nb
+        o = _CH
+        while o < obp:
+            a[o + _CMIN] = _BIG
+            a[o + _CMAX] = -_BIG
+            o += _K
+        self._a = a
         self.stuck = 0
-        self.cold = 0
-        self.jumpy = 0
         self.implausible = 0
-        self.faults = 0
-        self.stuck_count = 0
-        self.implausible_count = 0
 
-        # buckets: a ring of nb complete ones per channel, plus the current one
-        self._bmin = array("i", [0] * (n * nb))
-        self._bmax = array("i", [0] * (n * nb))
-        self._bpow = array("i", [0] * nb)
-        self._head = 0  # slot the next complete bucket goes to
-        self._cmin = array("i", [_BIG] * n)
-        self._cmax = array("i", [-_BIG] * n)
-        self._cbad = 0  # channels invalid at some tick of the current bucket
-        self._pmean = 0  # mean power of the current bucket (incremental)
-        self._pn = 0
-        self._pbad = False  # power unknown at some tick of the current bucket
-        self._vb = array("i", [0] * n)  # consecutive complete valid buckets
-        self._pvb = 0  # consecutive complete buckets with known power
-        self._bstart = 0
-        self._started = False
-        self._last_ms = 0
-
-        # stuck: flat under a swing
-        self._cand = 0  # channels flat under a swing at the last evaluation
-        self._cand_ms = array("i", [0] * n)
-        # stuck: frozen
-        self._last = array("i", [0] * n)  # last valid reading
-        self._run = 0  # channels whose reading is unchanged (and valid) since _same_ms
-        self._same_ms = array("i", [0] * n)
-        self._fpmin = array("i", [0] * n)  # bucket power means over the run
-        self._fpmax = array("i", [0] * n)
-        self._fpbad = 0  # runs that saw a bucket with unknown power
-        # stuck: movement since flagged
-        self._smin = array("i", [0] * n)
-        self._smax = array("i", [0] * n)
-
-        # implausible
-        self._cold_c = 0  # channels colder than ambient - cold_mc, since _cold_ms
-        self._warm_c = 0  # flagged channels back within cold_clear_mc, since _cold_ms
-        self._cold_ms = array("i", [0] * n)
-        self._prev_ok = 0  # channels valid at the previous tick
-        self._jump_ms = array("i", [0] * n)
+    def __getattr__(self, name):
+        """The configuration and the other verdicts by name (``watch.cold``,
+        ``watch.stuck_count``, ``watch.nb``): read-only, from the array."""
+        names = (
+            "n",
+            "controlled",
+            "ambient",
+            "stuck_mask",
+            "stuck_pp_mc",
+            "clear_pp_mc",
+            "window_ms",
+            "bucket_ms",
+            "confirm_ms",
+            "swing_mw",
+            "frozen_ms",
+            "frozen_min_mw",
+            "frozen_swing_mw",
+            "cold_mc",
+            "cold_clear_mc",
+            "cold_ms",
+            "jump_mc",
+            "jump_dt_ms",
+            "jump_hold_ms",
+            "nb",
+            "stuck",
+            "implausible",
+            "cold",
+            "jumpy",
+            "faults",
+            "stuck_count",
+            "implausible_count",
+        )
+        if name in names:
+            return self._a[names.index(name)]
+        raise AttributeError(name)
 
     # -- the tick --------------------------------------------------------------
     def update(self, temps_mc, valid_mask, power_mw, now_ms):
         """One control tick; returns ``faults``. Allocation-free."""
-        if not self._started:
-            self._started = True
-            self._bstart = now_ms
-            self._last_ms = now_ms
-        dt = ticks_diff(now_ms, self._last_ms)
-        self._last_ms = now_ms
-        n = self.n
-        valid = valid_mask & ((1 << n) - 1)
+        a = self._a
+        if not a[_STARTED]:
+            a[_STARTED] = 1
+            a[_BSTART] = now_ms
+            a[_LAST_MS] = now_ms
+        dt = ticks_diff(now_ms, a[_LAST_MS])
+        a[_LAST_MS] = now_ms
+        n = a[_N]
+        full = (1 << n) - 1
+        valid = valid_mask & full
 
-        self._jumps(temps_mc, valid, dt, now_ms)
-        self._colder(temps_mc, valid, now_ms)
+        _implausible(a, temps_mc, valid, dt, now_ms)
 
         # the current bucket
-        cmin = self._cmin
-        cmax = self._cmax
+        o = _CH
         i = 0
         while i < n:
-            bit = 1 << i
-            if valid & bit:
+            if valid & (1 << i):
                 t = temps_mc[i]
-                if t < cmin[i]:
-                    cmin[i] = t
-                if t > cmax[i]:
-                    cmax[i] = t
+                if t < a[o + _CMIN]:
+                    a[o + _CMIN] = t
+                if t > a[o + _CMAX]:
+                    a[o + _CMAX] = t
+            o += _K
             i += 1
-        self._cbad |= ((1 << n) - 1) & ~valid
+        a[_CBAD] |= full & ~valid
         if power_mw < 0:
-            self._pbad = True
+            a[_PBAD] = 1
         else:
             if power_mw > _BIG:
                 power_mw = _BIG
-            self._pn += 1
-            self._pmean += (power_mw - self._pmean) // self._pn
+            pn = a[_PN] + 1
+            a[_PN] = pn
+            a[_PMEAN] += (power_mw - a[_PMEAN]) // pn
 
-        self._frozen_tick(temps_mc, valid, now_ms)
-        self._stuck_moves(temps_mc, valid)
-        if ticks_diff(now_ms, self._bstart) >= self.bucket_ms:
-            self._close_bucket(now_ms)
-
-        self.implausible = self.cold | self.jumpy
-        self.faults = self.stuck | self.implausible
-        return self.faults
-
-    # -- implausible -------------------------------------------------------------
-    def _jumps(self, temps_mc, valid, dt, now_ms):
-        n = self.n
-        last = self._last
-        both = valid & self._prev_ok
-        i = 0
-        while i < n:
-            bit = 1 << i
-            if both & bit and 0 < dt <= self.jump_dt_ms:
-                d = temps_mc[i] - last[i]
-                if d > self.jump_mc or -d > self.jump_mc:
-                    if not self.jumpy & bit:
-                        self.jumpy |= bit
-                        self.implausible_count += 1
-                    self._jump_ms[i] = now_ms
-            if self.jumpy & bit and ticks_diff(now_ms, self._jump_ms[i]) >= self.jump_hold_ms:
-                self.jumpy &= ~bit
-            i += 1
-        self._prev_ok = valid
-
-    def _colder(self, temps_mc, valid, now_ms):
-        a = self.ambient
-        if a < 0:
-            return
-        abit = 1 << a
-        if not valid & abit or self.jumpy & abit:
-            self._cold_c = 0
-            self._warm_c = 0
-            return
-        amb = temps_mc[a]
-        n = self.n
-        i = 0
-        while i < n:
-            bit = 1 << i
-            if self.controlled & bit:
-                if not valid & bit:
-                    self._cold_c &= ~bit
-                    self._warm_c &= ~bit
-                elif self.cold & bit:
-                    if temps_mc[i] >= amb - self.cold_clear_mc:
-                        if not self._warm_c & bit:
-                            self._warm_c |= bit
-                            self._cold_ms[i] = now_ms
-                        elif ticks_diff(now_ms, self._cold_ms[i]) >= self.cold_ms:
-                            self.cold &= ~bit
-                            self._warm_c &= ~bit
-                    else:
-                        self._warm_c &= ~bit
-                elif temps_mc[i] < amb - self.cold_mc:
-                    if not self._cold_c & bit:
-                        self._cold_c |= bit
-                        self._cold_ms[i] = now_ms
-                    elif ticks_diff(now_ms, self._cold_ms[i]) >= self.cold_ms:
-                        self.cold |= bit
-                        self._cold_c &= ~bit
-                        self.implausible_count += 1
-                else:
-                    self._cold_c &= ~bit
-            i += 1
-
-    # -- stuck -------------------------------------------------------------------
-    def _flag_stuck(self, i, t):
-        bit = 1 << i
-        if self.stuck & bit:
-            return
-        self.stuck |= bit
-        self.stuck_count += 1
-        self._smin[i] = t
-        self._smax[i] = t
-
-    def _stuck_moves(self, temps_mc, valid):
-        """A stuck channel that moved clear_pp_mc since it was flagged is not stuck."""
-        s = self.stuck & valid
-        if not s:
-            return
-        n = self.n
-        i = 0
-        while i < n:
-            bit = 1 << i
-            if s & bit:
-                t = temps_mc[i]
-                if t < self._smin[i]:
-                    self._smin[i] = t
-                if t > self._smax[i]:
-                    self._smax[i] = t
-                if self._smax[i] - self._smin[i] >= self.clear_pp_mc:
-                    self.stuck &= ~bit
-                    self._cand &= ~bit
-                    self._run &= ~bit
-            i += 1
-
-    def _frozen_tick(self, temps_mc, valid, now_ms):
-        n = self.n
-        last = self._last
-        i = 0
-        while i < n:
-            bit = 1 << i
-            if not valid & bit:
-                self._run &= ~bit
-            else:
-                t = temps_mc[i]
-                if not self._run & bit or t != last[i]:
-                    self._run |= bit
-                    self._same_ms[i] = now_ms
-                    self._fpmin[i] = _BIG
-                    self._fpmax[i] = -_BIG
-                    self._fpbad &= ~bit
-                    last[i] = t
-                elif (
-                    self.stuck_mask & bit
-                    and not self._fpbad & bit
-                    and ticks_diff(now_ms, self._same_ms[i]) >= self.frozen_ms
-                    and self._fpmin[i] >= self.frozen_min_mw
-                    and self._fpmax[i] - self._fpmin[i] >= self.frozen_swing_mw
-                ):
-                    self._flag_stuck(i, t)
-            i += 1
-        # _last keeps the last valid reading of every channel (the jump check's too)
-
-    def _close_bucket(self, now_ms):
-        n = self.n
-        nb = self.nb
-        h = self._head
-        cmin = self._cmin
-        cmax = self._cmax
-        vb = self._vb
-        i = 0
-        while i < n:
-            bit = 1 << i
-            o = i * nb + h
-            self._bmin[o] = cmin[i]
-            self._bmax[o] = cmax[i]
-            if self._cbad & bit:
-                vb[i] = 0
-            elif vb[i] < nb:
-                vb[i] += 1
-            cmin[i] = _BIG
-            cmax[i] = -_BIG
-            i += 1
-        self._cbad = 0
-        pknown = not self._pbad and self._pn > 0
-        pmean = self._pmean
-        self._bpow[h] = pmean
-        if pknown:
-            if self._pvb < nb:
-                self._pvb += 1
-        else:
-            self._pvb = 0
-        self._pmean = 0
-        self._pn = 0
-        self._pbad = False
-        self._head = h + 1 if h + 1 < nb else 0
-        self._bstart = now_ms
-
-        # frozen runs: the power they have seen
-        run = self._run
-        i = 0
-        while i < n:
-            bit = 1 << i
-            if run & bit:
-                if not pknown:
-                    self._fpbad |= bit
-                else:
-                    if pmean < self._fpmin[i]:
-                        self._fpmin[i] = pmean
-                    if pmean > self._fpmax[i]:
-                        self._fpmax[i] = pmean
-            i += 1
-
-        # flat under a swing, over the last nb complete buckets
-        if self._pvb < nb:
-            self._cand = 0
-            return
-        bp = self._bpow
-        lo = _BIG
-        hi = -_BIG
-        k = 0
-        while k < nb:
-            p = bp[k]
-            if p < lo:
-                lo = p
-            if p > hi:
-                hi = p
-            k += 1
-        if hi - lo < self.swing_mw:
-            self._cand = 0
-            return
-        i = 0
-        while i < n:
-            bit = 1 << i
-            if not self.stuck_mask & bit or vb[i] < nb:
-                self._cand &= ~bit
+        _frozen_tick(a, temps_mc, valid, now_ms)
+        s = a[_STUCK] & valid
+        if s:  # a stuck channel that moved clear_pp_mc since it was flagged is not stuck
+            o = _CH
+            i = 0
+            while i < n:
+                bit = 1 << i
+                if s & bit:
+                    t = temps_mc[i]
+                    if t < a[o + _SMIN]:
+                        a[o + _SMIN] = t
+                    if t > a[o + _SMAX]:
+                        a[o + _SMAX] = t
+                    if a[o + _SMAX] - a[o + _SMIN] >= a[_CLEAR_PP]:
+                        a[_STUCK] &= ~bit
+                        a[_CAND] &= ~bit
+                        a[_RUN] &= ~bit
+                o += _K
                 i += 1
-                continue
-            o = i * nb
+        if ticks_diff(now_ms, a[_BSTART]) >= a[_BKT]:
+            _close_bucket(a, now_ms)
+
+        stuck = a[_STUCK]
+        implausible = a[_COLD] | a[_JUMPY]
+        faults = stuck | implausible
+        a[_IMPL] = implausible
+        a[_FAULTS] = faults
+        self.stuck = stuck
+        self.implausible = implausible
+        return faults
+
+
+# -- implausible ---------------------------------------------------------------------
+def _implausible(a, temps_mc, valid, dt, now_ms):
+    """Jumping channels (every one), then channels colder than the air (controlled)."""
+    n = a[_N]
+    both = valid & a[_PREV_OK] if 0 < dt <= a[_JUMP_DT] else 0
+    lim = a[_JUMP_MC_I]
+    jumpy = a[_JUMPY]
+    o = _CH
+    i = 0
+    while i < n:
+        bit = 1 << i
+        if both & bit:
+            d = temps_mc[i] - a[o + _LAST]
+            if d > lim or -d > lim:
+                if not jumpy & bit:
+                    jumpy |= bit
+                    a[_ICOUNT] += 1
+                a[o + _JUMP_T] = now_ms
+        if jumpy & bit and ticks_diff(now_ms, a[o + _JUMP_T]) >= a[_JUMP_HOLD]:
+            jumpy &= ~bit
+        o += _K
+        i += 1
+    a[_JUMPY] = jumpy
+    a[_PREV_OK] = valid
+
+    amb_i = a[_AMB]
+    if amb_i < 0:
+        return
+    abit = 1 << amb_i
+    if not valid & abit or a[_JUMPY] & abit:
+        a[_COLD_C] = 0
+        a[_WARM_C] = 0
+        return
+    amb = temps_mc[amb_i]
+    ctl = a[_CTL]
+    cold = a[_COLD]
+    cold_c = a[_COLD_C]
+    warm_c = a[_WARM_C]
+    o = _CH
+    i = 0
+    while i < n:
+        bit = 1 << i
+        if ctl & bit:
+            if not valid & bit:
+                cold_c &= ~bit
+                warm_c &= ~bit
+            elif cold & bit:
+                if temps_mc[i] >= amb - a[_COLD_CLR]:
+                    if not warm_c & bit:
+                        warm_c |= bit
+                        a[o + _COLD_T] = now_ms
+                    elif ticks_diff(now_ms, a[o + _COLD_T]) >= a[_COLD_MS_I]:
+                        cold &= ~bit
+                        warm_c &= ~bit
+                else:
+                    warm_c &= ~bit
+            elif temps_mc[i] < amb - a[_COLD_MC_I]:
+                if not cold_c & bit:
+                    cold_c |= bit
+                    a[o + _COLD_T] = now_ms
+                elif ticks_diff(now_ms, a[o + _COLD_T]) >= a[_COLD_MS_I]:
+                    cold |= bit
+                    cold_c &= ~bit
+                    a[_ICOUNT] += 1
+            else:
+                cold_c &= ~bit
+        o += _K
+        i += 1
+    a[_COLD] = cold
+    a[_COLD_C] = cold_c
+    a[_WARM_C] = warm_c
+
+
+# -- stuck -----------------------------------------------------------------------------
+def _frozen_tick(a, temps_mc, valid, now_ms):
+    n = a[_N]
+    smask = a[_SMASK]
+    run = a[_RUN]
+    fpbad = a[_FPBAD]
+    o = _CH
+    i = 0
+    while i < n:
+        bit = 1 << i
+        if not valid & bit:
+            run &= ~bit
+        else:
+            t = temps_mc[i]
+            if not run & bit or t != a[o + _LAST]:
+                run |= bit
+                a[o + _SAME_MS] = now_ms
+                a[o + _FPMIN] = _BIG
+                a[o + _FPMAX] = -_BIG
+                fpbad &= ~bit
+                a[o + _LAST] = t
+            elif (
+                smask & bit
+                and not fpbad & bit
+                and ticks_diff(now_ms, a[o + _SAME_MS]) >= a[_FROZEN]
+                and a[o + _FPMIN] >= a[_FMIN]
+                and a[o + _FPMAX] - a[o + _FPMIN] >= a[_FSWING]
+            ) and not a[_STUCK] & bit:
+                a[_STUCK] |= bit  # stuck (frozen) at t
+                a[_SCOUNT] += 1
+                a[o + _SMIN] = t
+                a[o + _SMAX] = t
+        o += _K
+        i += 1
+    a[_RUN] = run
+    a[_FPBAD] = fpbad
+    # _LAST keeps the last valid reading of every channel (the jump check's too)
+
+
+def _close_bucket(a, now_ms):
+    n = a[_N]
+    nb = a[_NB]
+    h = a[_HEAD]
+    cbad = a[_CBAD]
+    bmin = a[_OBMIN]
+    bmax = a[_OBMAX]
+    smask = a[_SMASK]
+    o = _CH
+    r = h  # slot h of the channel's ring (channels of stuck_mask only have one)
+    i = 0
+    while i < n:
+        if smask & (1 << i):
+            a[bmin + r] = a[o + _CMIN]
+            a[bmax + r] = a[o + _CMAX]
+            r += nb
+        if cbad & (1 << i):
+            a[o + _VB] = 0
+        elif a[o + _VB] < nb:
+            a[o + _VB] += 1
+        a[o + _CMIN] = _BIG
+        a[o + _CMAX] = -_BIG
+        o += _K
+        i += 1
+    a[_CBAD] = 0
+    pknown = not a[_PBAD] and a[_PN] > 0
+    pmean = a[_PMEAN]
+    bp = a[_OBP]
+    a[bp + h] = pmean
+    if pknown:
+        if a[_PVB] < nb:
+            a[_PVB] += 1
+    else:
+        a[_PVB] = 0
+    a[_PMEAN] = 0
+    a[_PN] = 0
+    a[_PBAD] = 0
+    a[_HEAD] = h + 1 if h + 1 < nb else 0
+    a[_BSTART] = now_ms
+
+    # frozen runs: the power they have seen
+    run = a[_RUN]
+    o = _CH
+    i = 0
+    while i < n:
+        bit = 1 << i
+        if run & bit:
+            if not pknown:
+                a[_FPBAD] |= bit
+            else:
+                if pmean < a[o + _FPMIN]:
+                    a[o + _FPMIN] = pmean
+                if pmean > a[o + _FPMAX]:
+                    a[o + _FPMAX] = pmean
+        o += _K
+        i += 1
+
+    # flat under a swing, over the last nb complete buckets
+    if a[_PVB] < nb:
+        a[_CAND] = 0
+        return
+    lo = _BIG
+    hi = -_BIG
+    k = bp
+    while k < bp + nb:
+        p = a[k]
+        if p < lo:
+            lo = p
+        if p > hi:
+            hi = p
+        k += 1
+    if hi - lo < a[_SWING]:
+        a[_CAND] = 0
+        return
+    cand = a[_CAND]
+    o = _CH
+    r = 0  # the channel's ring
+    i = 0
+    while i < n:
+        bit = 1 << i
+        if not smask & bit or a[o + _VB] < nb:
+            cand &= ~bit
+        else:
             lo = _BIG
             hi = -_BIG
-            k = 0
-            while k < nb:
-                if self._bmin[o + k] < lo:
-                    lo = self._bmin[o + k]
-                if self._bmax[o + k] > hi:
-                    hi = self._bmax[o + k]
+            k = r
+            while k < r + nb:
+                if a[bmin + k] < lo:
+                    lo = a[bmin + k]
+                if a[bmax + k] > hi:
+                    hi = a[bmax + k]
                 k += 1
-            if hi - lo >= self.stuck_pp_mc:
-                self._cand &= ~bit
-            elif not self._cand & bit:
-                self._cand |= bit
-                self._cand_ms[i] = now_ms
-            elif ticks_diff(now_ms, self._cand_ms[i]) >= self.confirm_ms:
-                self._flag_stuck(i, self._last[i])
-            i += 1
+            if hi - lo >= a[_STUCK_PP]:
+                cand &= ~bit
+            elif not cand & bit:
+                cand |= bit
+                a[o + _CAND_MS] = now_ms
+            elif ticks_diff(now_ms, a[o + _CAND_MS]) >= a[_CONFIRM] and not a[_STUCK] & bit:
+                a[_STUCK] |= bit  # stuck (flat under the swing) at its last reading
+                a[_SCOUNT] += 1
+                a[o + _SMIN] = a[o + _LAST]
+                a[o + _SMAX] = a[o + _LAST]
+        if smask & bit:
+            r += nb
+        o += _K
+        i += 1
+    a[_CAND] = cand

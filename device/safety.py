@@ -28,13 +28,14 @@ S4 **Critical means 100 %.** Any channel above its critical limit, or a protecti
 (S5, MANUAL is a lease, lives in the app's mode logic: ``MANUAL_LEASE_MS`` and the
 end on host loss or any safety cause; see ``App._manual_lease``.)
 
-Nothing here allocates after ``__init__``: ints < 2**30, preallocated arrays.
+Nothing here allocates after ``__init__``: ints < 2**30, preallocated arrays. What the
+app and the configuring commands use are attributes (``prot_mc``, ``crit_mc``,
+``floor``, the learned values, ...); the rest lives in one int array and is read by
+name through ``__getattr__`` (``sf.hold``, ``sf.f_manual``, ``sf.causes``).
 """
 
-from array import array
-
 from device import floors as F
-from device.drivers.ntc import NTC
+from device.drivers.ntc import NTC, lut_interp_mc
 
 try:
     from micropython import const
@@ -57,7 +58,35 @@ _HOLDING = const(0x3F)
 _N_FAN = const(2)
 _DUTY_FULL = const(65535)
 _DT_MAX_MS = const(10000)
-_INVALID = NTC.INVALID
+_INVALID = const(-0x3FFFFFFF)  # NTC.INVALID (checked in Safety.__init__)
+
+# The int array ``_a``: scalars by name (``__getattr__``'s names, in this order), then
+# the per-fan hold and applied duty, then the channels' nominal readings.
+_N_CH = const(0)
+_MIN_SPIN = const(1)
+_F_BOOT = const(2)  # cause floors: compiled, raised by configure()
+_F_HOST = const(3)
+_F_SENSOR = const(4)
+_F_STALL = const(5)
+_F_OVER = const(6)
+_F_MANUAL = const(7)
+_NOM_BAD = const(8)  # channels whose code is outside the nominal table
+_CLAMPED = const(9)  # channels whose calibrated reading was clamped this tick
+_KEY = const(10)  # (causes, mode, state) of the previous tick
+_CAUSES = const(11)
+_HOT = const(12)  # hot floor of the last tick
+_OFF_MS = const(13)  # time the offset seen has stayed below the learned one
+_OFF_F = const(14)  # the offset seen, low-passed (a load step's lag is no offset)
+_LO = const(15)  # the nominal table's valid codes, lo..hi, and the faults outside
+_HI = const(16)
+_FAULT_LO = const(17)
+_FAULT_HI = const(18)
+_STEP = const(19)
+_HOLD = const(20)  # per fan
+_APPLIED = const(22)  # per fan
+_NOM = const(24)  # per channel (nominal_mc)
+
+del const  # folded at compile time: a module name less (its table has 12 slots)
 
 
 class Safety:
@@ -69,44 +98,59 @@ class Safety:
     """
 
     def __init__(self, hal, fans, n_ch=4, luts=None):
+        if NTC.INVALID != _INVALID:
+            raise ValueError("NTC.INVALID moved")
+        from array import array
         self.fans = fans
-        self.n_ch = n_ch
         model = F.fan_model(getattr(hal, "fan_model", None))
         self.model = model
-        self.min_spin = model[F.FM_MIN_SPIN]
         nominal = getattr(hal, "ntc_nominal", None) or F.NTC_NOMINAL
         beta, r0, t0_mc, r_fixed, low = nominal
         cfg = {"model": "beta", "beta": beta, "r0": r0, "t0_mc": t0_mc}
         cfg["r_fixed"] = r_fixed
         cfg["ntc_low"] = low
         # ``luts`` (NTC.from_config's): an uncalibrated channel on the nominal curve
-        # holds the same table, built and kept once (1 KB of RAM)
-        # (no ADC: it converts the channels' codes, never reads one itself)
-        self._nominal = NTC.from_config(None, cfg, luts=luts, oversample=1, filter=None)
-        self.nominal_key = self._nominal.table  # shared with the channels' equal keys
-        self.nominal_table = (self._nominal._lut, self._nominal._step)  # to share it
-        # cause floors: compiled, raised by configure()
-        self.f_boot = F.FLOOR_BOOT
-        self.f_host = F.FLOOR_HOST_LOST
-        self.f_sensor = F.FLOOR_SENSOR
-        self.f_stall = F.FLOOR_STALL
-        self.f_over = F.FLOOR_OVER_TEMP
-        self.f_manual = F.FLOOR_MANUAL
-        self.crit_mc = array("i", [F.HOT_FULL_MC[i] or 0x3FFFFFFF for i in range(n_ch)])
-        self.hold = array("i", [0] * _N_FAN)
+        # holds the same table, built and kept once (1 KB of RAM); the driver object is
+        # not kept, only its table and thresholds (no ADC: it converts the channels'
+        # codes, never reads one itself)
+        nom = NTC.from_config(None, cfg, luts=luts, oversample=1, filter=None)
+        self.nominal_key = nom.table  # shared with the channels' equal keys
+        self.nominal_table = (nom._lut, nom._step)  # to share it
+        a = array("i", bytes(4 * (_NOM + n_ch)))
+        a[_N_CH] = n_ch
+        a[_MIN_SPIN] = model[F.FM_MIN_SPIN]
+        # the compiled cause floors (configure() may raise them), _F_BOOT.._F_MANUAL
+        k = _F_BOOT
+        for v in (
+            F.FLOOR_BOOT,
+            F.FLOOR_HOST_LOST,
+            F.FLOOR_SENSOR,
+            F.FLOOR_STALL,
+            F.FLOOR_OVER_TEMP,
+            F.FLOOR_MANUAL,
+        ):
+            a[k] = v
+            k += 1
+        # before the first tick: BOOT, with the fans at their initial 100 % (a fault
+        # already there holds that)
+        a[_KEY] = CAUSE_BOOT
+        # the nominal table's thresholds, _LO.._STEP
+        k = _LO
+        for v in (nom._lo, nom._hi, nom._fault_lo, nom._fault_hi, nom._step):
+            a[k] = v
+            k += 1
         # the Fan drivers start at 100 % (their initial duty): what "the tick before"
         # the first tick commanded
-        self.applied = array("i", [_DUTY_FULL] * _N_FAN)
+        a[_APPLIED] = _DUTY_FULL
+        a[_APPLIED + 1] = _DUTY_FULL
+        i = 0
+        while i < n_ch:
+            a[_NOM + i] = _INVALID
+            i += 1
+        self._a = a
+        self.crit_mc = array("i", [F.HOT_FULL_MC[i] or 0x3FFFFFFF for i in range(n_ch)])
         self.floor = array("i", [_DUTY_FULL] * _N_FAN)  # the floor in effect, per fan
-        self.nominal_mc = array("i", [_INVALID] * n_ch)
         self.prot_mc = array("i", [_INVALID] * n_ch)  # protection readings
-        self.nominal_bad = 0  # channels whose code is outside the nominal table
-        self.clamped = 0  # channels whose calibrated reading was clamped this tick
-        # (causes, mode, state) of the previous tick; before the first one: BOOT, with
-        # the fans at their initial 100 % (a fault already there holds that)
-        self._key = CAUSE_BOOT
-        self.causes = 0
-        self.hot = 0  # hot floor of the last tick
         # the die-margin floor's inputs, set by the app every tick: the host's fresh
         # die temperature and the GPU's slowdown (0 = no host, stale or not sent)
         self.die_mc = 0
@@ -117,21 +161,52 @@ class Safety:
         # supervisor, because a reconfiguration replaces the supervisor.
         self.learn_slow_mc = 0
         self.learn_off_mc = 0
-        self._off_ms = 0  # time the offset seen has stayed below the learned one
-        self._off_f = 0  # the offset seen, low-passed (a load step's lag is no offset)
+
+    def __getattr__(self, name):
+        """The array's scalars by name (``sf.f_manual``, ``sf.causes``, ``sf.hot``);
+        ``hold``, ``applied`` (per fan) and ``nominal_mc`` (per channel) as copies.
+        Read-only: configuring and tests, never the tick."""
+        a = self._a
+        if name == "hold":
+            return a[_HOLD : _HOLD + _N_FAN]
+        if name == "applied":
+            return a[_APPLIED : _APPLIED + _N_FAN]
+        if name == "nominal_mc":
+            return a[_NOM : _NOM + a[_N_CH]]
+        names = (
+            "n_ch",
+            "min_spin",
+            "f_boot",
+            "f_host",
+            "f_sensor",
+            "f_stall",
+            "f_over",
+            "f_manual",
+            "nominal_bad",
+            "clamped",
+            "_key",
+            "causes",
+            "hot",
+            "_off_ms",
+            "_off_f",
+        )
+        if name in names:
+            return a[names.index(name)]
+        raise AttributeError(name)
 
     def configure(self, cfg):
         """Take the config's floors where they are higher than the compiled ones."""
         s = cfg["safety"]
-        self.f_boot = _hi(F.FLOOR_BOOT, s["boot"])
-        self.f_host = _hi(F.FLOOR_HOST_LOST, s["host_lost"])
-        self.f_sensor = _hi(F.FLOOR_SENSOR, s["sensor_fault"])
-        self.f_stall = _hi(F.FLOOR_STALL, s["fan_stall"])
-        self.f_over = _hi(F.FLOOR_OVER_TEMP, s["over_temp"])
-        self.f_manual = _hi(F.FLOOR_MANUAL, s["min_manual_duty"])
+        a = self._a
+        a[_F_BOOT] = max(F.FLOOR_BOOT, s["boot"])
+        a[_F_HOST] = max(F.FLOOR_HOST_LOST, s["host_lost"])
+        a[_F_SENSOR] = max(F.FLOOR_SENSOR, s["sensor_fault"])
+        a[_F_STALL] = max(F.FLOOR_STALL, s["fan_stall"])
+        a[_F_OVER] = max(F.FLOOR_OVER_TEMP, s["over_temp"])
+        a[_F_MANUAL] = max(F.FLOOR_MANUAL, s["min_manual_duty"])
         chans = cfg["channels"]
         i = 0
-        while i < self.n_ch:
+        while i < a[_N_CH]:
             full = F.HOT_FULL_MC[i]
             crit = chans[i]["crit_mc"]
             self.crit_mc[i] = crit if full is None or crit < full else full
@@ -153,16 +228,17 @@ class Safety:
             off = F.OFFSET_MAX_MC
         if dt > _DT_MAX_MS:
             dt = _DT_MAX_MS
-        f = self._off_f
+        a = self._a
+        f = a[_OFF_F]
         f += (off - f) * dt // F.OFFSET_TAU_MS  # |.| < 15000 * 10000 < 2**30
-        self._off_f = f
+        a[_OFF_F] = f
         if f >= self.learn_off_mc:
             self.learn_off_mc = f
-            self._off_ms = 0
+            a[_OFF_MS] = 0
             return
-        self._off_ms += dt
-        if self._off_ms >= F.OFFSET_DOWN_MS:
-            self._off_ms = 0
+        a[_OFF_MS] += dt
+        if a[_OFF_MS] >= F.OFFSET_DOWN_MS:
+            a[_OFF_MS] = 0
             v = self.learn_off_mc - F.OFFSET_DOWN_MC
             self.learn_off_mc = v if v > f else f
 
@@ -174,14 +250,16 @@ class Safety:
         Sets ``prot_mc[i]`` (the protection reading) and ``nominal_mc[i]``; returns
         the clamped reading, or ``NTC.INVALID`` when the nominal curve says the code
         is an open or short circuit."""
-        nom = self._nominal.code_to_mc(code)
-        self.nominal_mc[i] = nom
+        a = self._a
         bit = 1 << i
-        if nom == _INVALID:
-            self.nominal_bad |= bit
+        if code < a[_LO] or code > a[_HI]:
+            a[_NOM + i] = _INVALID
+            a[_NOM_BAD] |= bit
             self.prot_mc[i] = _INVALID
             return _INVALID
-        self.nominal_bad &= ~bit
+        nom = lut_interp_mc(self.nominal_table[0], a[_STEP], code)
+        a[_NOM + i] = nom
+        a[_NOM_BAD] &= ~bit
         if cal_mc == _INVALID:
             self.prot_mc[i] = _INVALID
             return _INVALID
@@ -189,32 +267,34 @@ class Safety:
         hi = nom + F.CAL_BAND_MC
         self.prot_mc[i] = cal_mc if cal_mc > lo else lo
         if cal_mc < lo:
-            self.clamped |= bit
+            a[_CLAMPED] |= bit
             return lo
         if cal_mc > hi:
-            self.clamped |= bit
+            a[_CLAMPED] |= bit
             return hi
-        self.clamped &= ~bit
+        a[_CLAMPED] &= ~bit
         return cal_mc
 
     def nominal_fault(self, code):
         """``NTC.FAULT_OPEN``/``FAULT_SHORT`` for a code outside the nominal table."""
-        nom = self._nominal
-        lo, hi = nom._lo, nom._hi
-        if code < lo:
-            return nom._fault_lo
-        if code > hi:
-            return nom._fault_hi
+        a = self._a
+        if code < a[_LO]:
+            return a[_FAULT_LO]
+        if code > a[_HI]:
+            return a[_FAULT_HI]
         return NTC.FAULT_NONE
 
     def critical(self, valid):
         """Bit mask of valid channels whose protection reading is at or above the
         critical level (``min(config crit, compiled hot-full)``)."""
         m = 0
+        prot = self.prot_mc
+        crit = self.crit_mc
+        n = self._a[_N_CH]
         i = 0
-        while i < self.n_ch:
+        while i < n:
             bit = 1 << i
-            if valid & bit and self.prot_mc[i] >= self.crit_mc[i]:
+            if valid & bit and prot[i] >= crit[i]:
                 m |= bit
             i += 1
         return m
@@ -228,74 +308,77 @@ class Safety:
         supervisor's state (a change of either is a transition for the hold)."""
         if self.critical(valid):
             causes |= CAUSE_CRIT
-        self.causes = causes
+        a = self._a
+        a[_CAUSES] = causes
         # S3: latch the hold on any transition
         key = causes | (mode << 8) | (state << 12)
-        hold = self.hold
-        applied = self.applied
-        if key != self._key:
+        h0 = a[_HOLD]
+        h1 = a[_HOLD + 1]
+        if key != a[_KEY]:
             # leaving BOOT is not leaving a fault: the control law takes over at once;
             # a fault that appears (during BOOT too) holds what the fans were doing
-            prev = self._key & 0xFF
+            prev = a[_KEY] & 0xFF
             if causes & ~prev & ~CAUSE_BOOT or not prev & CAUSE_BOOT:
-                if applied[0] > hold[0]:
-                    hold[0] = applied[0]
-                if applied[1] > hold[1]:
-                    hold[1] = applied[1]
-            self._key = key
+                if a[_APPLIED] > h0:
+                    h0 = a[_APPLIED]
+                if a[_APPLIED + 1] > h1:
+                    h1 = a[_APPLIED + 1]
+            a[_KEY] = key
         elif not causes & _HOLDING:
             if dt > _DT_MAX_MS:
                 dt = _DT_MAX_MS
             if dt > 0:
                 down = F.RAMP_DOWN_PER_S * dt // 1000
-                hold[0] = hold[0] - down if hold[0] > down else 0
-                hold[1] = hold[1] - down if hold[1] > down else 0
+                h0 = h0 - down if h0 > down else 0
+                h1 = h1 - down if h1 > down else 0
+        a[_HOLD] = h0
+        a[_HOLD + 1] = h1
         # S1: cause floors
-        fl = self.min_spin
-        if causes & CAUSE_BOOT and self.f_boot > fl:
-            fl = self.f_boot
-        if causes & CAUSE_HOST_LOST and self.f_host > fl:
-            fl = self.f_host
-        if causes & CAUSE_SENSOR and self.f_sensor > fl:
-            fl = self.f_sensor
-        if causes & CAUSE_OVER and self.f_over > fl:
-            fl = self.f_over
-        if causes & CAUSE_STALL and self.f_stall > fl:
-            fl = self.f_stall
+        spin = a[_MIN_SPIN]
+        fl = spin
+        if causes & CAUSE_BOOT and a[_F_BOOT] > fl:
+            fl = a[_F_BOOT]
+        if causes & CAUSE_HOST_LOST and a[_F_HOST] > fl:
+            fl = a[_F_HOST]
+        if causes & CAUSE_SENSOR and a[_F_SENSOR] > fl:
+            fl = a[_F_SENSOR]
+        if causes & CAUSE_OVER and a[_F_OVER] > fl:
+            fl = a[_F_OVER]
+        if causes & CAUSE_STALL and a[_F_STALL] > fl:
+            fl = a[_F_STALL]
         # S1: the hot floor, on protection readings
         hot = 0
+        prot = self.prot_mc
+        n = a[_N_CH]
         i = 0
-        while i < self.n_ch:
+        while i < n:
             if valid & (1 << i):
-                h = F.hot_floor(i, self.prot_mc[i], self.min_spin)
+                h = F.hot_floor(i, prot[i], spin)
                 if h > hot:
                     hot = h
             i += 1
-        self.hot = hot
+        a[_HOT] = hot
         # S1: the die-margin floor (a die near the GPU's slowdown: full cooling)
-        h = F.die_floor(self.die_mc, self.slow_mc, self.min_spin)
+        h = F.die_floor(self.die_mc, self.slow_mc, spin)
         if h > hot:
             hot = h
         if hot > fl:
             fl = hot
         if causes & CAUSE_CRIT:
             fl = _DUTY_FULL
-        f0 = hold[0] if hold[0] > fl else fl
-        f1 = hold[1] if hold[1] > fl else fl
-        self.floor[0] = f0
-        self.floor[1] = f1
+        f0 = h0 if h0 > fl else fl
+        f1 = h1 if h1 > fl else fl
+        floor = self.floor
+        floor[0] = f0
+        floor[1] = f1
         d0 = req0 if req0 > f0 else f0
         d1 = req1 if req1 > f1 else f1
         if d0 > _DUTY_FULL:
             d0 = _DUTY_FULL
         if d1 > _DUTY_FULL:
             d1 = _DUTY_FULL
-        applied[0] = d0
-        applied[1] = d1
+        a[_APPLIED] = d0
+        a[_APPLIED + 1] = d1
         fans = self.fans
         fans[0].set_duty(d0, now)
         fans[1].set_duty(d1, now)
-
-
-def _hi(a, b):
-    return a if a > b else b

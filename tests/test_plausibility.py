@@ -241,6 +241,31 @@ def test_the_ambient_channel_is_not_judged_stuck_by_default():
     assert b.watch.stuck == (1 << GPU) | (1 << AMB)
 
 
+def test_stuck_mask_with_gaps_judges_each_channel_on_its_own_readings():
+    # The window's buckets are kept for the channels of stuck_mask only, one ring each:
+    # with gaps in the mask, each judged channel is judged on its own readings.
+    swing = _load_swing(30000, 100000, 400000)
+
+    def flat_amb(b):
+        swing(b)
+        b.temps[AMB] = 25000  # the bench's GPU channel is flat too, but not judged
+
+    b = _Bench(stuck_mask=0b1010)  # VRAM follows the load, AMB is flat
+    b.run(900000, flat_amb)
+    assert b.watch.stuck == 1 << AMB, b.watch.stuck
+
+    def flat_vram(b):
+        swing(b)
+        b.temps[VRAM] = 50000
+
+    b = _Bench(stuck_mask=0b0110)  # VRAM flat, MOS follows the load
+    b.run(900000, flat_vram)
+    assert b.watch.stuck == 1 << VRAM, b.watch.stuck
+    b = _Bench(stuck_mask=0)  # nothing judged stuck: no ring at all
+    b.run(900000, flat_vram)
+    assert b.watch.stuck == 0 and b.watch.stuck_count == 0
+
+
 # --------------------------------------------------------------------------- implausible
 
 

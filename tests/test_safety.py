@@ -12,7 +12,7 @@ from device import config
 from device import floors as F
 from device import safety as S
 from device.drivers.fan import Fan
-from device.drivers.ntc import NTC
+from device.drivers.ntc import NTC, lut_interp_mc
 from protocol import catalog as C
 
 DUAL = True
@@ -34,11 +34,18 @@ def make(cfg=None):
     return sf, fans
 
 
+def nominal_mc(sf, code):
+    """The nominal curve's reading at ``code`` (a valid one): the table the safety layer
+    keeps (``nominal_table``, the one its ``bound`` converts with)."""
+    lut, step = sf.nominal_table
+    return lut_interp_mc(lut, step, code)
+
+
 def feed(sf, temps_c=(45, 50, 55, 25)):
     """Bound the four channels at their nominal codes (calibration == nominal)."""
     for i in range(4):
         code = adc_code(temps_c[i])
-        nom = sf._nominal.code_to_mc(code)
+        nom = nominal_mc(sf, code)
         sf.bound(i, code, nom)
 
 
@@ -112,7 +119,7 @@ def test_hot_floor_values_in_small_int_range():
 def test_calibration_is_bounded_for_control_and_protection():
     sf, _ = make()
     code = adc_code(86.0)
-    nominal = sf._nominal.code_to_mc(code)
+    nominal = nominal_mc(sf, code)
     # a correction of -40 degC: the calibrated reading says 46 degC
     got = sf.bound(0, code, nominal - 40000)
     assert got == nominal - F.CAL_BAND_MC, (got, nominal)
