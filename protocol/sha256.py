@@ -9,8 +9,9 @@ Why it looks the way it does: on a 32-bit MCU a MicroPython small int holds 31 b
 32-bit word is kept as two 16-bit halves (``hi``, ``lo``) and every intermediate stays
 below 2**20:
 
-- the state (8 words) and the message schedule (64 words) live in ``array('H')``
-  buffers allocated once in ``__init__``; the round constants in a module-level one;
+- the state (8 words) lives in an ``array('H')`` allocated once in ``__init__``, the
+  message schedule's window (16 words) in one shared module-level array; the round
+  constants are bytes in flash;
 - a right rotation by ``n`` of ``(hi, lo)`` is ``lo' = (lo >> n) | ((hi & (2**n-1))
   << (16-n))`` (and the same with hi/lo swapped): the mask comes BEFORE the left
   shift, so nothing grows past 16 bits; a rotation by 16 + n swaps the halves;
@@ -70,12 +71,12 @@ _H0 = const(
 )
 
 
-# The message schedule W[0..63] (high and low halves): scratch of one compression,
-# shared by every Sha256 (the HMAC keeps three) instead of 256 bytes each. Not for
-# hashes running in several threads at once (the firmware has one; the host hashes
-# with hashlib).
-_WH = array("H", bytes(128))
-_WL = array("H", bytes(128))
+# The message schedule, a window of its last 16 words W[t-16..t-1] (word t at
+# index t & 15: [2j] its high half, [2j + 1] its low), which is all a round reads:
+# scratch of one compression, shared by every Sha256 instead of 64 words each (64 B
+# of RAM, not 256). Not for hashes running in several threads at once (the firmware
+# has one; the host hashes with hashlib).
+_W = array("H", bytes(64))
 
 
 class Sha256:
@@ -214,36 +215,11 @@ class Sha256:
 
     def _compress(self, buf, off):
         """One 64-byte block ``buf[off:off+64]`` into the state."""
-        wh = _WH
-        wl = _WL
+        w = _W
         t = 0
-        while t < 16:
-            wh[t] = (buf[off] << 8) | buf[off + 1]
-            wl[t] = (buf[off + 2] << 8) | buf[off + 3]
-            off += 4
-            t += 1
-        while t < 64:
-            # s0 = rotr7(x) ^ rotr18(x) ^ shr3(x), x = W[t-15]
-            xh = wh[t - 15]
-            xl = wl[t - 15]
-            s0h = ((xh >> 7) | ((xl & 0x7F) << 9)) ^ ((xl >> 2) | ((xh & 0x3) << 14)) ^ (xh >> 3)
-            s0l = (
-                ((xl >> 7) | ((xh & 0x7F) << 9))
-                ^ ((xh >> 2) | ((xl & 0x3) << 14))
-                ^ ((xl >> 3) | ((xh & 0x7) << 13))
-            )
-            # s1 = rotr17(x) ^ rotr19(x) ^ shr10(x), x = W[t-2]
-            xh = wh[t - 2]
-            xl = wl[t - 2]
-            s1h = ((xl >> 1) | ((xh & 0x1) << 15)) ^ ((xl >> 3) | ((xh & 0x7) << 13)) ^ (xh >> 10)
-            s1l = (
-                ((xh >> 1) | ((xl & 0x1) << 15))
-                ^ ((xh >> 3) | ((xl & 0x7) << 13))
-                ^ ((xl >> 10) | ((xh & 0x3FF) << 6))
-            )
-            lo = s1l + wl[t - 7] + s0l + wl[t - 16]
-            wh[t] = (s1h + wh[t - 7] + s0h + wh[t - 16] + (lo >> 16)) & 0xFFFF
-            wl[t] = lo & 0xFFFF
+        while t < 32:
+            w[t] = (buf[off] << 8) | buf[off + 1]
+            off += 2
             t += 1
 
         hs = self._h
@@ -267,6 +243,37 @@ class Sha256:
         q = 0  # 4 * t: K[t]'s bytes
         t = 0
         while t < 64:
+            j = (t & 15) << 1  # W[t]'s high half; W[t - 16] until it is made here
+            if t >= 16:
+                # W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16], in the window
+                # s0 = rotr7(x) ^ rotr18(x) ^ shr3(x), x = W[t-15]
+                i = (j + 2) & 31
+                xh = w[i]
+                xl = w[i + 1]
+                s0h = (
+                    ((xh >> 7) | ((xl & 0x7F) << 9)) ^ ((xl >> 2) | ((xh & 0x3) << 14)) ^ (xh >> 3)
+                )
+                s0l = (
+                    ((xl >> 7) | ((xh & 0x7F) << 9))
+                    ^ ((xh >> 2) | ((xl & 0x3) << 14))
+                    ^ ((xl >> 3) | ((xh & 0x7) << 13))
+                )
+                # s1 = rotr17(x) ^ rotr19(x) ^ shr10(x), x = W[t-2]
+                i = (j + 28) & 31
+                xh = w[i]
+                xl = w[i + 1]
+                s1h = (
+                    ((xl >> 1) | ((xh & 0x1) << 15)) ^ ((xl >> 3) | ((xh & 0x7) << 13)) ^ (xh >> 10)
+                )
+                s1l = (
+                    ((xh >> 1) | ((xl & 0x1) << 15))
+                    ^ ((xh >> 3) | ((xl & 0x7) << 13))
+                    ^ ((xl >> 10) | ((xh & 0x3FF) << 6))
+                )
+                i = (j + 18) & 31  # W[t-7]
+                lo = s1l + w[i + 1] + s0l + w[j + 1]
+                w[j] = (s1h + w[i] + s0h + w[j] + (lo >> 16)) & 0xFFFF
+                w[j + 1] = lo & 0xFFFF
             # S1 = rotr6(e) ^ rotr11(e) ^ rotr25(e)
             s1h = (
                 ((eh >> 6) | ((el & 0x3F) << 10))
@@ -279,8 +286,8 @@ class Sha256:
                 ^ ((eh >> 9) | ((el & 0x1FF) << 7))
             )
             # T1 = h + S1 + Ch(e, f, g) + K[t] + W[t], halves not yet carried/masked
-            t1l = hl + s1l + (gl ^ (el & (fl ^ gl))) + ((k[q + 2] << 8) | k[q + 3]) + wl[t]
-            t1h = hh + s1h + (gh ^ (eh & (fh ^ gh))) + ((k[q] << 8) | k[q + 1]) + wh[t]
+            t1l = hl + s1l + (gl ^ (el & (fl ^ gl))) + ((k[q + 2] << 8) | k[q + 3]) + w[j + 1]
+            t1h = hh + s1h + (gh ^ (eh & (fh ^ gh))) + ((k[q] << 8) | k[q + 1]) + w[j]
             q += 4
             # S0 = rotr2(a) ^ rotr13(a) ^ rotr22(a)
             s0h = (
