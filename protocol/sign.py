@@ -119,13 +119,16 @@ class Mac:
             j += 16
         self._ko = ko
         self._h = h
-        self._d = bytearray(_DIGEST_LEN)
 
     def mac48_into(self, nonce, buf, start, end, out, off):
         """Write the first 6 bytes of HMAC(key, nonce || buf[start:end]) into
         ``out[off:off+6]``. ``nonce`` is any buffer (8 bytes in this protocol)."""
         h = self._h
-        d = self._d
+        # The inner digest goes to the hash's own block buffer, free once digest_into
+        # is done (no 32-byte buffer of its own: heap on the MCU); the outer hash then
+        # reads it from there at the same offsets, as its partial block (update_from
+        # copies each byte onto itself).
+        d = h._block
         h.load_state(self._ko, 0, _BLOCK_LEN)
         h.update_from(nonce, 0, len(nonce))
         h.update_from(buf, start, end)
