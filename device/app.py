@@ -850,13 +850,15 @@ def _commands():
 def _release(json=False):
     """Forget what booting, configuring and commands import (device.commands,
     device.config and its JSON parser, which protocol.jsonl also imports for a line
-    only; device.nonce) when done; protocol.jsonl too (device.config's canonical JSON)
-    unless the port speaks JSON lines (``json``: it stays for the next line)."""
+    only; device.nonce; protocol.cbor's decoder) when done; protocol.jsonl too
+    (device.config's canonical JSON) unless the port speaks JSON lines (``json``: it
+    stays for the next line)."""
     if not json:
         _unload("protocol.jsonl")
     _unload("device.commands")
     _unload("device.config")
     _unload("protocol.jsonparse")
+    _unload("protocol._cbor_rx")  # protocol.cbor's decoder: a command's payload
     _unload("device.calib")  # tables are built when configuring only
     _unload("device.nonce")  # App() only
 

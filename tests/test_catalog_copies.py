@@ -70,3 +70,17 @@ def test_frame_int_kinds():
     from protocol import frame
 
     assert frame._INT_KINDS == (C.K_UINT, C.K_INT, C.K_ENUM)
+
+
+def test_cbor_decoder_copies_agree():
+    """protocol/_cbor_rx.py (the decoder, imported on demand on the MCU) copies
+    protocol.cbor's constants: each ``_X`` equals cbor's ``_X`` or ``X``."""
+    from protocol import cbor
+
+    copies = _copies(ROOT / "protocol" / "_cbor_rx.py")
+    for private, value in copies.items():
+        src = getattr(cbor, private, None)
+        if src is None:
+            src = getattr(cbor, private[1:])
+        assert value == src, private
+    assert len(copies) >= 16, sorted(copies)
