@@ -223,12 +223,11 @@ class TelemetryEncoder:
         if cobs.max_encoded_len(n) != n + 1:  # pragma: no cover - the catalog's size
             raise ValueError("a telemetry frame of %d bytes is too long to stuff in place" % n)
         self.out = bytearray(n + 2)  # the code byte, the frame, the 0x00
-        keys = bytearray(N_FIELDS)
         i = 0
-        while i < N_FIELDS:
-            keys[i] = FIELDS[i][_F_KEY]
+        while i < N_FIELDS:  # encode_cbor writes field i's key as i: no table of keys
+            if FIELDS[i][_F_KEY] != i:  # pragma: no cover - the catalog's keys
+                raise ValueError("telemetry field keys are not 0..n-1")
             i += 1
-        self._keys = keys
         self._jhead = None
         if json:
             self._json_tables()
@@ -289,7 +288,6 @@ class TelemetryEncoder:
         raw[5] = seq & 0xFF
         present = self.present
         values = self.values
-        keys = self._keys
         count = 0
         i = 0
         while i < N_FIELDS:
@@ -302,7 +300,7 @@ class TelemetryEncoder:
             i = 0
             while i < N_FIELDS:
                 if present & (1 << i):
-                    o = put_head(raw, o, 0, keys[i])
+                    o = put_head(raw, o, 0, i)  # the field's key (see __init__)
                     o = put_int(raw, o, values[i])
                 i += 1
         crc = crc16(raw, 1, o)
