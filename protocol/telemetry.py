@@ -15,22 +15,28 @@ The bytes are identical to :func:`protocol.frame.encode_frame` and
 :func:`protocol.jsonl.encode_line` for the same fields (tested).
 """
 
-from protocol import VERSION_MAJOR, VERSION_MINOR, catalog as C, cobs
-from protocol.cbor import MAJOR_MAP, put_head, put_int
+from protocol import catalog as C
+from protocol import cobs
+from protocol.cbor import put_head, put_int
 from protocol.crc import crc16
-from protocol.frame import HEADER_LEN
 
-try:
-    from micropython import const
-except ImportError:  # CPython
+if __import__("sys").implementation.name != "micropython":
+    # CPython's stand-in; MicroPython's compiler folds ``NAME = const(value)`` itself
+    # (not importing it keeps ``const`` out of this module's dict on the MCU).
 
     def const(x):
         return x
 
 
-# Catalog constants this module reads (in the tick among others): copies, folded by
-# the compiler (another module's names are dict lookups; tests check the copies).
+# Constants of the catalog, protocol (VERSION_*), protocol.cbor and protocol.frame this
+# module reads (in the tick among others): copies, folded by the compiler (another
+# module's names are dict lookups, and imported ones slots in this module's dict on
+# the MCU); tests/test_catalog_copies.py checks them.
+_VERSION_MAJOR = const(1)
+_VERSION_MINOR = const(0)
+_MAJOR_MAP = const(5)
 _T_TELEMETRY = const(0x10)
+_HEADER_LEN = const(5)  # protocol.frame's
 _M_FIELDS = const(3)
 _F_KEY = const(0)
 _F_NAME = const(1)
@@ -38,8 +44,7 @@ _F_KIND = const(2)
 _F_SCALE = const(6)
 _K_ENUM = const("e")
 
-_MDEF = C.by_type(_T_TELEMETRY)
-FIELDS = _MDEF[_M_FIELDS]
+FIELDS = C.by_type(_T_TELEMETRY)[_M_FIELDS]
 N_FIELDS = len(FIELDS)
 
 
@@ -67,7 +72,7 @@ def mul_div_round(v, mul, div):
 
 def index(name):
     """Field index of telemetry field ``name`` (raises KeyError if unknown)."""
-    i = C.field_index(_MDEF, name)
+    i = C.field_index(C.by_type(_T_TELEMETRY), name)
     if i < 0:
         raise KeyError(name)
     return i
@@ -97,15 +102,6 @@ INTERNAL_ERRORS = index("internal_errors")
 _KIND_PLAIN = const(0)
 _KIND_ENUM = const(1)
 _KIND_SCALED = const(2)
-
-
-def _put_bytes(buf, o, src):
-    n = len(src)
-    i = 0
-    while i < n:
-        buf[o + i] = src[i]
-        i += 1
-    return o + n
 
 
 def _put_uint(buf, o, v, width):
@@ -149,16 +145,6 @@ def _put_fixed(buf, o, v, mul, div, dec):
     return o
 
 
-def _intern_chars(s):
-    """Iterate ``s`` once, where allocating is allowed: MicroPython hands each
-    character out as an interned one-character string, made (in the heap's string
-    pool) the first time that character is seen, unless the image already has it;
-    encode_json then finds every character of its names interned (issue 24: which ones
-    the imports happen to intern is no guarantee)."""
-    for _c in s:
-        pass
-
-
 def _put_str(buf, o, s):
     """The ASCII text ``s`` (a catalog name, in flash) at ``o``: iterating a str and
     ``ord`` of its one-character items allocate nothing."""
@@ -168,6 +154,8 @@ def _put_str(buf, o, s):
     return o
 
 
+# A JSON line's head, version VERSION_MAJOR.VERSION_MINOR (test_catalog_copies.py)
+_JSON_HEAD = const('{"type":"telemetry","v":"1.0","seq":')
 # The longest text of one value, with room: a u32 or an i32 prints at most 10 digits,
 # a sign and a decimal point (12); a small int scaled by DUTY_PCT (x 1.53) as many.
 _VALUE_TEXT = const(14)
@@ -177,13 +165,13 @@ _CBOR_FIELD = const(10)  # key (< 24: 1 byte) + an int head of up to 9 bytes
 def max_cbor_len():
     """Unstuffed bytes of the longest telemetry frame: header, map head, every field
     with the widest int head, CRC (a fixed bound: the buffer is sized to it)."""
-    return HEADER_LEN + 1 + N_FIELDS * _CBOR_FIELD + 2
+    return _HEADER_LEN + 1 + N_FIELDS * _CBOR_FIELD + 2
 
 
 def max_json_len():
     """Bytes of the longest telemetry JSON line (every field, every value as long as
     any value can print, the newline)."""
-    n = len(_json_head()) + 5 + 2  # seq, '}', newline
+    n = len(_JSON_HEAD) + 5 + 2  # seq, '}', newline
     i = 0
     while i < N_FIELDS:
         f = FIELDS[i]
@@ -195,10 +183,6 @@ def max_json_len():
         n += 1 + len(f[_F_NAME]) + 3 + longest  # ,"name": value
         i += 1
     return n
-
-
-def _json_head():
-    return '{"type":"telemetry","v":"%d.%d","seq":' % (VERSION_MAJOR, VERSION_MINOR)
 
 
 class TelemetryEncoder:
@@ -236,15 +220,22 @@ class TelemetryEncoder:
         """What encode_json needs: kinds, scales, the line's head, room for a line."""
         kinds = bytearray(N_FIELDS)
         scales = []
+        # Each name iterated once here, where allocating is allowed: MicroPython hands
+        # each character out as an interned one-character string, made (in the heap's
+        # string pool) the first time that character is seen, unless the image already
+        # has it; encode_json then finds every character of its names interned (issue
+        # 24: which ones the imports happen to intern is no guarantee).
         i = 0
         while i < N_FIELDS:
             f = FIELDS[i]
-            _intern_chars(f[_F_NAME])
+            for _c in f[_F_NAME]:
+                pass
             if f[_F_KIND] == _K_ENUM:
                 kinds[i] = _KIND_ENUM
                 scales.append(f[_F_SCALE])
                 for name in f[_F_SCALE]:
-                    _intern_chars(name)
+                    for _c in name:
+                        pass
             elif f[_F_SCALE] is not None:
                 kinds[i] = _KIND_SCALED
                 scales.append(C.scale_ints(f[_F_SCALE]))  # small ints: no allocation
@@ -257,7 +248,7 @@ class TelemetryEncoder:
         line = max_json_len()
         if len(self.out) < line:
             self.out = bytearray(line)
-        self._jhead = _json_head().encode()
+        self._jhead = _JSON_HEAD.encode()
 
     def set(self, i, value):
         """Set field ``i`` (an index constant of this module) and mark it present."""
@@ -281,8 +272,8 @@ class TelemetryEncoder:
     def encode_cbor(self, seq):
         """Write a complete binary frame into ``out``; return its length (with 0x00)."""
         raw = self.out  # the frame at [1:], stuffed in place (see __init__)
-        raw[1] = VERSION_MAJOR
-        raw[2] = VERSION_MINOR
+        raw[1] = _VERSION_MAJOR
+        raw[2] = _VERSION_MINOR
         raw[3] = _T_TELEMETRY
         raw[4] = (seq >> 8) & 0xFF
         raw[5] = seq & 0xFF
@@ -294,9 +285,9 @@ class TelemetryEncoder:
             if present & (1 << i):
                 count += 1
             i += 1
-        o = 1 + HEADER_LEN
+        o = 1 + _HEADER_LEN
         if count:
-            o = put_head(raw, o, MAJOR_MAP, count)
+            o = put_head(raw, o, _MAJOR_MAP, count)
             i = 0
             while i < N_FIELDS:
                 if present & (1 << i):
@@ -315,7 +306,12 @@ class TelemetryEncoder:
         if self._jhead is None:
             self._json_tables()
         buf = self.out
-        o = _put_bytes(buf, 0, self._jhead)
+        head = self._jhead
+        o = len(head)
+        i = 0
+        while i < o:
+            buf[i] = head[i]
+            i += 1
         o = _put_uint(buf, o, seq & 0xFFFF, 0)
         present = self.present
         values = self.values

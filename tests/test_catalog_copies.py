@@ -4,8 +4,8 @@ protocol.frame, protocol.message and protocol.telemetry read catalog, sign and v
 constants as ``_NAME = const(value)`` copies of their own: MicroPython's compiler folds
 those (a name from another module is a dict lookup at run time, and an imported one a
 slot in the importing module's dict on the MCU: issue 24's boot heap). Each copy
-``_X`` must equal ``X`` of protocol.catalog, protocol.sign, protocol.message or protocol
-(VERSION_*).
+``_X`` must equal ``X`` of protocol.catalog, protocol.sign, protocol.message,
+protocol.frame, protocol.cbor or protocol (VERSION_*).
 """
 
 from __future__ import annotations
@@ -27,15 +27,17 @@ LOCAL = {
                  "_SMALL_MAX", "_INT_KINDS", "_IDLE", "_FIRST", "_TEXT", "_BIN",
                  "_DISCARD", "_NL", "_LBRACE"},
     "telemetry.py": {"_KIND_PLAIN", "_KIND_ENUM", "_KIND_SCALED", "_VALUE_TEXT",
-                     "_CBOR_FIELD"},
+                     "_CBOR_FIELD", "_JSON_HEAD"},
 }  # fmt: skip
 
 
 def _source_value(name: str):
-    for mod in (C, sign, message, protocol):
+    from protocol import cbor, frame
+
+    for mod in (C, sign, message, frame, cbor, protocol):
         if hasattr(mod, name):
             return getattr(mod, name)
-    raise AssertionError(f"{name}: in none of catalog, sign, message, protocol")
+    raise AssertionError(f"{name}: in none of catalog, sign, message, frame, cbor, protocol")
 
 
 def _copies(path: Path) -> dict[str, object]:
@@ -84,3 +86,11 @@ def test_cbor_decoder_copies_agree():
             src = getattr(cbor, private[1:])
         assert value == src, private
     assert len(copies) >= 16, sorted(copies)
+
+
+def test_telemetry_json_head_names_the_version():
+    from protocol import telemetry
+
+    version = f"{protocol.VERSION_MAJOR}.{protocol.VERSION_MINOR}"
+    want = '{"type":"telemetry","v":"' + version + '","seq":'
+    assert telemetry._JSON_HEAD == want
