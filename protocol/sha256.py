@@ -29,11 +29,10 @@ below 2**20:
 'ba7816bf8f01cfea'
 """
 
-from array import array
-
-try:
-    from micropython import const
-except ImportError:  # CPython
+if __import__("sys").implementation.name != "micropython":
+    # CPython's stand-in; MicroPython's compiler folds ``NAME = const(value)`` itself
+    # (neither ``const`` nor ``array`` is imported at module level: no slots in this
+    # module's dict on the MCU).
 
     def const(x):
         return x
@@ -76,7 +75,7 @@ _H0 = const(
 # scratch of one compression, shared by every Sha256 instead of 64 words each (64 B
 # of RAM, not 256). Not for hashes running in several threads at once (the firmware
 # has one; the host hashes with hashlib).
-_W = array("H", bytes(64))
+_W = __import__("array").array("H", bytes(64))
 
 
 class Sha256:
@@ -91,6 +90,8 @@ class Sha256:
     """
 
     def __init__(self):
+        from array import array
+
         self._h = array("H", bytes(32))  # state: 8 words as hi, lo halves (H0: reset)
         self._block = bytearray(BLOCK_LEN)  # a partial block waiting for more bytes
         self._n = 0  # bytes in _block
