@@ -48,12 +48,6 @@ FIELDS = C.by_type(_T_TELEMETRY)[_M_FIELDS]
 N_FIELDS = len(FIELDS)
 
 
-# Applying a scale (this module and protocol.jsonl, one table of powers for both).
-# From a list: a constant tuple's ints above 0x1FFF freeze as big ints
-# (tests/test_frozen_ints.py).
-_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
-
-
 def mul_div_round(v, mul, div):
     """round(v * mul / div), half up, for v >= 0; intermediates stay below 2**30 for
     v < 2**16 and mul a multiple of 1000 up to 10**6 (the duty scale) so the MCU never
@@ -121,8 +115,9 @@ def _put_uint(buf, o, v, width):
     return o + n
 
 
-def _put_fixed(buf, o, v, mul, div, dec):
-    """Display text of wire value ``v``; the same text as jsonl.format_fixed."""
+def _put_fixed(buf, o, v, mul, div, dec, p):
+    """Display text of wire value ``v`` (``p``: 10 ** dec); the same text as
+    jsonl.format_fixed."""
     neg = v < 0
     if neg:
         v = -v
@@ -131,7 +126,6 @@ def _put_fixed(buf, o, v, mul, div, dec):
     if neg and v:
         buf[o] = 0x2D  # '-'
         o += 1
-    p = _POW10[dec]
     ip = v // p
     fp = v - ip * p
     o = _put_uint(buf, o, ip, 0)
@@ -238,7 +232,8 @@ class TelemetryEncoder:
                         pass
             elif f[_F_SCALE] is not None:
                 kinds[i] = _KIND_SCALED
-                scales.append(C.scale_ints(f[_F_SCALE]))  # small ints: no allocation
+                s = C.scale_ints(f[_F_SCALE])  # small ints: no allocation
+                scales.append((s[0], s[1], s[2], 10 ** s[2]))  # mul, div, decimals, 10**dec
             else:
                 kinds[i] = _KIND_PLAIN
                 scales.append(None)
@@ -335,12 +330,12 @@ class TelemetryEncoder:
                         buf[o] = 0x22
                         o += 1
                     else:
-                        o = _put_fixed(buf, o, v, 1, 1, 0)
+                        o = _put_fixed(buf, o, v, 1, 1, 0, 1)
                 elif k == _KIND_SCALED:
                     s = self._scales[i]
-                    o = _put_fixed(buf, o, v, s[0], s[1], s[2])
+                    o = _put_fixed(buf, o, v, s[0], s[1], s[2], s[3])
                 else:
-                    o = _put_fixed(buf, o, v, 1, 1, 0)
+                    o = _put_fixed(buf, o, v, 1, 1, 0, 1)
             i += 1
         buf[o] = 0x7D  # '}'
         buf[o + 1] = 0x0A
