@@ -72,26 +72,29 @@ def index(name):
     return i
 
 
-# Field indexes, for the firmware.
-UPTIME_S = index("uptime_s")
-STATE = index("state")
-REASON = index("reason")
-FAULTS = index("faults")
-TEMP_GPU = index("temp_gpu")
-TEMP_VRAM = index("temp_vram")
-TEMP_MOS = index("temp_mos")
-TEMP_AMB = index("temp_amb")
-FAN1_RPM = index("fan1_rpm")
-FAN2_RPM = index("fan2_rpm")
-FAN1_DUTY = index("fan1_duty")
-FAN2_DUTY = index("fan2_duty")
-V_IN = index("v_in")
-I_IN = index("i_in")
-P_IN = index("p_in")
-TARGET = index("target")
-FLASH_WRITES = index("flash_writes")
-AUTH_FAILURES = index("auth_failures")
-INTERNAL_ERRORS = index("internal_errors")
+# Field indexes (``enc.set(T.TEMP_GPU, ...)``): const()-private, answered by
+# __getattr__ (at the end) from flash on MicroPython, no slots in this module's dict
+# (issue 24); plain attributes on CPython. The firmware (device/app.py) folds copies of
+# its own. tests/test_catalog_copies.py checks each against ``index(name)``.
+_UPTIME_S = const(0)
+_STATE = const(1)
+_REASON = const(2)
+_FAULTS = const(3)
+_TEMP_GPU = const(4)
+_TEMP_VRAM = const(5)
+_TEMP_MOS = const(6)
+_TEMP_AMB = const(7)
+_FAN1_RPM = const(8)
+_FAN2_RPM = const(9)
+_FAN1_DUTY = const(10)
+_FAN2_DUTY = const(11)
+_V_IN = const(12)
+_I_IN = const(13)
+_P_IN = const(14)
+_TARGET = const(15)
+_FLASH_WRITES = const(16)
+_AUTH_FAILURES = const(17)
+_INTERNAL_ERRORS = const(18)
 
 _KIND_PLAIN = const(0)
 _KIND_ENUM = const(1)
@@ -340,3 +343,63 @@ class TelemetryEncoder:
         buf[o] = 0x7D  # '}'
         buf[o + 1] = 0x0A
         return o + 2
+
+
+# Pairs: name, value (see _UPTIME_S).
+_LAZY = const(
+    (
+        "UPTIME_S",
+        _UPTIME_S,
+        "STATE",
+        _STATE,
+        "REASON",
+        _REASON,
+        "FAULTS",
+        _FAULTS,
+        "TEMP_GPU",
+        _TEMP_GPU,
+        "TEMP_VRAM",
+        _TEMP_VRAM,
+        "TEMP_MOS",
+        _TEMP_MOS,
+        "TEMP_AMB",
+        _TEMP_AMB,
+        "FAN1_RPM",
+        _FAN1_RPM,
+        "FAN2_RPM",
+        _FAN2_RPM,
+        "FAN1_DUTY",
+        _FAN1_DUTY,
+        "FAN2_DUTY",
+        _FAN2_DUTY,
+        "V_IN",
+        _V_IN,
+        "I_IN",
+        _I_IN,
+        "P_IN",
+        _P_IN,
+        "TARGET",
+        _TARGET,
+        "FLASH_WRITES",
+        _FLASH_WRITES,
+        "AUTH_FAILURES",
+        _AUTH_FAILURES,
+        "INTERNAL_ERRORS",
+        _INTERNAL_ERRORS,
+    )
+)
+
+
+def __getattr__(name):
+    """A field index of ``_LAZY`` (``T.TEMP_GPU``); allocates nothing."""
+    if name in _LAZY:
+        i = _LAZY.index(name)
+        if not i & 1:
+            return _LAZY[i + 1]
+    raise AttributeError(name)
+
+
+if __import__("sys").implementation.name != "micropython":  # CPython: plain attributes
+    for _i in range(0, len(_LAZY), 2):
+        globals()[_LAZY[_i]] = _LAZY[_i + 1]
+    del _i

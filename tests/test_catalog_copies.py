@@ -21,13 +21,17 @@ from protocol import message, sign
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIERS = ("frame.py", "message.py", "telemetry.py")
+# protocol.telemetry's field indexes (const()-private there; test_telemetry_field_indexes)
+FIELD_INDEXES = ("UPTIME_S", "STATE", "REASON", "FAULTS", "TEMP_GPU", "TEMP_VRAM", "TEMP_MOS",
+                 "TEMP_AMB", "FAN1_RPM", "FAN2_RPM", "FAN1_DUTY", "FAN2_DUTY", "V_IN", "I_IN",
+                 "P_IN", "TARGET", "FLASH_WRITES", "AUTH_FAILURES", "INTERNAL_ERRORS")  # fmt: skip
 # copies that are not a catalog/sign/version name with a leading underscore
 LOCAL = {
     "frame.py": {"_DELIMITER", "_MINOR_MASK", "_GAP_MS", "_TICKS_MASK", "_SMALL_MIN",
                  "_SMALL_MAX", "_INT_KINDS", "_IDLE", "_FIRST", "_TEXT", "_BIN",
                  "_DISCARD", "_NL", "_LBRACE"},
     "telemetry.py": {"_KIND_PLAIN", "_KIND_ENUM", "_KIND_SCALED", "_VALUE_TEXT",
-                     "_CBOR_FIELD", "_JSON_HEAD"},
+                     "_CBOR_FIELD", "_JSON_HEAD", *(f"_{n}" for n in FIELD_INDEXES)},
 }  # fmt: skip
 
 
@@ -94,3 +98,18 @@ def test_telemetry_json_head_names_the_version():
     version = f"{protocol.VERSION_MAJOR}.{protocol.VERSION_MINOR}"
     want = '{"type":"telemetry","v":"' + version + '","seq":'
     assert telemetry._JSON_HEAD == want
+
+
+def test_telemetry_field_indexes():
+    """protocol.telemetry's ``_NAME`` field indexes are the catalog's (index(name)), its
+    public ``NAME``s the same, and device/app.py's ``_TM_NAME`` copies agree."""
+    from protocol import telemetry
+
+    copies = _copies(ROOT / "protocol" / "telemetry.py")
+    for name in FIELD_INDEXES:
+        assert copies["_" + name] == telemetry.index(name.lower()), name
+        assert getattr(telemetry, name) == copies["_" + name], name
+    app = {k: v for k, v in _copies(ROOT / "device" / "app.py").items() if k.startswith("_TM_")}
+    for private, value in app.items():
+        assert value == getattr(telemetry, private[4:]), private
+    assert len(app) >= 15, sorted(app)
