@@ -37,31 +37,27 @@ import struct
 
 from protocol import errors as E  # the classes by attribute, made on first use
 
-try:
-    from micropython import const
-except ImportError:  # CPython
+if __import__("sys").implementation.name != "micropython":
+    # CPython's stand-in; MicroPython's compiler folds ``NAME = const(value)`` itself
+    # (not importing it keeps ``const`` out of this module's dict on the MCU).
 
     def const(x):
         return x
 
 
+# Major types and simple values the encoder writes (the decoder's, all of them, are
+# in protocol/_cbor_rx.py).
 _MAJOR_UINT = const(0)
 _MAJOR_NEGINT = const(1)
 _MAJOR_BYTES = const(2)
 _MAJOR_TEXT = const(3)
 _MAJOR_ARRAY = const(4)
 MAJOR_MAP = const(5)
-_MAJOR_TAG = const(6)
-_MAJOR_SIMPLE = const(7)
 
 _FALSE = const(0xF4)
 _TRUE = const(0xF5)
 _NULL = const(0xF6)
-_UNDEFINED = const(0xF7)
-_F16 = const(0xF9)
-_F32 = const(0xFA)
 _F64 = const(0xFB)
-_BREAK = const(0xFF)
 
 DEFAULT_MAX_DEPTH = 8
 _UINT64_MAX = 0xFFFFFFFFFFFFFFFF

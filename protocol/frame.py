@@ -819,14 +819,8 @@ _LAZY = const(
 def __getattr__(name):
     """A name of ``_LAZY`` (``frame.HEADER_LEN``, ``from protocol.frame import
     MAX_LINE``); allocates nothing."""
-    if name in _LAZY:
-        i = _LAZY.index(name)
-        if not i & 1:
-            return _LAZY[i + 1]
-    raise AttributeError(name)
+    return __import__("protocol")._lazy(_LAZY, name)
 
 
 if __import__("sys").implementation.name != "micropython":  # CPython: plain attributes
-    for _i in range(0, len(_LAZY), 2):
-        globals()[_LAZY[_i]] = _LAZY[_i + 1]
-    del _i
+    __import__("protocol")._plain(globals(), _LAZY)

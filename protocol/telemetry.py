@@ -391,15 +391,9 @@ _LAZY = const(
 
 
 def __getattr__(name):
-    """A field index of ``_LAZY`` (``T.TEMP_GPU``); allocates nothing."""
-    if name in _LAZY:
-        i = _LAZY.index(name)
-        if not i & 1:
-            return _LAZY[i + 1]
-    raise AttributeError(name)
+    """A name of ``_LAZY`` (``T.TEMP_GPU``); allocates nothing."""
+    return __import__("protocol")._lazy(_LAZY, name)
 
 
 if __import__("sys").implementation.name != "micropython":  # CPython: plain attributes
-    for _i in range(0, len(_LAZY), 2):
-        globals()[_LAZY[_i]] = _LAZY[_i + 1]
-    del _i
+    __import__("protocol")._plain(globals(), _LAZY)
