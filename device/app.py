@@ -80,6 +80,25 @@ _HB_TEMP = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_temp")
 _HB_POWER = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_power")
 _HB_SLOWDOWN = C.field_index(C.by_type(C.T_HEARTBEAT), "gpu_slowdown")
 
+# protocol.telemetry's field indexes the tick sets: copies, folded by the compiler (on
+# the MCU that module answers them through its __getattr__; tests/test_catalog_copies.py).
+_TM_UPTIME_S = const(0)
+_TM_STATE = const(1)
+_TM_REASON = const(2)
+_TM_FAULTS = const(3)
+_TM_TEMP_GPU = const(4)
+_TM_FAN1_RPM = const(8)
+_TM_FAN2_RPM = const(9)
+_TM_FAN1_DUTY = const(10)
+_TM_FAN2_DUTY = const(11)
+_TM_V_IN = const(12)
+_TM_I_IN = const(13)
+_TM_P_IN = const(14)
+_TM_TARGET = const(15)
+_TM_FLASH_WRITES = const(16)
+_TM_AUTH_FAILURES = const(17)
+_TM_INTERNAL_ERRORS = const(18)
+
 BANNER = "MODULER READY v" + FW_VERSION
 
 
@@ -285,37 +304,37 @@ class App:
     def telemetry(self, now):
         enc = self.enc
         sup = self.sup
-        enc.set(T.UPTIME_S, ticks_diff(now, self.boot_ms) // 1000)
-        enc.set(T.STATE, sup.state)
-        enc.set(T.REASON, sup.reason)
-        enc.set(T.FAULTS, sup.faults)
+        enc.set(_TM_UPTIME_S, ticks_diff(now, self.boot_ms) // 1000)
+        enc.set(_TM_STATE, sup.state)
+        enc.set(_TM_REASON, sup.reason)
+        enc.set(_TM_FAULTS, sup.faults)
         bad = self.ntc_open | self.ntc_short
         i = 0
         while i < _N_CH:
             if bad & (1 << i):
-                enc.clear(T.TEMP_GPU + i)
+                enc.clear(_TM_TEMP_GPU + i)
             else:
-                enc.set(T.TEMP_GPU + i, self.temps[i])
+                enc.set(_TM_TEMP_GPU + i, self.temps[i])
             i += 1
-        enc.set(T.FAN1_RPM, self.fans[0].rpm)
-        enc.set(T.FAN2_RPM, self.fans[1].rpm)
-        enc.set(T.FAN1_DUTY, self.fans[0].duty)
-        enc.set(T.FAN2_DUTY, self.fans[1].duty)
+        enc.set(_TM_FAN1_RPM, self.fans[0].rpm)
+        enc.set(_TM_FAN2_RPM, self.fans[1].rpm)
+        enc.set(_TM_FAN1_DUTY, self.fans[0].duty)
+        enc.set(_TM_FAN2_DUTY, self.fans[1].duty)
         if self.pm_fault:
-            enc.clear(T.V_IN)
-            enc.clear(T.I_IN)
-            enc.clear(T.P_IN)
+            enc.clear(_TM_V_IN)
+            enc.clear(_TM_I_IN)
+            enc.clear(_TM_P_IN)
         else:
-            enc.set(T.V_IN, self.pm[0])
-            enc.set(T.I_IN, self.pm[1])
-            enc.set(T.P_IN, self.pm[2])
+            enc.set(_TM_V_IN, self.pm[0])
+            enc.set(_TM_I_IN, self.pm[1])
+            enc.set(_TM_P_IN, self.pm[2])
         if self.worst_out[0] >= 0:
-            enc.set(T.TARGET, self.worst_out[1])
+            enc.set(_TM_TARGET, self.worst_out[1])
         else:
-            enc.clear(T.TARGET)
-        enc.set(T.FLASH_WRITES, self.flash_writes)
-        enc.set(T.AUTH_FAILURES, self.auth_failures)
-        enc.set(T.INTERNAL_ERRORS, self.internal_errors)
+            enc.clear(_TM_TARGET)
+        enc.set(_TM_FLASH_WRITES, self.flash_writes)
+        enc.set(_TM_AUTH_FAILURES, self.auth_failures)
+        enc.set(_TM_INTERNAL_ERRORS, self.internal_errors)
         seq = self._next_seq()
         if self.fmt == FMT_JSON:
             n = enc.encode_json(seq)
@@ -850,13 +869,15 @@ def _commands():
 def _release(json=False):
     """Forget what booting, configuring and commands import (device.commands,
     device.config and its JSON parser, which protocol.jsonl also imports for a line
-    only; device.nonce) when done; protocol.jsonl too (device.config's canonical JSON)
-    unless the port speaks JSON lines (``json``: it stays for the next line)."""
+    only; device.nonce; protocol.cbor's decoder) when done; protocol.jsonl too
+    (device.config's canonical JSON) unless the port speaks JSON lines (``json``: it
+    stays for the next line)."""
     if not json:
         _unload("protocol.jsonl")
     _unload("device.commands")
     _unload("device.config")
     _unload("protocol.jsonparse")
+    _unload("protocol._cbor_rx")  # protocol.cbor's decoder: a command's payload
     _unload("device.calib")  # tables are built when configuring only
     _unload("device.nonce")  # App() only
 

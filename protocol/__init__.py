@@ -18,3 +18,24 @@ See protocol/SPEC.md for the normative description.
 
 VERSION_MAJOR = 1
 VERSION_MINOR = 0
+
+
+def _lazy(table, name):
+    """The value of ``name`` in ``table`` (pairs: name, value), for a module's
+    ``__getattr__`` over its const()-private names (protocol.frame, protocol.telemetry:
+    on the MCU they take no slots in the module's dict); AttributeError if absent.
+    Allocates nothing."""
+    if name in table:
+        i = table.index(name)
+        if not i & 1:
+            return table[i + 1]
+    raise AttributeError(name)
+
+
+if __import__("sys").implementation.name != "micropython":
+
+    def _plain(g, table):
+        """CPython: the names of ``table`` as plain attributes of the module whose
+        globals are ``g`` (``dir()`` lists them)."""
+        for i in range(0, len(table), 2):
+            g[table[i]] = table[i + 1]

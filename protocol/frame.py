@@ -29,8 +29,6 @@ On the module, ``feed(rx, n, sink)`` with a :class:`HeartbeatState` and a
 allocating anything: see :class:`HeartbeatState`.
 """
 
-from array import array
-
 from protocol import catalog as C
 from protocol import cbor, cobs
 from protocol import errors as E  # the classes by attribute: 8 fewer module names
@@ -80,14 +78,18 @@ _ERR_UNKNOWN_TYPE = const(3)
 _ERR_OUT_OF_RANGE = const(6)
 _ERR_DIRECTION = const(12)
 
-HEADER_LEN = const(5)
-CRC_LEN = const(2)
-MIN_FRAME = const(7)
+# HEADER_LEN, CRC_LEN, MIN_FRAME, MAX_LINE, MIN_SIGNED and ERROR_KINDS are public names
+# the firmware reads only here: const()-private, answered by __getattr__ (at the end)
+# from flash on MicroPython (no slots in this module's dict: issue 24), plain
+# attributes on CPython. MAX_FRAME, which the firmware reads, is a plain attribute.
+_HEADER_LEN = const(5)
+_CRC_LEN = const(2)
+_MIN_FRAME = const(7)
 MAX_FRAME = const(512)  # unstuffed, trailer included
-MAX_LINE = const(1024)
+_MAX_LINE = const(1024)
 _DELIMITER = const(0)
 _MINOR_MASK = const(0x7F)  # byte 1 = minor | FLAG_SIGNED
-MIN_SIGNED = const(20)  # MIN_FRAME + TRAILER_LEN
+_MIN_SIGNED = const(20)  # _MIN_FRAME + TRAILER_LEN
 # Line silence that ends an incomplete binary run (StreamDecoder.idle; SPEC's GAP_MS).
 # Private to keep it out of the module's dict on the MCU: tests read it on CPython.
 _GAP_MS = const(100)
@@ -120,7 +122,7 @@ def encode_frame(
             "minor %r does not fit beside the signed flag" % (minor,), _ERR_OUT_OF_RANGE, "minor"
         )
     payload = M.encode_payload(mdef, fields)
-    body = HEADER_LEN + len(payload) + CRC_LEN
+    body = _HEADER_LEN + len(payload) + _CRC_LEN
     n = body if signer is None else body + _TRAILER_LEN
     if n > MAX_FRAME:
         raise E.OversizeError("%s frame of %d bytes exceeds %d" % (mdef[_M_NAME], n, MAX_FRAME))
@@ -130,8 +132,8 @@ def encode_frame(
     raw[2] = mdef[_M_TYPE]
     raw[3] = (seq >> 8) & 0xFF
     raw[4] = seq & 0xFF
-    raw[HEADER_LEN : HEADER_LEN + len(payload)] = payload
-    crc = crc16(raw, 0, body - CRC_LEN)
+    raw[_HEADER_LEN : _HEADER_LEN + len(payload)] = payload
+    crc = crc16(raw, 0, body - _CRC_LEN)
     raw[body - 2] = crc >> 8
     raw[body - 1] = crc & 0xFF
     if signer is not None:
@@ -167,15 +169,15 @@ def decode_raw(raw, n, accept=None, verifier=None):
     of the error) and never rejects the frame by itself. Without a verifier a signed
     frame is ``AUTH_UNCHECKED``.
     """
-    if n < MIN_FRAME:
-        raise E.FrameError("frame of %d bytes is shorter than %d" % (n, MIN_FRAME))
+    if n < _MIN_FRAME:
+        raise E.FrameError("frame of %d bytes is shorter than %d" % (n, _MIN_FRAME))
     end = n  # end of the CRC
     if raw[1] & _FLAG_SIGNED:
         end = n - _TRAILER_LEN
-        if end < MIN_FRAME:
-            raise E.FrameError("signed frame of %d bytes is shorter than %d" % (n, MIN_SIGNED))
+        if end < _MIN_FRAME:
+            raise E.FrameError("signed frame of %d bytes is shorter than %d" % (n, _MIN_SIGNED))
     got = (raw[end - 2] << 8) | raw[end - 1]
-    want = crc16(raw, 0, end - CRC_LEN)
+    want = crc16(raw, 0, end - _CRC_LEN)
     if got != want:
         raise E.CRCError("CRC %04x, computed %04x" % (got, want))
     major = raw[0]
@@ -209,11 +211,11 @@ def decode_raw(raw, n, accept=None, verifier=None):
             raise E.FieldError(
                 "%s is not accepted in this direction" % mdef[_M_NAME], _ERR_DIRECTION
             )
-        pend = end - CRC_LEN
-        if pend == HEADER_LEN:
+        pend = end - _CRC_LEN
+        if pend == _HEADER_LEN:
             raw_fields = {}
         else:
-            raw_fields, pos = cbor.decode_from(raw, HEADER_LEN, pend)
+            raw_fields, pos = cbor.decode_from(raw, _HEADER_LEN, pend)
             if pos != pend:
                 raise E.CBORDecodeError("%d bytes after the payload map" % (pend - pos))
             if not isinstance(raw_fields, dict):
@@ -287,6 +289,8 @@ class HeartbeatState:
     _def = C.by_type(_T_HEARTBEAT)  # the catalog's heartbeat (a class attribute: no module slot)
 
     def __init__(self):
+        from array import array  # here: not a slot in the module's dict
+
         fields = self._def[_M_FIELDS]
         n = len(fields)
         self.values = array("i", [0] * n)
@@ -352,7 +356,7 @@ class HeartbeatState:
         """Handle the unstuffed frame ``raw[:n]`` if it is a heartbeat this path can
         parse; True when it did (the state describes it), False to decode it the
         normal way. Allocates nothing."""
-        if n < MIN_FRAME or raw[2] != _T_HEARTBEAT or raw[0] != _VERSION_MAJOR:
+        if n < _MIN_FRAME or raw[2] != _T_HEARTBEAT or raw[0] != _VERSION_MAJOR:
             return False
         if accept is not None and accept != _H2D:
             return False
@@ -360,12 +364,12 @@ class HeartbeatState:
         end = n
         if raw[1] & _FLAG_SIGNED:
             end = n - _TRAILER_LEN
-            if end < MIN_FRAME:
+            if end < _MIN_FRAME:
                 return False
-        if crc16(raw, 0, end - CRC_LEN) != (raw[end - 2] << 8) | raw[end - 1]:
+        if crc16(raw, 0, end - _CRC_LEN) != (raw[end - 2] << 8) | raw[end - 1]:
             return False
-        p = HEADER_LEN
-        pend = end - CRC_LEN
+        p = _HEADER_LEN
+        pend = end - _CRC_LEN
         present = 0
         wide = 0
         t = self._t
@@ -480,15 +484,17 @@ def _is_space(b):
     return b == 0x20 or b == 0x09 or b == 0x0A or b == 0x0D
 
 
-ERROR_KINDS = (
-    "crc",
-    "oversize",
-    "framing",
-    "undecodable",
-    "unknown_type",
-    "version",
-    "invalid",
-    "noise",
+_ERROR_KINDS = const(
+    (
+        "crc",
+        "oversize",
+        "framing",
+        "undecodable",
+        "unknown_type",
+        "version",
+        "invalid",
+        "noise",
+    )
 )
 
 
@@ -510,7 +516,7 @@ class StreamDecoder:
     """
 
     def __init__(
-        self, max_frame=MAX_FRAME, max_line=MAX_LINE, accept=None, verifier=None, heartbeat=None
+        self, max_frame=MAX_FRAME, max_line=_MAX_LINE, accept=None, verifier=None, heartbeat=None
     ):
         if heartbeat is not None and verifier is None:
             raise ValueError("a HeartbeatState needs a verifier")  # its values: signed only
@@ -534,7 +540,7 @@ class StreamDecoder:
         self.json_lines = 0
         self.bytes = 0
         self.errors = {}
-        for k in ERROR_KINDS:
+        for k in _ERROR_KINDS:
             self.errors[k] = 0
 
     def reset(self):
@@ -558,7 +564,10 @@ class StreamDecoder:
         receive buffer every time, and a sink bound once (``self._on_item =
         self.on_item`` in ``__init__``: naming a bound method allocates it anew).
         """
-        out = [] if sink is None else None  # None: each item goes to the sink (_put)
+        # Each item goes to ``(self._fn or out.append)(item)``: the sink (no list, and no
+        # bound method made), else this list (also when a subclass's own feed hands a
+        # list to _end_binary: host/modbridge/link/codec.py).
+        out = [] if sink is None else None
         self._fn = sink
         self._quiet = -1
         end = len(data)
@@ -639,7 +648,10 @@ class StreamDecoder:
                     self._end_text(out)
                     continue
                 if len(buf) <= self.max_line:
-                    buf = self._line_buffer()
+                    # grown to hold a text line (once), the first byte kept
+                    big = bytearray(self.max_line + 1)
+                    big[0] = first
+                    self._buf = buf = big
                 buf[1] = b
                 self._n = 2
                 self._state = _TEXT
@@ -652,7 +664,7 @@ class StreamDecoder:
                 self._n = 0
                 self._state = _IDLE
                 self.errors["noise"] += 1
-                self._put(out, M.BadFrame("noise", "text ended by 0x00", fmt=_FMT_JSON))
+                (self._fn or out.append)(M.BadFrame("noise", "text ended by 0x00", fmt=_FMT_JSON))
                 continue
             if self._n >= self.max_line:
                 self._overflow(out, True)
@@ -685,28 +697,13 @@ class StreamDecoder:
                 return  # a text line (or one being discarded) ends at its LF only
             self.reset()
 
-    def _put(self, out, item):
-        """An item to feed()'s list ``out``, or when that is None to its sink (no
-        list, and no object standing in for one: a class costs heap on the MCU)."""
-        if out is None:
-            self._fn(item)
-        else:
-            out.append(item)
-
-    def _line_buffer(self):
-        """The buffer grown to hold a text line (the first byte kept); returns it."""
-        big = bytearray(self.max_line + 1)
-        big[0] = self._buf[0]
-        self._buf = big
-        return big
-
     def _overflow(self, out, text):
         self.errors["oversize"] += 1
         self._n = 0
         self._state = _DISCARD
         self._discard_text = text
         fmt = _FMT_JSON if text else _FMT_CBOR
-        self._put(out, M.BadFrame("oversize", "longer than the receive buffer", fmt=fmt))
+        (self._fn or out.append)(M.BadFrame("oversize", "longer than the receive buffer", fmt=fmt))
 
     def _reject(self, out, err, fmt):
         kind = err.kind
@@ -734,7 +731,7 @@ class StreamDecoder:
         if auth != _AUTH_NONE:
             bad.auth = auth
             bad.link = err.link
-        self._put(out, bad)
+        (self._fn or out.append)(bad)
 
     def _end_binary(self, out):
         n = self._n
@@ -755,7 +752,7 @@ class StreamDecoder:
             self._reject(out, E.FrameError("decoder bug: %r" % (e,)), _FMT_CBOR)
             return
         self.frames += 1
-        self._put(out, msg)
+        (self._fn or out.append)(msg)
 
     def _end_text(self, out):
         n = self._n
@@ -781,8 +778,8 @@ class StreamDecoder:
                     b += 1
             if b == s or b >= e or buf[b] != _LBRACE:
                 self.errors["noise"] += 1
-                self._put(
-                    out, M.BadFrame("noise", "text line that is not a JSON object", fmt=_FMT_JSON)
+                (self._fn or out.append)(
+                    M.BadFrame("noise", "text line that is not a JSON object", fmt=_FMT_JSON)
                 )
                 return
         try:
@@ -797,4 +794,33 @@ class StreamDecoder:
             return
         self.frames += 1
         self.json_lines += 1
-        self._put(out, msg)
+        (self._fn or out.append)(msg)
+
+
+# Pairs: name, value (see _HEADER_LEN).
+_LAZY = const(
+    (
+        "HEADER_LEN",
+        _HEADER_LEN,
+        "CRC_LEN",
+        _CRC_LEN,
+        "MIN_FRAME",
+        _MIN_FRAME,
+        "MAX_LINE",
+        _MAX_LINE,
+        "MIN_SIGNED",
+        _MIN_SIGNED,
+        "ERROR_KINDS",
+        _ERROR_KINDS,
+    )
+)
+
+
+def __getattr__(name):
+    """A name of ``_LAZY`` (``frame.HEADER_LEN``, ``from protocol.frame import
+    MAX_LINE``); allocates nothing."""
+    return __import__("protocol")._lazy(_LAZY, name)
+
+
+if __import__("sys").implementation.name != "micropython":  # CPython: plain attributes
+    __import__("protocol")._plain(globals(), _LAZY)

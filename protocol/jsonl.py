@@ -17,7 +17,7 @@ interpreters emit the same bytes.
 
 from protocol import VERSION_MAJOR, VERSION_MINOR
 from protocol import catalog as C
-from protocol.telemetry import _POW10, mul_div_round  # noqa: F401 - jsonl.mul_div_round too
+from protocol.telemetry import mul_div_round  # noqa: F401 - jsonl.mul_div_round too
 from protocol.crc import crc16
 from protocol.errors import (
     CBORDecodeError,
@@ -49,6 +49,9 @@ from protocol.sign import (
 HEADER_KEYS = ("type", "v", "seq", "link", "ts", "sig")
 SIGNATURE_KEYS = ("link", "ts", "sig")
 _HEX = "0123456789abcdef"
+# Powers of ten for a scale's decimals. From a list: a constant tuple's ints above
+# 0x1FFF freeze as big ints (tests/test_frozen_ints.py).
+_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
 
 
 def format_fixed(value, scale):

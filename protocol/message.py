@@ -67,17 +67,6 @@ class Message:
     def get(self, name, default=None):
         return self.fields.get(name, default)
 
-    def __eq__(self, other):
-        return (
-            isinstance(other, Message)
-            and self.type == other.type
-            and self.seq == other.seq
-            and self.fields == other.fields
-        )
-
-    def __repr__(self):
-        return "Message(%s seq=%d %r)" % (self.name, self.seq, self.fields)
-
 
 class BadFrame:
     """A frame or line that was rejected. ``kind`` is the counter it was added to.
@@ -103,8 +92,31 @@ class BadFrame:
         self.field = field
         self.fmt = fmt
 
-    def __repr__(self):
+
+if __import__("sys").implementation.name != "micropython":
+    # The host's conveniences (equality, readable reprs), which the firmware never
+    # uses: on MicroPython they would be three functions and class-dict slots in the
+    # heap from boot (issue 24).
+
+    def _message_eq(self, other):
+        return (
+            isinstance(other, Message)
+            and self.type == other.type
+            and self.seq == other.seq
+            and self.fields == other.fields
+        )
+
+    def _message_repr(self):
+        return "Message(%s seq=%d %r)" % (self.name, self.seq, self.fields)
+
+    def _bad_frame_repr(self):
         return "BadFrame(%s: %s)" % (self.kind, self.detail)
+
+    Message.__eq__ = _message_eq
+    Message.__hash__ = None  # as a class body defining __eq__ leaves it
+    Message.__repr__ = _message_repr
+    BadFrame.__repr__ = _bad_frame_repr
+    del _message_eq, _message_repr, _bad_frame_repr
 
 
 def lookup(type_or_name):

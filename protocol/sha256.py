@@ -9,8 +9,9 @@ Why it looks the way it does: on a 32-bit MCU a MicroPython small int holds 31 b
 32-bit word is kept as two 16-bit halves (``hi``, ``lo``) and every intermediate stays
 below 2**20:
 
-- the state (8 words) and the message schedule (64 words) live in ``array('H')``
-  buffers allocated once in ``__init__``; the round constants in a module-level one;
+- the state (8 words) lives in an ``array('H')`` allocated once in ``__init__``, the
+  message schedule's window (16 words) in two shared module-level ones; the round
+  constants are bytes in flash;
 - a right rotation by ``n`` of ``(hi, lo)`` is ``lo' = (lo >> n) | ((hi & (2**n-1))
   << (16-n))`` (and the same with hi/lo swapped): the mask comes BEFORE the left
   shift, so nothing grows past 16 bits; a rotation by 16 + n swaps the halves;
@@ -28,11 +29,10 @@ below 2**20:
 'ba7816bf8f01cfea'
 """
 
-from array import array
-
-try:
-    from micropython import const
-except ImportError:  # CPython
+if __import__("sys").implementation.name != "micropython":
+    # CPython's stand-in; MicroPython's compiler folds ``NAME = const(value)`` itself
+    # (neither ``const`` nor ``array`` is imported at module level: no slots in this
+    # module's dict on the MCU).
 
     def const(x):
         return x
@@ -70,12 +70,14 @@ _H0 = const(
 )
 
 
-# The message schedule W[0..63] (high and low halves): scratch of one compression,
-# shared by every Sha256 (the HMAC keeps three) instead of 256 bytes each. Not for
-# hashes running in several threads at once (the firmware has one; the host hashes
-# with hashlib).
-_WH = array("H", bytes(128))
-_WL = array("H", bytes(128))
+# The message schedule, a window of 16 words (high and low halves): scratch of one
+# compression, shared by every Sha256, instead of all 64 words (64 B of RAM, not 256).
+# Rounds 16t..16t+15 read W[16t..16t+15] at indexes 0..15; before them the next 16
+# words are made in place, each W[i] over W[i-16] (the window holds W[i-16..i-1],
+# all a word is made of). Not for hashes running in several threads at once (the
+# firmware has one; the host hashes with hashlib).
+_WH = __import__("array").array("H", bytes(32))
+_WL = __import__("array").array("H", bytes(32))
 
 
 class Sha256:
@@ -90,6 +92,8 @@ class Sha256:
     """
 
     def __init__(self):
+        from array import array
+
         self._h = array("H", bytes(32))  # state: 8 words as hi, lo halves (H0: reset)
         self._block = bytearray(BLOCK_LEN)  # a partial block waiting for more bytes
         self._n = 0  # bytes in _block
@@ -216,35 +220,12 @@ class Sha256:
         """One 64-byte block ``buf[off:off+64]`` into the state."""
         wh = _WH
         wl = _WL
-        t = 0
-        while t < 16:
-            wh[t] = (buf[off] << 8) | buf[off + 1]
-            wl[t] = (buf[off + 2] << 8) | buf[off + 3]
+        j = 0
+        while j < 16:
+            wh[j] = (buf[off] << 8) | buf[off + 1]
+            wl[j] = (buf[off + 2] << 8) | buf[off + 3]
             off += 4
-            t += 1
-        while t < 64:
-            # s0 = rotr7(x) ^ rotr18(x) ^ shr3(x), x = W[t-15]
-            xh = wh[t - 15]
-            xl = wl[t - 15]
-            s0h = ((xh >> 7) | ((xl & 0x7F) << 9)) ^ ((xl >> 2) | ((xh & 0x3) << 14)) ^ (xh >> 3)
-            s0l = (
-                ((xl >> 7) | ((xh & 0x7F) << 9))
-                ^ ((xh >> 2) | ((xl & 0x3) << 14))
-                ^ ((xl >> 3) | ((xh & 0x7) << 13))
-            )
-            # s1 = rotr17(x) ^ rotr19(x) ^ shr10(x), x = W[t-2]
-            xh = wh[t - 2]
-            xl = wl[t - 2]
-            s1h = ((xl >> 1) | ((xh & 0x1) << 15)) ^ ((xl >> 3) | ((xh & 0x7) << 13)) ^ (xh >> 10)
-            s1l = (
-                ((xh >> 1) | ((xl & 0x1) << 15))
-                ^ ((xh >> 3) | ((xl & 0x7) << 13))
-                ^ ((xl >> 10) | ((xh & 0x3FF) << 6))
-            )
-            lo = s1l + wl[t - 7] + s0l + wl[t - 16]
-            wh[t] = (s1h + wh[t - 7] + s0h + wh[t - 16] + (lo >> 16)) & 0xFFFF
-            wl[t] = lo & 0xFFFF
-            t += 1
+            j += 1
 
         hs = self._h
         ah = hs[0]
@@ -267,54 +248,96 @@ class Sha256:
         q = 0  # 4 * t: K[t]'s bytes
         t = 0
         while t < 64:
-            # S1 = rotr6(e) ^ rotr11(e) ^ rotr25(e)
-            s1h = (
-                ((eh >> 6) | ((el & 0x3F) << 10))
-                ^ ((eh >> 11) | ((el & 0x7FF) << 5))
-                ^ ((el >> 9) | ((eh & 0x1FF) << 7))
-            )
-            s1l = (
-                ((el >> 6) | ((eh & 0x3F) << 10))
-                ^ ((el >> 11) | ((eh & 0x7FF) << 5))
-                ^ ((eh >> 9) | ((el & 0x1FF) << 7))
-            )
-            # T1 = h + S1 + Ch(e, f, g) + K[t] + W[t], halves not yet carried/masked
-            t1l = hl + s1l + (gl ^ (el & (fl ^ gl))) + ((k[q + 2] << 8) | k[q + 3]) + wl[t]
-            t1h = hh + s1h + (gh ^ (eh & (fh ^ gh))) + ((k[q] << 8) | k[q + 1]) + wh[t]
-            q += 4
-            # S0 = rotr2(a) ^ rotr13(a) ^ rotr22(a)
-            s0h = (
-                ((ah >> 2) | ((al & 0x3) << 14))
-                ^ ((ah >> 13) | ((al & 0x1FFF) << 3))
-                ^ ((al >> 6) | ((ah & 0x3F) << 10))
-            )
-            s0l = (
-                ((al >> 2) | ((ah & 0x3) << 14))
-                ^ ((al >> 13) | ((ah & 0x1FFF) << 3))
-                ^ ((ah >> 6) | ((al & 0x3F) << 10))
-            )
-            # T2 = S0 + Maj(a, b, c)
-            t2l = s0l + ((al & bl) | (cl & (al | bl)))
-            t2h = s0h + ((ah & bh) | (ch & (ah | bh)))
-            hh = gh
-            hl = gl
-            gh = fh
-            gl = fl
-            fh = eh
-            fl = el
-            lo = dl + t1l
-            eh = (dh + t1h + (lo >> 16)) & 0xFFFF
-            el = lo & 0xFFFF
-            dh = ch
-            dl = cl
-            ch = bh
-            cl = bl
-            bh = ah
-            bl = al
-            lo = t1l + t2l
-            ah = (t1h + t2h + (lo >> 16)) & 0xFFFF
-            al = lo & 0xFFFF
-            t += 1
+            if t:
+                # W[t..t+15] in place: W[i] = s1(W[i-2]) + W[i-7] + s0(W[i-15]) + W[i-16]
+                # (W[i-16] at index j, W[i-15] at j + 1, W[i-7] at j + 9, W[i-2] at j + 14,
+                # modulo 16)
+                j = 0
+                while j < 16:
+                    # s0 = rotr7(x) ^ rotr18(x) ^ shr3(x), x = W[i-15]
+                    i = (j + 1) & 15
+                    xh = wh[i]
+                    xl = wl[i]
+                    s0h = (
+                        ((xh >> 7) | ((xl & 0x7F) << 9))
+                        ^ ((xl >> 2) | ((xh & 0x3) << 14))
+                        ^ (xh >> 3)
+                    )
+                    s0l = (
+                        ((xl >> 7) | ((xh & 0x7F) << 9))
+                        ^ ((xh >> 2) | ((xl & 0x3) << 14))
+                        ^ ((xl >> 3) | ((xh & 0x7) << 13))
+                    )
+                    # s1 = rotr17(x) ^ rotr19(x) ^ shr10(x), x = W[i-2]
+                    i = (j + 14) & 15
+                    xh = wh[i]
+                    xl = wl[i]
+                    s1h = (
+                        ((xl >> 1) | ((xh & 0x1) << 15))
+                        ^ ((xl >> 3) | ((xh & 0x7) << 13))
+                        ^ (xh >> 10)
+                    )
+                    s1l = (
+                        ((xh >> 1) | ((xl & 0x1) << 15))
+                        ^ ((xh >> 3) | ((xl & 0x7) << 13))
+                        ^ ((xl >> 10) | ((xh & 0x3FF) << 6))
+                    )
+                    i = (j + 9) & 15  # W[i-7]
+                    lo = s1l + wl[i] + s0l + wl[j]
+                    wh[j] = (s1h + wh[i] + s0h + wh[j] + (lo >> 16)) & 0xFFFF
+                    wl[j] = lo & 0xFFFF
+                    j += 1
+            j = 0
+            while j < 16:
+                # S1 = rotr6(e) ^ rotr11(e) ^ rotr25(e)
+                s1h = (
+                    ((eh >> 6) | ((el & 0x3F) << 10))
+                    ^ ((eh >> 11) | ((el & 0x7FF) << 5))
+                    ^ ((el >> 9) | ((eh & 0x1FF) << 7))
+                )
+                s1l = (
+                    ((el >> 6) | ((eh & 0x3F) << 10))
+                    ^ ((el >> 11) | ((eh & 0x7FF) << 5))
+                    ^ ((eh >> 9) | ((el & 0x1FF) << 7))
+                )
+                # T1 = h + S1 + Ch(e, f, g) + K[t] + W[t], halves not yet carried/masked
+                t1l = hl + s1l + (gl ^ (el & (fl ^ gl))) + ((k[q + 2] << 8) | k[q + 3]) + wl[j]
+                t1h = hh + s1h + (gh ^ (eh & (fh ^ gh))) + ((k[q] << 8) | k[q + 1]) + wh[j]
+                q += 4
+                # S0 = rotr2(a) ^ rotr13(a) ^ rotr22(a)
+                s0h = (
+                    ((ah >> 2) | ((al & 0x3) << 14))
+                    ^ ((ah >> 13) | ((al & 0x1FFF) << 3))
+                    ^ ((al >> 6) | ((ah & 0x3F) << 10))
+                )
+                s0l = (
+                    ((al >> 2) | ((ah & 0x3) << 14))
+                    ^ ((al >> 13) | ((ah & 0x1FFF) << 3))
+                    ^ ((ah >> 6) | ((al & 0x3F) << 10))
+                )
+                # T2 = S0 + Maj(a, b, c)
+                t2l = s0l + ((al & bl) | (cl & (al | bl)))
+                t2h = s0h + ((ah & bh) | (ch & (ah | bh)))
+                hh = gh
+                hl = gl
+                gh = fh
+                gl = fl
+                fh = eh
+                fl = el
+                lo = dl + t1l
+                eh = (dh + t1h + (lo >> 16)) & 0xFFFF
+                el = lo & 0xFFFF
+                dh = ch
+                dl = cl
+                ch = bh
+                cl = bl
+                bh = ah
+                bl = al
+                lo = t1l + t2l
+                ah = (t1h + t2h + (lo >> 16)) & 0xFFFF
+                al = lo & 0xFFFF
+                j += 1
+            t += 16
 
         lo = hs[1] + al
         hs[0] = (hs[0] + ah + (lo >> 16)) & 0xFFFF

@@ -23,13 +23,11 @@ TS_UNIX_EPOCH and TS_PER_S): imported by the first use of one of those names her
 RAM.
 """
 
-from array import array
-
 from protocol.sha256 import Sha256
 
-try:
-    from micropython import const
-except ImportError:  # CPython
+if __import__("sys").implementation.name != "micropython":
+    # CPython's stand-in; MicroPython's compiler folds ``NAME = const(value)`` itself
+    # (not importing it keeps ``const`` out of this module's dict on the MCU).
 
     def const(x):
         return x
@@ -37,13 +35,14 @@ except ImportError:  # CPython
     _HOST = True
 
 
-# The names the firmware reads are plain module attributes; the others (the host's,
-# and this module's own, folded here) are const()-private and answered by __getattr__
-# from _LAZY, in flash: no slot in the module's dict on the MCU (issue 24's boot heap).
-# On CPython every name is a plain attribute (the loop at the end).
+# The names the firmware reads for every command (AUTH_NONE, AUTH_OK) are plain module
+# attributes; the others (the host's, those the firmware reads once at boot or for a
+# refused frame, and this module's own, folded here) are const()-private and answered
+# by __getattr__ from _LAZY, in flash: no slot in the module's dict on the MCU (issue
+# 24's boot heap). On CPython every name is a plain attribute (the loop at the end).
 _FLAG_SIGNED = const(0x80)  # in frame byte 1 (minor): a 13-byte trailer follows the CRC
-KEY_LEN = const(32)  # bytes of a signing secret
-NONCE_LEN = const(8)  # bytes of the module's per-boot nonce
+_KEY_LEN = const(32)  # bytes of a signing secret
+_NONCE_LEN = const(8)  # bytes of the module's per-boot nonce
 _LINK_LEN = const(1)
 _TS_LEN = const(6)  # u48, big-endian, 10 us units since 2015-01-01 00:00 UTC
 _SIG_LEN = const(6)  # truncated HMAC-SHA256
@@ -54,7 +53,7 @@ _N_LINKS = const(8)  # replay slots: link & 7
 AUTH_NONE = const(0)  # not signed
 AUTH_OK = const(1)  # signed with the receiver's key, timestamp newer than the link's last
 _AUTH_BAD = const(2)  # wrong signature, or the receiver has no key
-AUTH_REPLAY = const(3)  # right signature, timestamp not newer than the link's last
+_AUTH_REPLAY = const(3)  # right signature, timestamp not newer than the link's last
 _AUTH_UNCHECKED = const(4)  # signed, but this receiver verifies nothing (a host)
 _AUTH_NAMES = const(("none", "ok", "bad", "replay", "unchecked"))
 
@@ -69,6 +68,9 @@ _SIG_AT = const(48)  # N_LINKS * TS_LEN: where Verifier._last keeps the computed
 # Pairs: name, value.
 # fmt: off
 _LAZY = const((
+    "KEY_LEN", _KEY_LEN,
+    "NONCE_LEN", _NONCE_LEN,
+    "AUTH_REPLAY", _AUTH_REPLAY,
     "FLAG_SIGNED", _FLAG_SIGNED,
     "LINK_LEN", _LINK_LEN,
     "TS_LEN", _TS_LEN,
@@ -84,8 +86,8 @@ _LAZY = const((
 
 
 def _check_key(key):
-    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_LEN:
-        raise ValueError("a signing key is exactly %d bytes" % KEY_LEN)
+    if not isinstance(key, (bytes, bytearray)) or len(key) != _KEY_LEN:
+        raise ValueError("a signing key is exactly %d bytes" % _KEY_LEN)
 
 
 class Mac:
@@ -98,6 +100,8 @@ class Mac:
     """
 
     def __init__(self, key):
+        from array import array  # here: not a slot in the module's dict
+
         _check_key(key)
         pad = bytearray(_BLOCK_LEN)
         h = Sha256()
@@ -107,7 +111,7 @@ class Mac:
         while j < 32:
             i = 0
             while i < _BLOCK_LEN:
-                pad[i] = (key[i] if i < KEY_LEN else 0) ^ p
+                pad[i] = (key[i] if i < _KEY_LEN else 0) ^ p
                 i += 1
             h.reset()
             h.update_from(pad, 0, _BLOCK_LEN)
@@ -119,13 +123,16 @@ class Mac:
             j += 16
         self._ko = ko
         self._h = h
-        self._d = bytearray(_DIGEST_LEN)
 
     def mac48_into(self, nonce, buf, start, end, out, off):
         """Write the first 6 bytes of HMAC(key, nonce || buf[start:end]) into
         ``out[off:off+6]``. ``nonce`` is any buffer (8 bytes in this protocol)."""
         h = self._h
-        d = self._d
+        # The inner digest goes to the hash's own block buffer, free once digest_into
+        # is done (no 32-byte buffer of its own: heap on the MCU); the outer hash then
+        # reads it from there at the same offsets, as its partial block (update_from
+        # copies each byte onto itself).
+        d = h._block
         h.load_state(self._ko, 0, _BLOCK_LEN)
         h.update_from(nonce, 0, len(nonce))
         h.update_from(buf, start, end)
@@ -173,8 +180,8 @@ class Verifier:
 
     def set_nonce(self, nonce):
         """Install this boot's nonce (8 bytes) and forget every link's last timestamp."""
-        if len(nonce) != NONCE_LEN:
-            raise ValueError("a nonce is exactly %d bytes" % NONCE_LEN)
+        if len(nonce) != _NONCE_LEN:
+            raise ValueError("a nonce is exactly %d bytes" % _NONCE_LEN)
         self.nonce = bytes(nonce)
         last = self._last
         i = 0
@@ -214,7 +221,7 @@ class Verifier:
             i += 1
         if i == _TS_LEN or raw[ts + i] < last[slot + i]:
             self.replayed += 1
-            return AUTH_REPLAY
+            return _AUTH_REPLAY
         i = 0
         while i < _TS_LEN:
             last[slot + i] = raw[ts + i]

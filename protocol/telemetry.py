@@ -15,22 +15,28 @@ The bytes are identical to :func:`protocol.frame.encode_frame` and
 :func:`protocol.jsonl.encode_line` for the same fields (tested).
 """
 
-from protocol import VERSION_MAJOR, VERSION_MINOR, catalog as C, cobs
-from protocol.cbor import MAJOR_MAP, put_head, put_int
+from protocol import catalog as C
+from protocol import cobs
+from protocol.cbor import put_head, put_int
 from protocol.crc import crc16
-from protocol.frame import HEADER_LEN
 
-try:
-    from micropython import const
-except ImportError:  # CPython
+if __import__("sys").implementation.name != "micropython":
+    # CPython's stand-in; MicroPython's compiler folds ``NAME = const(value)`` itself
+    # (not importing it keeps ``const`` out of this module's dict on the MCU).
 
     def const(x):
         return x
 
 
-# Catalog constants this module reads (in the tick among others): copies, folded by
-# the compiler (another module's names are dict lookups; tests check the copies).
+# Constants of the catalog, protocol (VERSION_*), protocol.cbor and protocol.frame this
+# module reads (in the tick among others): copies, folded by the compiler (another
+# module's names are dict lookups, and imported ones slots in this module's dict on
+# the MCU); tests/test_catalog_copies.py checks them.
+_VERSION_MAJOR = const(1)
+_VERSION_MINOR = const(0)
+_MAJOR_MAP = const(5)
 _T_TELEMETRY = const(0x10)
+_HEADER_LEN = const(5)  # protocol.frame's
 _M_FIELDS = const(3)
 _F_KEY = const(0)
 _F_NAME = const(1)
@@ -38,15 +44,8 @@ _F_KIND = const(2)
 _F_SCALE = const(6)
 _K_ENUM = const("e")
 
-_MDEF = C.by_type(_T_TELEMETRY)
-FIELDS = _MDEF[_M_FIELDS]
+FIELDS = C.by_type(_T_TELEMETRY)[_M_FIELDS]
 N_FIELDS = len(FIELDS)
-
-
-# Applying a scale (this module and protocol.jsonl, one table of powers for both).
-# From a list: a constant tuple's ints above 0x1FFF freeze as big ints
-# (tests/test_frozen_ints.py).
-_POW10 = tuple([1, 10, 100, 1000, 10000, 100000, 1000000])
 
 
 def mul_div_round(v, mul, div):
@@ -67,45 +66,39 @@ def mul_div_round(v, mul, div):
 
 def index(name):
     """Field index of telemetry field ``name`` (raises KeyError if unknown)."""
-    i = C.field_index(_MDEF, name)
+    i = C.field_index(C.by_type(_T_TELEMETRY), name)
     if i < 0:
         raise KeyError(name)
     return i
 
 
-# Field indexes, for the firmware.
-UPTIME_S = index("uptime_s")
-STATE = index("state")
-REASON = index("reason")
-FAULTS = index("faults")
-TEMP_GPU = index("temp_gpu")
-TEMP_VRAM = index("temp_vram")
-TEMP_MOS = index("temp_mos")
-TEMP_AMB = index("temp_amb")
-FAN1_RPM = index("fan1_rpm")
-FAN2_RPM = index("fan2_rpm")
-FAN1_DUTY = index("fan1_duty")
-FAN2_DUTY = index("fan2_duty")
-V_IN = index("v_in")
-I_IN = index("i_in")
-P_IN = index("p_in")
-TARGET = index("target")
-FLASH_WRITES = index("flash_writes")
-AUTH_FAILURES = index("auth_failures")
-INTERNAL_ERRORS = index("internal_errors")
+# Field indexes (``enc.set(T.TEMP_GPU, ...)``): const()-private, answered by
+# __getattr__ (at the end) from flash on MicroPython, no slots in this module's dict
+# (issue 24); plain attributes on CPython. The firmware (device/app.py) folds copies of
+# its own. tests/test_catalog_copies.py checks each against ``index(name)``.
+_UPTIME_S = const(0)
+_STATE = const(1)
+_REASON = const(2)
+_FAULTS = const(3)
+_TEMP_GPU = const(4)
+_TEMP_VRAM = const(5)
+_TEMP_MOS = const(6)
+_TEMP_AMB = const(7)
+_FAN1_RPM = const(8)
+_FAN2_RPM = const(9)
+_FAN1_DUTY = const(10)
+_FAN2_DUTY = const(11)
+_V_IN = const(12)
+_I_IN = const(13)
+_P_IN = const(14)
+_TARGET = const(15)
+_FLASH_WRITES = const(16)
+_AUTH_FAILURES = const(17)
+_INTERNAL_ERRORS = const(18)
 
 _KIND_PLAIN = const(0)
 _KIND_ENUM = const(1)
 _KIND_SCALED = const(2)
-
-
-def _put_bytes(buf, o, src):
-    n = len(src)
-    i = 0
-    while i < n:
-        buf[o + i] = src[i]
-        i += 1
-    return o + n
 
 
 def _put_uint(buf, o, v, width):
@@ -125,8 +118,9 @@ def _put_uint(buf, o, v, width):
     return o + n
 
 
-def _put_fixed(buf, o, v, mul, div, dec):
-    """Display text of wire value ``v``; the same text as jsonl.format_fixed."""
+def _put_fixed(buf, o, v, mul, div, dec, p):
+    """Display text of wire value ``v`` (``p``: 10 ** dec); the same text as
+    jsonl.format_fixed."""
     neg = v < 0
     if neg:
         v = -v
@@ -135,7 +129,6 @@ def _put_fixed(buf, o, v, mul, div, dec):
     if neg and v:
         buf[o] = 0x2D  # '-'
         o += 1
-    p = _POW10[dec]
     ip = v // p
     fp = v - ip * p
     o = _put_uint(buf, o, ip, 0)
@@ -149,16 +142,6 @@ def _put_fixed(buf, o, v, mul, div, dec):
     return o
 
 
-def _intern_chars(s):
-    """Iterate ``s`` once, where allocating is allowed: MicroPython hands each
-    character out as an interned one-character string, made (in the heap's string
-    pool) the first time that character is seen, unless the image already has it;
-    encode_json then finds every character of its names interned (issue 24: which ones
-    the imports happen to intern is no guarantee)."""
-    for _c in s:
-        pass
-
-
 def _put_str(buf, o, s):
     """The ASCII text ``s`` (a catalog name, in flash) at ``o``: iterating a str and
     ``ord`` of its one-character items allocate nothing."""
@@ -168,6 +151,8 @@ def _put_str(buf, o, s):
     return o
 
 
+# A JSON line's head, version VERSION_MAJOR.VERSION_MINOR (test_catalog_copies.py)
+_JSON_HEAD = const('{"type":"telemetry","v":"1.0","seq":')
 # The longest text of one value, with room: a u32 or an i32 prints at most 10 digits,
 # a sign and a decimal point (12); a small int scaled by DUTY_PCT (x 1.53) as many.
 _VALUE_TEXT = const(14)
@@ -177,13 +162,13 @@ _CBOR_FIELD = const(10)  # key (< 24: 1 byte) + an int head of up to 9 bytes
 def max_cbor_len():
     """Unstuffed bytes of the longest telemetry frame: header, map head, every field
     with the widest int head, CRC (a fixed bound: the buffer is sized to it)."""
-    return HEADER_LEN + 1 + N_FIELDS * _CBOR_FIELD + 2
+    return _HEADER_LEN + 1 + N_FIELDS * _CBOR_FIELD + 2
 
 
 def max_json_len():
     """Bytes of the longest telemetry JSON line (every field, every value as long as
     any value can print, the newline)."""
-    n = len(_json_head()) + 5 + 2  # seq, '}', newline
+    n = len(_JSON_HEAD) + 5 + 2  # seq, '}', newline
     i = 0
     while i < N_FIELDS:
         f = FIELDS[i]
@@ -195,10 +180,6 @@ def max_json_len():
         n += 1 + len(f[_F_NAME]) + 3 + longest  # ,"name": value
         i += 1
     return n
-
-
-def _json_head():
-    return '{"type":"telemetry","v":"%d.%d","seq":' % (VERSION_MAJOR, VERSION_MINOR)
 
 
 class TelemetryEncoder:
@@ -223,12 +204,11 @@ class TelemetryEncoder:
         if cobs.max_encoded_len(n) != n + 1:  # pragma: no cover - the catalog's size
             raise ValueError("a telemetry frame of %d bytes is too long to stuff in place" % n)
         self.out = bytearray(n + 2)  # the code byte, the frame, the 0x00
-        keys = bytearray(N_FIELDS)
         i = 0
-        while i < N_FIELDS:
-            keys[i] = FIELDS[i][_F_KEY]
+        while i < N_FIELDS:  # encode_cbor writes field i's key as i: no table of keys
+            if FIELDS[i][_F_KEY] != i:  # pragma: no cover - the catalog's keys
+                raise ValueError("telemetry field keys are not 0..n-1")
             i += 1
-        self._keys = keys
         self._jhead = None
         if json:
             self._json_tables()
@@ -237,18 +217,26 @@ class TelemetryEncoder:
         """What encode_json needs: kinds, scales, the line's head, room for a line."""
         kinds = bytearray(N_FIELDS)
         scales = []
+        # Each name iterated once here, where allocating is allowed: MicroPython hands
+        # each character out as an interned one-character string, made (in the heap's
+        # string pool) the first time that character is seen, unless the image already
+        # has it; encode_json then finds every character of its names interned (issue
+        # 24: which ones the imports happen to intern is no guarantee).
         i = 0
         while i < N_FIELDS:
             f = FIELDS[i]
-            _intern_chars(f[_F_NAME])
+            for _c in f[_F_NAME]:
+                pass
             if f[_F_KIND] == _K_ENUM:
                 kinds[i] = _KIND_ENUM
                 scales.append(f[_F_SCALE])
                 for name in f[_F_SCALE]:
-                    _intern_chars(name)
+                    for _c in name:
+                        pass
             elif f[_F_SCALE] is not None:
                 kinds[i] = _KIND_SCALED
-                scales.append(C.scale_ints(f[_F_SCALE]))  # small ints: no allocation
+                s = C.scale_ints(f[_F_SCALE])  # small ints: no allocation
+                scales.append((s[0], s[1], s[2], 10 ** s[2]))  # mul, div, decimals, 10**dec
             else:
                 kinds[i] = _KIND_PLAIN
                 scales.append(None)
@@ -258,7 +246,7 @@ class TelemetryEncoder:
         line = max_json_len()
         if len(self.out) < line:
             self.out = bytearray(line)
-        self._jhead = _json_head().encode()
+        self._jhead = _JSON_HEAD.encode()
 
     def set(self, i, value):
         """Set field ``i`` (an index constant of this module) and mark it present."""
@@ -282,27 +270,26 @@ class TelemetryEncoder:
     def encode_cbor(self, seq):
         """Write a complete binary frame into ``out``; return its length (with 0x00)."""
         raw = self.out  # the frame at [1:], stuffed in place (see __init__)
-        raw[1] = VERSION_MAJOR
-        raw[2] = VERSION_MINOR
+        raw[1] = _VERSION_MAJOR
+        raw[2] = _VERSION_MINOR
         raw[3] = _T_TELEMETRY
         raw[4] = (seq >> 8) & 0xFF
         raw[5] = seq & 0xFF
         present = self.present
         values = self.values
-        keys = self._keys
         count = 0
         i = 0
         while i < N_FIELDS:
             if present & (1 << i):
                 count += 1
             i += 1
-        o = 1 + HEADER_LEN
+        o = 1 + _HEADER_LEN
         if count:
-            o = put_head(raw, o, MAJOR_MAP, count)
+            o = put_head(raw, o, _MAJOR_MAP, count)
             i = 0
             while i < N_FIELDS:
                 if present & (1 << i):
-                    o = put_head(raw, o, 0, keys[i])
+                    o = put_head(raw, o, 0, i)  # the field's key (see __init__)
                     o = put_int(raw, o, values[i])
                 i += 1
         crc = crc16(raw, 1, o)
@@ -317,7 +304,12 @@ class TelemetryEncoder:
         if self._jhead is None:
             self._json_tables()
         buf = self.out
-        o = _put_bytes(buf, 0, self._jhead)
+        head = self._jhead
+        o = len(head)
+        i = 0
+        while i < o:
+            buf[i] = head[i]
+            i += 1
         o = _put_uint(buf, o, seq & 0xFFFF, 0)
         present = self.present
         values = self.values
@@ -341,13 +333,67 @@ class TelemetryEncoder:
                         buf[o] = 0x22
                         o += 1
                     else:
-                        o = _put_fixed(buf, o, v, 1, 1, 0)
+                        o = _put_fixed(buf, o, v, 1, 1, 0, 1)
                 elif k == _KIND_SCALED:
                     s = self._scales[i]
-                    o = _put_fixed(buf, o, v, s[0], s[1], s[2])
+                    o = _put_fixed(buf, o, v, s[0], s[1], s[2], s[3])
                 else:
-                    o = _put_fixed(buf, o, v, 1, 1, 0)
+                    o = _put_fixed(buf, o, v, 1, 1, 0, 1)
             i += 1
         buf[o] = 0x7D  # '}'
         buf[o + 1] = 0x0A
         return o + 2
+
+
+# Pairs: name, value (see _UPTIME_S).
+_LAZY = const(
+    (
+        "UPTIME_S",
+        _UPTIME_S,
+        "STATE",
+        _STATE,
+        "REASON",
+        _REASON,
+        "FAULTS",
+        _FAULTS,
+        "TEMP_GPU",
+        _TEMP_GPU,
+        "TEMP_VRAM",
+        _TEMP_VRAM,
+        "TEMP_MOS",
+        _TEMP_MOS,
+        "TEMP_AMB",
+        _TEMP_AMB,
+        "FAN1_RPM",
+        _FAN1_RPM,
+        "FAN2_RPM",
+        _FAN2_RPM,
+        "FAN1_DUTY",
+        _FAN1_DUTY,
+        "FAN2_DUTY",
+        _FAN2_DUTY,
+        "V_IN",
+        _V_IN,
+        "I_IN",
+        _I_IN,
+        "P_IN",
+        _P_IN,
+        "TARGET",
+        _TARGET,
+        "FLASH_WRITES",
+        _FLASH_WRITES,
+        "AUTH_FAILURES",
+        _AUTH_FAILURES,
+        "INTERNAL_ERRORS",
+        _INTERNAL_ERRORS,
+    )
+)
+
+
+def __getattr__(name):
+    """A name of ``_LAZY`` (``T.TEMP_GPU``); allocates nothing."""
+    return __import__("protocol")._lazy(_LAZY, name)
+
+
+if __import__("sys").implementation.name != "micropython":  # CPython: plain attributes
+    __import__("protocol")._plain(globals(), _LAZY)

@@ -142,3 +142,14 @@ def raw_frame(type_id, payload=b"", seq=0, major=1, minor=0, crc_xor=0, signer=N
     if signer is not None:
         raw.extend(signer.trailer(bytes(raw)))
     return bytes(cobs.encode(raw)) + b"\x00"
+
+
+def same_message(a, b):
+    """Message equality as the host's ``Message.__eq__`` defines it (type, seq and
+    fields; the format is ignored). The firmware's Message has no ``__eq__`` (it never
+    compares messages: issue 24's boot heap), so on MicroPython the attributes are
+    compared; on CPython ``==`` must agree."""
+    same = a.type == b.type and a.seq == b.seq and a.fields == b.fields
+    if __import__("sys").implementation.name != "micropython":
+        assert (a == b) == same, (a, b)
+    return same

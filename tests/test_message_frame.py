@@ -2,7 +2,14 @@
 the resynchronising StreamDecoder."""
 
 from mpcompat import raises
-from protocol_samples import XorShift32, bad_type_value, field_values, raw_frame, valid_field_sets
+from protocol_samples import (
+    XorShift32,
+    bad_type_value,
+    field_values,
+    raw_frame,
+    same_message,
+    valid_field_sets,
+)
 
 from protocol import VERSION_MAJOR, VERSION_MINOR, cbor, cobs, jsonl
 from protocol import catalog as C
@@ -62,7 +69,7 @@ def test_round_trip_every_message():
         assert msg.minor == VERSION_MINOR and msg.fmt == "cbor"
         # by type id as well as by name, and without the delimiter
         assert F.encode_frame(mdef[C.M_TYPE], fields, seq) == data
-        assert F.decode_frame(data[:-1]) == msg
+        assert same_message(F.decode_frame(data[:-1]), msg)
         count += 1
     assert count == 4 * len(C.MESSAGES)
 
@@ -353,10 +360,10 @@ def test_oversize_frame_refused_at_encode():
 
 def test_encode_message_keeps_format():
     msg = F.decode_frame(F.encode_frame("ack", {"ref": 1, "ref_type": 2}, 3))
-    assert F.decode_frame(F.encode_message(msg)) == msg
+    assert same_message(F.decode_frame(F.encode_message(msg)), msg)
     jmsg = jsonl.decode_line(b'{"type":"ack","seq":3,"ref":1,"ref_type":2}')
     assert F.encode_message(jmsg) == jsonl.encode_line("ack", {"ref": 1, "ref_type": 2}, 3)
-    assert jmsg == msg  # equality ignores the format
+    assert same_message(jmsg, msg)  # equality ignores the format
 
 
 def test_error_kinds_cover_every_protocol_error():
@@ -472,7 +479,7 @@ def test_stream_errors_counted_by_kind():
     assert dec.frames == 1
     bad = [it for it in items if not it.ok]
     assert len(bad) == 8
-    assert items[-1] == F.decode_frame(ack)
+    assert same_message(items[-1], F.decode_frame(ack))
     by_kind = {}
     for b in bad:
         assert isinstance(b, BadFrame)
