@@ -1,0 +1,85 @@
+"""What the module learned from its host (device/failsafe.py "standalone limits"):
+the learned record beside the config (``device.config``'s docstring lists it in the
+API; it lives here so that the App reads it at boot and writes it while hosted without
+importing the config code). Imported on demand; device.app._release forgets it.
+"""
+
+import os
+
+from device import floors, fsio
+from protocol.crc import crc16
+
+try:
+    from micropython import const
+except ImportError:  # CPython
+
+    def const(x):
+        return x
+
+
+# The last GPU slowdown temperature a host sent and the probe-to-die offset the module
+# saw, kept beside the config in a record of its own: 12 bytes (a magic and schema
+# version, two int32 milli-degC, a CRC-16), written rarely by the app (when a value
+# moved by a degree or more, at most once per ``LEARNED_SAVE_MS``) and never with the
+# config, so learning never persists a ``config_set`` that was not saved, nor costs
+# the config's write count. A missing, short, foreign-version or corrupt record is
+# "never hosted": the factory limits. Values are bounded on load as on learning.
+LEARNED_NAME = "learned.bin"
+LEARNED_VERSION = const(1)
+_LEARNED_MAGIC = const(0x4C)  # "L"
+_SLOWDOWN_MIN_MC = const(40000)  # the heartbeat's ``gpu_slowdown`` range (catalog)
+_SLOWDOWN_MAX_MC = const(125000)
+
+
+def _learned_bytes(slowdown_mc, offset_mc):
+    b = bytearray(12)
+    b[0] = _LEARNED_MAGIC
+    b[1] = LEARNED_VERSION
+    for k, v in ((2, slowdown_mc), (6, offset_mc)):
+        v &= 0xFFFFFFFF
+        b[k] = v & 0xFF
+        b[k + 1] = (v >> 8) & 0xFF
+        b[k + 2] = (v >> 16) & 0xFF
+        b[k + 3] = v >> 24
+    crc = crc16(bytes(b[:10]))
+    b[10] = crc & 0xFF
+    b[11] = crc >> 8
+    return bytes(b)
+
+
+def _i32(b, k):
+    v = b[k] | (b[k + 1] << 8) | (b[k + 2] << 16) | (b[k + 3] << 24)
+    return v - 0x100000000 if v & 0x80000000 else v
+
+
+def load_learned(dirpath, fs=os):
+    """``(slowdown_mc, offset_mc)`` from the learned record; ``(0, 0)`` when there is
+    none or it is not valid (the factory's limits). Never raises for a bad file."""
+    try:
+        with fsio.open_file(fsio.path(dirpath, LEARNED_NAME), "rb") as f:
+            b = f.read(13)
+    except OSError:
+        return 0, 0
+    if len(b) != 12 or b[0] != _LEARNED_MAGIC or b[1] != LEARNED_VERSION:
+        return 0, 0
+    if crc16(b[:10]) != b[10] | (b[11] << 8):
+        return 0, 0
+    slow = _i32(b, 2)
+    off = _i32(b, 6)
+    if not _SLOWDOWN_MIN_MC <= slow <= _SLOWDOWN_MAX_MC:
+        return 0, 0
+    return slow, min(max(off, 0), floors.OFFSET_MAX_MC)
+
+
+def save_learned(dirpath, slowdown_mc, offset_mc, fs=os):
+    """Store the learned record atomically (temp file + rename); raises ``OSError``."""
+    final = fsio.path(dirpath, LEARNED_NAME)
+    tmp = final + ".tmp"
+    fsio.write_tmp(fs, tmp, _write, slowdown_mc, offset_mc)
+    fsio.sync(fs)
+    fsio.rename_over(fs, tmp, final)
+    fsio.sync(fs)
+
+
+def _write(f, slowdown_mc, offset_mc):
+    f.write(_learned_bytes(slowdown_mc, offset_mc))
