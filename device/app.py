@@ -190,9 +190,9 @@ class App:
         self.pm_fault = False
         return True
 
-    # -- what the module learned from its host (device.learned's record) ------------
+    # -- what the module learned from its host (device.cfg.files' record) ---------------
     def _load_learned(self):
-        from device.learned import load_learned  # boot only: _release() forgets it
+        from device.cfg.files import load_learned  # boot only: _release() forgets it
 
         sf = self.safety
         sf.learn_slow_mc, sf.learn_off_mc = load_learned(self.hal.fs_dir)
@@ -215,14 +215,13 @@ class App:
         slow = sf.learn_slow_mc
         off = sf.learn_off_mc
         try:
-            from device.learned import save_learned
+            from device.cfg.files import save_learned
 
             save_learned(self.hal.fs_dir, slow, off)
         except (OSError, MemoryError):
             return  # retried later; the values in RAM still rule
         finally:
-            _unload("device.learned")
-            _unload("device.fsio")
+            _unload("device.cfg.files")
         self._saved_slow = slow
         self._saved_off = off
 
@@ -826,17 +825,17 @@ class CommandError(ValueError):
         self.field = field
 
 
-# device.config's parts (device/config.py: the firmware imports each where needed) and
-# the facade itself (host tools and tests)
+# device.config's parts (device/config.py: the firmware imports each where needed, in
+# one package: one name in device's dict) and the facade itself (host tools and tests)
 _CONFIG_PARTS = const(
     (
         "device.config",
-        "device.cfgsave",
-        "device.cfgstore",
-        "device.cfgedit",
-        "device.cfgschema",
-        "device.learned",
-        "device.fsio",
+        "device.cfg.writer",
+        "device.cfg.store",
+        "device.cfg.edit",
+        "device.cfg.schema",
+        "device.cfg.files",
+        "device.cfg",  # the package last: its parts are its attributes
     )
 )
 

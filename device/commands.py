@@ -1,11 +1,12 @@
 """What a config turns into, and the commands: imported on demand, released after.
 
-``device.app`` imports this module (and with it ``device.config``, the schema, the
-validation, merge and storage) when it configures: at boot and for a command other
-than a heartbeat, ``hello_request``, ``selftest``, ``reboot`` or ``repl``; when that is
-done it forgets both (``device.app._release``), so their functions, classes and tables are
-RAM only while a config is built or a command runs; their bytecode stays in flash
-(frozen) and the next command imports them again. The control tick never needs them.
+``device.app`` imports this module (and, where a command needs them, device.config's
+parts in ``device.cfg``: the schema and validation, merge, storage) when it
+configures: at boot and for a command other than a heartbeat, ``hello_request``,
+``selftest``, ``reboot`` or ``repl``; when that is done it forgets them
+(``device.app._release``), so their functions, classes and tables are RAM only while
+a config is built or a command runs; their bytecode stays in flash (frozen) and the
+next command imports them again. The control tick never needs them.
 
 Every function takes the App. ``build`` checks a config by building every object it
 configures on stand-in hardware, ``boot_config`` boots from the first stored config
@@ -70,7 +71,7 @@ def boot_config(app):
     factory defaults) through the same ``_build`` that ``config_set`` uses, so
     whatever is in flash the module boots into a state that speaks the protocol.
     """
-    from device.cfgstore import candidates
+    from device.cfg.store import candidates
 
     cands, writes, problems = candidates(app.hal.fs_dir)
     app.flash_writes = writes
@@ -117,7 +118,7 @@ def build(app, cfg):
 
     Raises (ConfigError, ValueError, ...) without changing anything when some
     part refuses it: validated and configurable are the same predicate."""
-    from device.cfgschema import validate
+    from device.cfg.schema import validate
     from device.floors import fan_model
     from device.control.curve import FanCurve
     from device.control.pid import PID
@@ -304,9 +305,9 @@ def cmd_pair(app, msg):
 def cmd_config_save(app, msg):
     """Write the running config, only if it differs from what flash holds, and at
     most ``A.SAVE_BURST`` writes at once then one per ``A.SAVE_MS``."""
-    from device import cfgsave
+    from device.cfg import writer
 
-    if cfgsave.is_saved(app.cfg, app.hal.fs_dir):
+    if writer.is_saved(app.cfg, app.hal.fs_dir):
         app.ack(msg)  # nothing changed: no flash write, no token (no RAM copy kept)
         return
     tokens, app._save_ms = app._tokens(app._save_tokens, app._save_ms, A.SAVE_BURST, A.SAVE_MS)
@@ -317,7 +318,7 @@ def cmd_config_save(app, msg):
             C.ERR_RATE_LIMITED,
         )
     app._save_tokens = tokens - 1
-    if cfgsave.save(app.cfg, app.hal.fs_dir):
+    if writer.save(app.cfg, app.hal.fs_dir):
         app.flash_writes += 1
         app.events.push(
             C.REASON_CONFIG_SAVED, C.SEV_INFO, True, -1, 0, app.sup.state, app.sup.state
@@ -329,8 +330,8 @@ def apply_changes(app, changes):
     """A config change is a transaction: merge and validate a candidate, build
     every object it configures on stand-in hardware, and only then apply it. A
     refused change leaves no trace."""
-    from device.cfgedit import merge
-    from device.cfgschema import ConfigError
+    from device.cfg.edit import merge
+    from device.cfg.schema import ConfigError
 
     try:
         cfg = merge(app.cfg, changes)
@@ -439,14 +440,14 @@ def cmd_curve(app, msg):
 def cmd_config_get(app, msg):
     """One ``config`` message for the section asked, or one per page for all; a page
     is built, sent and dropped before the next (at most one page in RAM)."""
-    from device import cfgedit
+    from device.cfg import edit
 
     section = msg.fields.get("section")
-    names = [section] if section else cfgedit.pages(app.cfg)
+    names = [section] if section else edit.pages(app.cfg)
     for name in names:
         try:
-            values = cfgedit.get_section(app.cfg, name)
-        except cfgedit.ConfigError as e:
+            values = edit.get_section(app.cfg, name)
+        except edit.ConfigError as e:
             raise A.CommandError(str(e), C.ERR_OUT_OF_RANGE, "section") from None
         _send_config(app, msg.seq, values)
         values = None  # the next page's map is built without this one
@@ -550,8 +551,8 @@ def cmd_config_set(app, msg):
 
 
 def cmd_config_reset(app, msg):
-    from device.cfgschema import defaults
-    from device.cfgstore import factory_reset
+    from device.cfg.schema import defaults
+    from device.cfg.store import factory_reset
 
     cfg = defaults()
     commit(app, app._build(cfg), cfg)

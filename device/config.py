@@ -36,13 +36,12 @@ holds nothing itself: a name read from it is looked up in the parts (module
 ``__getattr__``), which the firmware imports one by one, each when a command needs it
 (a configuring command that imported all of it needed one 776 B block for its module
 dict, the first block the fragmentation stress found missing; each part's dict is at
-most 296 B): ``device.cfgschema`` (``defaults``, ``SCHEMA``, ``validate``,
-``ConfigError``), ``device.cfgedit`` (``merge``, ``flatten``, ``unflatten``,
-``get_section``, ``pages``), ``device.cfgstore`` (``decode_file``, ``candidates``,
-``load``, ``factory_reset``, ``canonical``), ``device.cfgsave`` (``save``,
-``is_saved``, ``flash_writes``, ``encode_file``), ``device.learned`` (the learned
-record) and ``device.fsio`` (the file primitives; every file is opened through
-``fsio.open_file``).
+most 296 B): ``device.cfg.schema`` (``defaults``, ``SCHEMA``, ``validate``,
+``ConfigError``), ``device.cfg.edit`` (``merge``, ``flatten``, ``unflatten``,
+``get_section``, ``pages``), ``device.cfg.store`` (``decode_file``, ``candidates``,
+``load``, ``factory_reset``, ``canonical``), ``device.cfg.writer`` (``save``,
+``is_saved``, ``flash_writes``, ``encode_file``) and ``device.cfg.files`` (the file
+primitives, every file opened through ``files.open_file``, and the learned record).
 
 Errors carry the path twice: ``str(e)`` reads ``channels[2].crit_mc: must be > warn_mc
 (110000), got 100000`` for a human; ``e.path`` is the dotted key ``channels.2.crit_mc``
@@ -171,22 +170,22 @@ Status of ``load`` (the first candidate, for callers that need no fallback):
 
 Schema versions and migration: ``SCHEMA_VERSION`` is 1, the only version so far, so
 ``_MIGRATIONS`` is empty. When the schema changes, bump ``SCHEMA_VERSION``
-(device.cfgschema) and add ``_MIGRATIONS[n] = fn`` (device.cfgstore) where
+(device.cfg.schema) and add ``_MIGRATIONS[n] = fn`` (device.cfg.store) where
 ``fn(cfg)`` turns a version-n config into version n+1 (including its ``"version"``
 field); decoding chains them and validates the result. A stored version without a
 migration path is corrupt.
 """
 
-from device import cfgedit, cfgsave, cfgschema, cfgstore, learned
+from device.cfg import edit, files, schema, store, writer
 
-_PARTS = (cfgschema, cfgedit, cfgstore, cfgsave, learned)
+_PARTS = (schema, edit, store, writer, files)
 
 
 def __getattr__(name):
     """A name of the API, from the part that holds it; ``DEFAULTS`` (for host tools and
     tests) is the factory config, a fresh copy from ``defaults()`` on every access."""
     if name == "DEFAULTS":
-        return cfgschema.defaults()
+        return schema.defaults()
     for part in _PARTS:
         try:
             return getattr(part, name)

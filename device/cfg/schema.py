@@ -1,11 +1,12 @@
 """The config's schema, factory defaults and validation (``device.config``'s first part).
 
 Imported by every configuring command that checks a config (``validate``); the rest of
-``device.config`` lives in ``device.cfgedit`` (merge, flatten, sections),
-``device.cfgstore`` (decoding and boot), ``device.cfgsave`` (saving), ``device.learned``
-and ``device.fsio``: each module a command imports is one small module dict (the
-fragmentation stress, bench/bench_arm_stress.py, found device.config's 776 B one the
-first block to fail). What they guarantee: device/config.py's docstring.
+``device.config`` lives in ``device.cfg.edit`` (merge, flatten, sections),
+``device.cfg.store`` (decoding and boot), ``device.cfg.writer`` (saving) and
+``device.cfg.files`` (file primitives, the learned record): each module a command imports
+is one small module dict (the fragmentation stress, bench/bench_arm_stress.py, found
+device.config's 776 B one the first block to fail). What they guarantee:
+device/config.py's docstring.
 """
 
 from device import floors

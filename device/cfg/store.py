@@ -1,12 +1,12 @@
 """Stored configs: decoding a file and choosing what to boot (``device.config``'s
 third part: ``decode_file``, ``candidates``, ``load``, ``factory_reset``; saving is
-``device.cfgsave``). The file format, the save's steps and what boot makes of an
+``device.cfg.writer``). The file format, the save's steps and what boot makes of an
 interrupted one: device/config.py's docstring."""
 
 import os
 
-from device import fsio
-from device.cfgschema import SCHEMA_VERSION, ConfigError, _deeper_than, _show, defaults, validate
+from device.cfg import files
+from device.cfg.schema import SCHEMA_VERSION, ConfigError, _deeper_than, _show, defaults, validate
 from protocol.crc import crc16
 
 try:
@@ -22,8 +22,8 @@ PREV_NAME = "config.prev.json"  # the config before the last save (last good)
 TMP_SUFFIX = ".tmp"
 BAD_SUFFIX = ".bad"
 MAX_FILE_BYTES = 16384  # the factory file is ~1.8 KB; never read a huge one into RAM
-_MAX_DEPTH = const(6)  # device.cfgschema's (module-private constants are not importable)
-_HEAD = const(b'{"config":')  # device.cfgsave's
+_MAX_DEPTH = const(6)  # device.cfg.schema's (module-private constants are not importable)
+_HEAD = const(b'{"config":')  # device.cfg.writer's
 _CRC_KEY = const(b',"crc":')
 
 
@@ -181,7 +181,7 @@ def candidates(dirpath, fs=os):
     interrupted save is resolved first (module docstring). Never raises for a bad
     file.
     """
-    final = fsio.path(dirpath, FILE_NAME)
+    final = files.path(dirpath, FILE_NAME)
     note = _finish_save(fs, final, final + TMP_SUFFIX)
     problems = []
     cands = []
@@ -190,7 +190,7 @@ def candidates(dirpath, fs=os):
         ("current", FILE_NAME, "loaded " + FILE_NAME),
         ("prev", PREV_NAME, PREV_NAME + ", the config before the last save"),
     ):
-        got = _candidate(fs, fsio.path(dirpath, name), name, problems)
+        got = _candidate(fs, files.path(dirpath, name), name, problems)
         if got is None:
             continue
         cfg, detail, w = got
@@ -207,7 +207,7 @@ def candidates(dirpath, fs=os):
 def _candidate(fs, path, name, problems):
     """None if ``path`` is missing, else ``(cfg or None, detail, writes)``."""
     try:
-        data = fsio.read(fs, path, MAX_FILE_BYTES)
+        data = files.read(fs, path, MAX_FILE_BYTES)
     except OSError as e:
         problems.append(_set_aside(fs, path, name, "cannot read it: %s" % e))
         return None
@@ -226,19 +226,19 @@ def _candidate(fs, path, name, problems):
 
 def _finish_save(fs, final, tmp):
     """Resolve a ``.tmp`` left by an interrupted save; returns a note or ""."""
-    if not fsio.exists(fs, tmp):
+    if not files.exists(fs, tmp):
         return ""
-    if fsio.exists(fs, final):
-        fsio.remove_quiet(fs, tmp)  # cut before the renames: the old file stands
+    if files.exists(fs, final):
+        files.remove_quiet(fs, tmp)  # cut before the renames: the old file stands
         return ""
     try:
-        data = fsio.read(fs, tmp, MAX_FILE_BYTES)
+        data = files.read(fs, tmp, MAX_FILE_BYTES)
         if data is None:
             return ""
         decode_file(data)
         fs.rename(tmp, final)  # cut between the renames: complete the save
     except (ConfigError, OSError):
-        fsio.remove_quiet(fs, tmp)
+        files.remove_quiet(fs, tmp)
         return "removed an unfinished %s%s" % (FILE_NAME, TMP_SUFFIX)
     return "recovered from an interrupted save"
 
@@ -246,7 +246,7 @@ def _finish_save(fs, final, tmp):
 def _set_aside(fs, path, name, why):
     """Rename a corrupt file to ``.bad`` (once: the next boot finds it missing)."""
     try:
-        fsio.rename_over(fs, path, path + BAD_SUFFIX)
+        files.rename_over(fs, path, path + BAD_SUFFIX)
         kept = "kept as %s%s" % (name, BAD_SUFFIX)
     except OSError:
         kept = "could not rename it to %s%s" % (name, BAD_SUFFIX)
@@ -287,9 +287,9 @@ def factory_reset(dirpath, fs=os):
     (``.tmp``, ``config.prev.json``, ``config.json``) means a power cut leaves the
     current config in place: the reset, never acknowledged, did not happen.
     """
-    final = fsio.path(dirpath, FILE_NAME)
-    fsio.remove_quiet(fs, final + TMP_SUFFIX)
-    for path in (fsio.path(dirpath, PREV_NAME), final):
-        if fsio.exists(fs, path):
+    final = files.path(dirpath, FILE_NAME)
+    files.remove_quiet(fs, final + TMP_SUFFIX)
+    for path in (files.path(dirpath, PREV_NAME), final):
+        if files.exists(fs, path):
             fs.remove(path)  # an OSError here means flash trouble: let the caller nack
     return defaults()

@@ -4,9 +4,9 @@ The file format and the save's steps: device/config.py's docstring."""
 
 import os
 
-from device import fsio
-from device.cfgschema import SCHEMA_VERSION, validate
-from device.cfgstore import (
+from device.cfg import files
+from device.cfg.schema import SCHEMA_VERSION, validate
+from device.cfg.store import (
     FILE_NAME,
     MAX_FILE_BYTES,
     PREV_NAME,
@@ -102,7 +102,7 @@ def _holds(fs, path, cfg):
     if size > MAX_FILE_BYTES:
         return False  # ``_read`` refuses it: not a stored config
     try:
-        with fsio.open_file(path, "rb") as f:
+        with files.open_file(path, "rb") as f:
             if f.read(len(_HEAD)) != _HEAD:
                 return False
             crc = _CRC_INIT
@@ -138,8 +138,8 @@ def save(cfg, dirpath, fs=os):
     The steps and what a power cut between them leaves: the module docstring.
     """
     validate(cfg)
-    final = fsio.path(dirpath, FILE_NAME)
-    prev = fsio.path(dirpath, PREV_NAME)
+    final = files.path(dirpath, FILE_NAME)
+    prev = files.path(dirpath, PREV_NAME)
     tmp = final + TMP_SUFFIX
     if _holds(fs, final, cfg):
         return False
@@ -150,39 +150,39 @@ def save(cfg, dirpath, fs=os):
     rotate = crc_ok  # a corrupt current is not kept
     writes = max(writes, _scan(fs, prev, buf)[1]) + 1
     buf = None
-    fsio.write_tmp(fs, tmp, _write_file, cfg, writes)
-    fsio.sync(fs)  # the .tmp is complete on flash before any rename
+    files.write_tmp(fs, tmp, _write_file, cfg, writes)
+    files.sync(fs)  # the .tmp is complete on flash before any rename
     if rotate:
         try:
-            fsio.rename_over(fs, final, prev)
+            files.rename_over(fs, final, prev)
         except OSError:
-            fsio.remove_quiet(fs, tmp)
+            files.remove_quiet(fs, tmp)
             raise
     try:
-        fsio.rename_over(fs, tmp, final)
+        files.rename_over(fs, tmp, final)
     except OSError:
         if rotate:
             try:
                 fs.rename(prev, final)  # put the current one back
             except OSError:
                 pass
-        fsio.remove_quiet(fs, tmp)
+        files.remove_quiet(fs, tmp)
         raise
-    fsio.sync(fs)
+    files.sync(fs)
     return True
 
 
 def is_saved(cfg, dirpath, fs=os):
     """True if ``config.json`` stores exactly ``cfg``: what ``save`` would skip (the
     app asks before it spends a flash-write token; it keeps no copy to compare)."""
-    return _holds(fs, fsio.path(dirpath, FILE_NAME), cfg)
+    return _holds(fs, files.path(dirpath, FILE_NAME), cfg)
 
 
 def flash_writes(dirpath, fs=os):
     """Lifetime number of saves: the ``writes`` count of the stored files (0 if none)."""
-    final = fsio.path(dirpath, FILE_NAME)
+    final = files.path(dirpath, FILE_NAME)
     buf = bytearray(_SCAN)
-    return max(_scan(fs, final, buf)[1], _scan(fs, fsio.path(dirpath, PREV_NAME), buf)[1])
+    return max(_scan(fs, final, buf)[1], _scan(fs, files.path(dirpath, PREV_NAME), buf)[1])
 
 
 def _scan(fs, path, buf):
@@ -195,7 +195,7 @@ def _scan(fs, path, buf):
         size = fs.stat(path)[6]
         if size > MAX_FILE_BYTES or size < len(_HEAD) + len(_CRC_KEY):
             return False, 0
-        with fsio.open_file(path, "rb") as f:
+        with files.open_file(path, "rb") as f:
             n = len(buf)
             tail = size - n if size > n else 0
             f.seek(tail)
@@ -231,7 +231,7 @@ def _scan_whole(fs, path):
     """``_scan`` of a file in another layout (edited by hand; ``save`` rewrites it
     canonically once): read and checked whole, as ``load`` does."""
     try:
-        data = fsio.read(fs, path, MAX_FILE_BYTES)
+        data = files.read(fs, path, MAX_FILE_BYTES)
         if data is None:
             return False, 0
         data, doc = _parse(data)

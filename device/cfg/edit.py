@@ -3,7 +3,7 @@
 ``get_section`` and ``pages`` for ``config_get``. What they guarantee:
 device/config.py's docstring."""
 
-from device.cfgschema import SCHEMA, ConfigError, _err, _show, validate
+from device.cfg.schema import SCHEMA, ConfigError, _err, _show, validate
 
 try:
     from micropython import const
@@ -14,7 +14,7 @@ except ImportError:  # CPython
 
 
 MAX_ENTRIES = 64  # text keys in one config / config_set message (catalog)
-_MAX_DEPTH = const(6)  # device.cfgschema's (module-private constants are not importable)
+_MAX_DEPTH = const(6)  # device.cfg.schema's (module-private constants are not importable)
 
 
 def _copy(v, parts=None, depth=1):
