@@ -73,11 +73,19 @@ def boot_config(app):
     """
     from device.cfg.store import candidates
 
-    cands, writes, problems = candidates(app.hal.fs_dir)
+    cands, writes, problems = candidates(app.hal.fs_dir, factory=False)
+    candidates = None
+    # what decoding needed is not needed to build: forgotten, its RAM is free for that
+    A._unload("device.cfg.store")
+    A._unload("device.cfg.files")
+    A._unload("protocol.jsonparse")
     app.flash_writes = writes
     why = ""
     for source, cfg, detail in cands:
         if source == "factory":
+            from device.cfg.schema import defaults
+
+            cfg = defaults()  # made only when the stored configs did not configure
             built = app._build(cfg)  # must configure: a failure here is a bug or OOM
         else:
             try:

@@ -169,7 +169,7 @@ def _migrate(cfg, version):
     return cfg
 
 
-def candidates(dirpath, fs=os):
+def candidates(dirpath, fs=os, factory=True):
     """The configs to try at boot -> ``(cands, writes, problems)``.
 
     ``cands`` is a list of ``(source, cfg, detail)`` in the order the app tries
@@ -180,6 +180,10 @@ def candidates(dirpath, fs=os):
     was renamed to ``.bad``): the app raises ``config_corrupt`` with it. An
     interrupted save is resolved first (module docstring). Never raises for a bad
     file.
+
+    ``factory=False``: the factory entry's cfg is None, for a caller that
+    makes ``defaults()`` only if it gets that far (the app at boot: one config fewer
+    in RAM while the first one is built).
     """
     final = files.path(dirpath, FILE_NAME)
     note = _finish_save(fs, final, final + TMP_SUFFIX)
@@ -197,7 +201,7 @@ def candidates(dirpath, fs=os):
         writes = w if w > writes else writes
         if cfg is not None:
             cands.append((source, cfg, what + (", " + detail if detail else "")))
-    cands.append(("factory", defaults(), "factory defaults"))
+    cands.append(("factory", defaults() if factory else None, "factory defaults"))
     if note:
         source, cfg, detail = cands[0]
         cands[0] = (source, cfg, detail + " (" + note + ")")
