@@ -222,6 +222,7 @@ class App:
             return  # retried later; the values in RAM still rule
         finally:
             _unload("device.cfg.files")
+            _unload("device.cfg")
         self._saved_slow = slow
         self._saved_off = off
 
