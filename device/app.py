@@ -209,12 +209,12 @@ class App:
         self.pm_fault = False
         return True
 
-    # -- what the module learned from its host (device.config "learned" record) ------
+    # -- what the module learned from its host (device.cfg.files' record) ---------------
     def _load_learned(self):
-        from device import config  # boot only: _release() forgets it
+        from device.cfg.files import load_learned  # boot only: _release() forgets it
 
         sf = self.safety
-        sf.learn_slow_mc, sf.learn_off_mc = config.load_learned(self.hal.fs_dir)
+        sf.learn_slow_mc, sf.learn_off_mc = load_learned(self.hal.fs_dir)
         self._saved_slow = sf.learn_slow_mc
         self._saved_off = sf.learn_off_mc
         self._saved_ms = self.hal.ticks_ms()
@@ -234,13 +234,14 @@ class App:
         slow = sf.learn_slow_mc
         off = sf.learn_off_mc
         try:
-            from device import config
+            from device.cfg.files import save_learned
 
-            config.save_learned(self.hal.fs_dir, slow, off)
+            save_learned(self.hal.fs_dir, slow, off)
         except (OSError, MemoryError):
             return  # retried later; the values in RAM still rule
         finally:
-            _unload("device.config")
+            _unload("device.cfg.files")
+            _unload("device.cfg")
         self._saved_slow = slow
         self._saved_off = off
 
@@ -844,10 +845,25 @@ class CommandError(ValueError):
         self.field = field
 
 
+# device.config's parts (device/config.py: the firmware imports each where needed, in
+# one package: one name in device's dict) and the facade itself (host tools and tests)
+_CONFIG_PARTS = const(
+    (
+        "device.config",
+        "device.cfg.writer",
+        "device.cfg.store",
+        "device.cfg.edit",
+        "device.cfg.schema",
+        "device.cfg.files",
+        "device.cfg",  # the package last: its parts are its attributes
+    )
+)
+
+
 def _commands():
     """device.commands (configuring, the commands), imported for the call.
 
-    The import (device.commands', device.config's: one 776 B module dict) runs right
+    The import (device.commands' and device.config's parts' module dicts) runs right
     after a collect: garbage left since the last one cuts the heap into holes too small
     for those blocks, and the collect gc_alloc makes when one fails comes mid-import,
     too late (bench/bench_arm_stress.py, garbage mode on the F411's pool: long seeds 1
@@ -875,7 +891,8 @@ def _release(json=False):
     if not json:
         _unload("protocol.jsonl")
     _unload("device.commands")
-    _unload("device.config")
+    for name in _CONFIG_PARTS:
+        _unload(name)
     _unload("protocol.jsonparse")
     _unload("protocol._cbor_rx")  # protocol.cbor's decoder: a command's payload
     _unload("device.calib")  # tables are built when configuring only

@@ -1,11 +1,12 @@
 """What a config turns into, and the commands: imported on demand, released after.
 
-``device.app`` imports this module (and with it ``device.config``, the schema, the
-validation, merge and storage) when it configures: at boot and for a command other
-than a heartbeat, ``hello_request``, ``selftest``, ``reboot`` or ``repl``; when that is
-done it forgets both (``device.app._release``), so their functions, classes and tables are
-RAM only while a config is built or a command runs; their bytecode stays in flash
-(frozen) and the next command imports them again. The control tick never needs them.
+``device.app`` imports this module (and, where a command needs them, device.config's
+parts in ``device.cfg``: the schema and validation, merge, storage) when it
+configures: at boot and for a command other than a heartbeat, ``hello_request``,
+``selftest``, ``reboot`` or ``repl``; when that is done it forgets them
+(``device.app._release``), so their functions, classes and tables are RAM only while
+a config is built or a command runs; their bytecode stays in flash (frozen) and the
+next command imports them again. The control tick never needs them.
 
 Every function takes the App. ``build`` checks a config by building every object it
 configures on stand-in hardware, ``boot_config`` boots from the first stored config
@@ -13,32 +14,11 @@ that configures, ``apply_changes`` is the ``config_set`` transaction; ``run``
 dispatches a command.
 """
 
-import os
-
-from device import config
-from device import floors as F
-from device.app import (
-    MODE_AUTO,
-    MODE_CURVE,
-    MODE_MANUAL,
-    REPL_FLAG,
-    SAVE_BURST,
-    SAVE_MS,
-    SECRET_FILE,
-    CommandError,
-    _ina226,
-)
-from device.control.curve import FanCurve
-from device.control.pid import PID
+from device import app as A
 from device.drivers.fan import Fan
 from device.drivers.ntc import NTC
-from device.failsafe import Supervisor
-from device.plausibility import NtcWatch
-from device.safety import Safety
 from protocol import catalog as C
-from protocol import cbor, sign
-from protocol.frame import CRC_LEN, HEADER_LEN, MAX_FRAME
-from protocol.message import FMT_JSON
+from protocol import cbor, frame, sign
 
 try:
     from micropython import const
@@ -52,8 +32,10 @@ _N_CH = const(4)  # as device.app's (module-private constants are not importable
 _N_FAN = const(2)
 
 
-class _ShadowPWM:
-    """Stands in for ``machine.PWM`` while a candidate config is configured."""
+class _Shadow:
+    """Stands in for ``machine.PWM``, a tach ``Pin`` and the I2C bus while a candidate
+    config is configured: an INA226 that is always there, so that configuring against
+    it checks the driver's arithmetic and arguments without touching the bus."""
 
     def freq(self, hz=None):
         return 25000
@@ -61,18 +43,11 @@ class _ShadowPWM:
     def duty_u16(self, d=None):
         return 0
 
-
-class _ShadowPin:
     def irq(self, handler=None, trigger=0, hard=False):
         return None
 
     def value(self, v=None):
         return 0
-
-
-class _ShadowI2C:
-    """An INA226 that is always there: configuring against it checks the driver's
-    arithmetic and arguments without touching the bus."""
 
     def readfrom_mem_into(self, addr, reg, buf):
         v = 0x5449 if reg == 0xFE else (0x2260 if reg == 0xFF else 0)
@@ -96,11 +71,21 @@ def boot_config(app):
     factory defaults) through the same ``_build`` that ``config_set`` uses, so
     whatever is in flash the module boots into a state that speaks the protocol.
     """
-    cands, writes, problems = config.candidates(app.hal.fs_dir)
+    from device.cfg.store import candidates
+
+    cands, writes, problems = candidates(app.hal.fs_dir, factory=False)
+    candidates = None
+    # what decoding needed is not needed to build: forgotten, its RAM is free for that
+    A._unload("device.cfg.store")
+    A._unload("device.cfg.files")
+    A._unload("protocol.jsonparse")
     app.flash_writes = writes
     why = ""
     for source, cfg, detail in cands:
         if source == "factory":
+            from device.cfg.schema import defaults
+
+            cfg = defaults()  # made only when the stored configs did not configure
             built = app._build(cfg)  # must configure: a failure here is a bug or OOM
         else:
             try:
@@ -141,7 +126,13 @@ def build(app, cfg):
 
     Raises (ConfigError, ValueError, ...) without changing anything when some
     part refuses it: validated and configurable are the same predicate."""
-    config.validate(cfg)
+    from device.cfg.schema import validate
+    from device.floors import fan_model
+    from device.control.curve import FanCurve
+    from device.control.pid import PID
+    from device.failsafe import Supervisor
+
+    validate(cfg)
     hal = app.hal
     b = _Built()
     ctl = cfg["control"]
@@ -175,10 +166,10 @@ def build(app, cfg):
             ctl_mask |= 1 << i
     b.controlled = ctl_mask
     fans = cfg["fans"]
-    b.fan_model = F.fan_model(getattr(hal, "fan_model", None))
+    b.fan_model = fan_model(getattr(hal, "fan_model", None))
     for i in range(_N_FAN):  # the fan driver's own checks, on stand-ins
-        Fan.from_config(_ShadowPWM(), _ShadowPin(), hal.IRQ_FALLING, fans[i], model=b.fan_model)
-    _ina226(_ShadowI2C(), cfg["ina226"])
+        Fan.from_config(_Shadow(), _Shadow(), hal.IRQ_FALLING, fans[i], model=b.fan_model)
+    A._ina226(_Shadow(), cfg["ina226"])
     p = cfg["pid"]
     b.pid = PID(
         p["kp"],
@@ -198,7 +189,11 @@ def build(app, cfg):
     cv = cfg["curve"]
     b.curve = FanCurve(cv["points"], cv["hysteresis_mc"])
     mode = ctl["mode"]
-    b.mode = MODE_CURVE if mode == "curve" else (MODE_MANUAL if mode == "manual" else MODE_AUTO)
+    b.mode = A.MODE_AUTO
+    if mode == "curve":
+        b.mode = A.MODE_CURVE
+    elif mode == "manual":
+        b.mode = A.MODE_MANUAL
     b.sup = Supervisor(cfg, app.events)
     b.json = ctl["telemetry_format"] == "json"
     return b
@@ -206,6 +201,9 @@ def build(app, cfg):
 
 def commit(app, b, cfg):
     """Apply a built config; nothing here can refuse it any more."""
+    from device.plausibility import NtcWatch
+    from device.safety import Safety
+
     hal = app.hal
     app.period_ms = b.period_ms
     app.telemetry_ms = b.telemetry_ms
@@ -241,7 +239,9 @@ def commit(app, b, cfg):
     app.hosted = False
     app.curve = b.curve
     if b.mode != app.mode:
-        _set_mode(app, b.mode, app.hal.ticks_ms())
+        if b.mode == A.MODE_MANUAL:  # entering manual mode starts its lease
+            app.manual_ms = app.hal.ticks_ms()
+        app.mode = b.mode
     if app.sup is not None:
         old = app.sup
         new = b.sup
@@ -253,13 +253,7 @@ def commit(app, b, cfg):
         new.host_seen = old.host_seen
     app.sup = b.sup
     app.min_manual = app.safety.f_manual
-    app.fmt = FMT_JSON if b.json else app.fmt
-
-
-def _set_mode(app, mode, now):
-    if mode == MODE_MANUAL and app.mode != MODE_MANUAL:
-        app.manual_ms = now
-    app.mode = mode
+    app.fmt = A.FMT_JSON if b.json else app.fmt
 
 
 def load_secret(app):
@@ -273,7 +267,7 @@ def load_secret(app):
 
 
 def secret_path(app):
-    return app.hal.fs_dir.rstrip("/") + "/" + SECRET_FILE
+    return app.hal.fs_dir.rstrip("/") + "/" + A.SECRET_FILE
 
 
 def to_repl(app):
@@ -288,7 +282,7 @@ def to_repl(app):
     app.running = False
     if app.wdt is not None:
         try:
-            f = open(app.hal.fs_dir.rstrip("/") + "/" + REPL_FLAG, "w")
+            f = open(app.hal.fs_dir.rstrip("/") + "/" + A.REPL_FLAG, "w")
             f.write("1")
             f.close()
         except OSError:
@@ -297,6 +291,8 @@ def to_repl(app):
 
 
 def cmd_pair(app, msg):
+    import os
+
     key = bytes(msg.fields["key"])
     path = secret_path(app)
     tmp = path + ".tmp"
@@ -316,19 +312,21 @@ def cmd_pair(app, msg):
 
 def cmd_config_save(app, msg):
     """Write the running config, only if it differs from what flash holds, and at
-    most ``SAVE_BURST`` writes at once then one per ``SAVE_MS``."""
-    if config.is_saved(app.cfg, app.hal.fs_dir):
+    most ``A.SAVE_BURST`` writes at once then one per ``A.SAVE_MS``."""
+    from device.cfg import writer
+
+    if writer.is_saved(app.cfg, app.hal.fs_dir):
         app.ack(msg)  # nothing changed: no flash write, no token (no RAM copy kept)
         return
-    tokens, app._save_ms = app._tokens(app._save_tokens, app._save_ms, SAVE_BURST, SAVE_MS)
+    tokens, app._save_ms = app._tokens(app._save_tokens, app._save_ms, A.SAVE_BURST, A.SAVE_MS)
     if tokens <= 0:
         app._save_tokens = 0
-        raise CommandError(
-            "config_save rate-limited: one flash write per %d s" % (SAVE_MS // 1000),
+        raise A.CommandError(
+            "config_save rate-limited: one flash write per %d s" % (A.SAVE_MS // 1000),
             C.ERR_RATE_LIMITED,
         )
     app._save_tokens = tokens - 1
-    if config.save(app.cfg, app.hal.fs_dir):
+    if writer.save(app.cfg, app.hal.fs_dir):
         app.flash_writes += 1
         app.events.push(
             C.REASON_CONFIG_SAVED, C.SEV_INFO, True, -1, 0, app.sup.state, app.sup.state
@@ -340,13 +338,16 @@ def apply_changes(app, changes):
     """A config change is a transaction: merge and validate a candidate, build
     every object it configures on stand-in hardware, and only then apply it. A
     refused change leaves no trace."""
+    from device.cfg.edit import merge
+    from device.cfg.schema import ConfigError
+
     try:
-        cfg = config.merge(app.cfg, changes)
+        cfg = merge(app.cfg, changes)
         built = app._build(cfg)
-    except config.ConfigError as e:
-        raise CommandError(str(e), C.ERR_OUT_OF_RANGE, getattr(e, "path", None)) from None
+    except ConfigError as e:
+        raise A.CommandError(str(e), C.ERR_OUT_OF_RANGE, getattr(e, "path", None)) from None
     except (ValueError, TypeError, KeyError, IndexError) as e:
-        raise CommandError("does not configure: %s" % (e,), C.ERR_OUT_OF_RANGE, None) from None
+        raise A.CommandError("does not configure: %s" % (e,), C.ERR_OUT_OF_RANGE, None) from None
     commit(app, built, cfg)
     app.cfg = cfg
 
@@ -363,9 +364,9 @@ def cmd_autotune(app, msg):
         app.ack(msg)
         return
     if tune.running or app.selftest is not None:
-        raise CommandError("an autotune or app-test is already running", C.ERR_BUSY)
-    if app.sup.state != C.STATE_HOSTED or app.mode != MODE_AUTO:
-        raise CommandError(
+        raise A.CommandError("an autotune or app-test is already running", C.ERR_BUSY)
+    if app.sup.state != C.STATE_HOSTED or app.mode != A.MODE_AUTO:
+        raise A.CommandError(
             "autotune needs HOSTED in auto mode, not %s" % C.STATES[app.sup.state],
             C.ERR_BAD_STATE,
         )
@@ -393,7 +394,7 @@ def cmd_fan_mode(app, msg):
         d2 = f.get("duty2", d1)
         for name, d in (("duty1", d1), ("duty2", d2)):
             if d < app.min_manual:
-                raise CommandError(
+                raise A.CommandError(
                     "%s below the safety minimum %d" % (name, app.min_manual),
                     C.ERR_OUT_OF_RANGE,
                     name,
@@ -401,15 +402,15 @@ def cmd_fan_mode(app, msg):
         app.manual_duty[0] = d1
         app.manual_duty[1] = d2
         app.manual_ms = app.hal.ticks_ms()  # each manual command renews the lease
-        app.mode = MODE_MANUAL
+        app.mode = A.MODE_MANUAL
     elif mode == 0:
-        if app.mode == MODE_MANUAL:
+        if app.mode == A.MODE_MANUAL:
             app.pid.track(app.fans[0].duty, app.worst_out[1])  # bumpless
-        app.mode = MODE_AUTO
+        app.mode = A.MODE_AUTO
     elif mode == 2:
-        app.mode = MODE_CURVE
+        app.mode = A.MODE_CURVE
     else:
-        raise CommandError("unknown fan mode %d" % mode, C.ERR_OUT_OF_RANGE, "mode")
+        raise A.CommandError("unknown fan mode %d" % mode, C.ERR_OUT_OF_RANGE, "mode")
     app.ack(msg)
 
 
@@ -420,7 +421,7 @@ def cmd_setpoints(app, msg):
         if name in msg.fields:
             changes["channels.%d.setpoint_mc" % i] = msg.fields[name]
     if not changes:
-        raise CommandError("no setpoint given", C.ERR_MISSING_FIELD)
+        raise A.CommandError("no setpoint given", C.ERR_MISSING_FIELD)
     apply_changes(app, changes)
     app.ack(msg)
 
@@ -431,7 +432,7 @@ def cmd_pid(app, msg):
         if name in msg.fields:
             changes["pid." + name] = msg.fields[name]
     if not changes:
-        raise CommandError("no gain given", C.ERR_MISSING_FIELD)
+        raise A.CommandError("no gain given", C.ERR_MISSING_FIELD)
     apply_changes(app, changes)
     app.ack(msg)
 
@@ -447,36 +448,38 @@ def cmd_curve(app, msg):
 def cmd_config_get(app, msg):
     """One ``config`` message for the section asked, or one per page for all; a page
     is built, sent and dropped before the next (at most one page in RAM)."""
+    from device.cfg import edit
+
     section = msg.fields.get("section")
-    names = [section] if section else config.pages(app.cfg)
+    names = [section] if section else edit.pages(app.cfg)
     for name in names:
         try:
-            values = config.get_section(app.cfg, name)
-        except config.ConfigError as e:
-            raise CommandError(str(e), C.ERR_OUT_OF_RANGE, "section") from None
+            values = edit.get_section(app.cfg, name)
+        except edit.ConfigError as e:
+            raise A.CommandError(str(e), C.ERR_OUT_OF_RANGE, "section") from None
         _send_config(app, msg.seq, values)
         values = None  # the next page's map is built without this one
 
 
 def _send_config(app, ref, values):
-    """Send a page as ``config`` messages: one frame when it fits ``MAX_FRAME``, else
+    """Send a page as ``config`` messages: one frame when it fits ``frame.MAX_FRAME``, else
     its keys (sorted) split in halves until each half fits, as the frame encoder's
     ``OversizeError`` would split them; the length is the sum of the entries' (each
     encoded alone), not a page encoded whole (a JSON line has no limit: one line)."""
     version = app.cfg["version"]
-    if app.fmt == FMT_JSON:
+    if app.fmt == A.FMT_JSON:
         app.send("config", {"ref": ref, "values": values, "version": version})
         return
     keys = sorted(values)
     lens = [len(cbor.dumps(k)) + len(cbor.dumps(values[k])) for k in keys]
     # a frame: header, the CBOR map {0: ref, 1: values, 2: version}, CRC
-    fixed = HEADER_LEN + CRC_LEN + 4 + cbor.int_len(ref) + cbor.int_len(version)
+    fixed = frame.HEADER_LEN + frame.CRC_LEN + 4 + cbor.int_len(ref) + cbor.int_len(version)
     _send_range(app, ref, version, values, keys, lens, fixed, 0, len(keys))
 
 
 def _send_range(app, ref, version, values, keys, lens, fixed, lo, hi):
     n = hi - lo
-    if n >= 2 and fixed + cbor.head_len(n) + sum(lens[lo:hi]) > MAX_FRAME:
+    if n >= 2 and fixed + cbor.head_len(n) + sum(lens[lo:hi]) > frame.MAX_FRAME:
         half = lo + n // 2
         _send_range(app, ref, version, values, keys, lens, fixed, lo, half)
         _send_range(app, ref, version, values, keys, lens, fixed, half, hi)
@@ -493,26 +496,19 @@ def _recycle(app, old):
     used = [n._lut for n in app.ntcs]
     used.append(app.safety.nominal_table[0])
     spare = app.lut_spare
-    if spare is not None and not _holds(used, spare):
+    if spare is not None and not any(t is spare for t in used):
         return
     app.lut_spare = None
     for n in old:
-        if not _holds(used, n._lut):
+        if not any(t is n._lut for t in used):
             app.lut_spare = n._lut
             return
-
-
-def _holds(seq, x):
-    for y in seq:
-        if y is x:
-            return True
-    return False
 
 
 def cmd_cal_read(app, msg):
     ch = msg.fields["channel"]
     if ch >= _N_CH:
-        raise CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
+        raise A.CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
     n = msg.fields.get("samples", 64)
     mean_x16, lo, hi = app.ntcs[ch].sample_raw(n)
     fields = {
@@ -533,7 +529,7 @@ def cmd_cal_write(app, msg):
     f = msg.fields
     ch = f["channel"]
     if ch >= _N_CH:
-        raise CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
+        raise A.CommandError("channel must be 0..%d" % (_N_CH - 1), C.ERR_OUT_OF_RANGE, "channel")
     model = f["model"]
     coeffs = f["coeffs"]
     key = "channels.%d." % ch
@@ -543,7 +539,7 @@ def cmd_cal_write(app, msg):
         changes[key + "sh"] = coeffs
     elif model == 1:  # beta: [beta, r0_ohm, t0_mc]
         if len(coeffs) != 3:
-            raise CommandError("beta needs [beta, r0_ohm, t0_mc]", C.ERR_OUT_OF_RANGE, "coeffs")
+            raise A.CommandError("beta needs [beta, r0_ohm, t0_mc]", C.ERR_OUT_OF_RANGE, "coeffs")
         changes[key + "model"] = "beta"
         changes[key + "beta"] = coeffs[0]
         changes[key + "r0"] = coeffs[1]
@@ -563,9 +559,12 @@ def cmd_config_set(app, msg):
 
 
 def cmd_config_reset(app, msg):
-    cfg = config.defaults()
+    from device.cfg.schema import defaults
+    from device.cfg.store import factory_reset
+
+    cfg = defaults()
     commit(app, app._build(cfg), cfg)
-    config.factory_reset(app.hal.fs_dir)
+    factory_reset(app.hal.fs_dir)
     app.cfg = cfg
     app.ack(msg)
 
@@ -591,5 +590,5 @@ def run(app, msg):
     """Answer command ``msg`` (authenticated by the caller)."""
     handler = _HANDLERS.get(msg.type)
     if handler is None:
-        raise CommandError("not supported by this firmware", C.ERR_UNSUPPORTED)
+        raise A.CommandError("not supported by this firmware", C.ERR_UNSUPPORTED)
     handler(app, msg)

@@ -14,7 +14,7 @@ Plain Python that imports only ``os``: MicroPython's manifest reader runs it.
 import os
 
 #: Directories (posix, relative to the root) whose every ``.py`` is firmware.
-PACKAGES = ("device", "device/control", "device/drivers", "protocol")
+PACKAGES = ("device", "device/cfg", "device/control", "device/drivers", "protocol")
 #: Files of boards/ every board runs, besides its own module.
 BOARD_SUPPORT = (
     "boards/__init__.py",

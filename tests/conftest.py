@@ -438,6 +438,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 _ON_DEMAND = (  # device.app._release and the self-test command
     "device.commands",
     "device.config",
+    "device.cfg.schema",  # device.config's parts (device.app._CONFIG_PARTS)
+    "device.cfg.edit",
+    "device.cfg.store",
+    "device.cfg.writer",
+    "device.cfg.files",
+    "device.cfg",
     "protocol.jsonparse",
     "device.calib",
     "device.nonce",

@@ -10,6 +10,7 @@ from mpcompat import IS_MICROPYTHON, exists, raises, read_bytes, tmpdir, write_b
 
 from device import commands, config
 from device.app import App
+from device.cfg import writer
 from device.control import pid as pid_mod
 from protocol import catalog as C
 from protocol import frame, jsonparse
@@ -311,18 +312,18 @@ def test_a_memory_error_while_saving_keeps_the_stored_config():
     d = tmpdir()
     config.save(cfg, d)
     before = read_bytes(d + "/config.json")
-    real = config._write_file
+    real = writer._write_file
 
     def oom(f, c, w):
         f.write(b'{"config":{')
         raise MemoryError("injected")
 
-    config._write_file = oom
+    writer._write_file = oom
     try:
         with raises(MemoryError):
             config.save(config.merge(cfg, {"pid.kp": 1234}), d)
     finally:
-        config._write_file = real
+        writer._write_file = real
     assert not exists(d + "/config.json.tmp")  # removed on the way out
     cands, writes, problems = config.candidates(d)
     assert cands[0][0] == "current" and cands[0][1] == cfg and problems == []

@@ -12,6 +12,7 @@ import os
 from mpcompat import IS_MICROPYTHON, exists, raises, read_bytes, tmpdir, write_bytes
 
 from device import config
+from device.cfg import files as fsfiles
 from device.config import ConfigError
 from protocol.crc import crc16
 
@@ -80,25 +81,25 @@ class CountingFs:
 
 
 class OpenLog:
-    """Wraps ``config._open`` (every file the module opens) and logs the modes."""
+    """Wraps ``fsfiles.open_file`` (every file the config code opens) and logs the modes."""
 
     def __init__(self):
         self.log = []
         self.real = None
 
     def __enter__(self):
-        self.real = config._open
+        self.real = fsfiles.open_file
         real = self.real
 
         def logged(path, mode):
             self.log.append((path, mode))
             return real(path, mode)
 
-        config._open = logged
+        fsfiles.open_file = logged
         return self
 
     def __exit__(self, *exc):
-        config._open = self.real
+        fsfiles.open_file = self.real
         return False
 
     def writes(self):
@@ -478,7 +479,7 @@ class CutFile:
 
 
 def save_with_cut(cfg, d, fs):
-    real = config._open
+    real = fsfiles.open_file
 
     def cut_open(path, mode):
         if "w" in mode:
@@ -486,14 +487,14 @@ def save_with_cut(cfg, d, fs):
             return CutFile(real(path, mode), fs)
         return real(path, mode)
 
-    config._open = cut_open
+    fsfiles.open_file = cut_open
     try:
         config.save(cfg, d, fs=fs)
         return True
     except PowerLost:
         return False
     finally:
-        config._open = real
+        fsfiles.open_file = real
 
 
 def _setups():
