@@ -101,6 +101,20 @@ _TM_INTERNAL_ERRORS = const(18)
 
 BANNER = "MODULER READY v" + FW_VERSION
 
+# App._rt: the App's rarely touched ints in one array (an instance dict of 84 names
+# was a 97-slot table, one 776 B block at every boot; 73 names fit 73 slots, 584 B).
+# The token buckets (tokens, then their clock): nacks, config_save flash writes.
+_RT_NACK = const(0)  # [0] tokens, [1] since
+_RT_SAVE = const(2)  # [2] tokens, [3] since
+_RT_UNAUTH_MS = const(4)  # the last ``unauthorized`` event
+_RT_SAVED_SLOW = const(5)  # the learned record as last written (device.cfg.files)
+_RT_SAVED_OFF = const(6)
+_RT_SAVED_MS = const(7)
+_RT_INA_TRIED_MS = const(8)  # the last INA226 (re)connection attempt
+RT_CRIT0 = const(9)  # the GPU channel's configured critical (device.commands.commit)
+RT_UV_MV = const(10)  # the input's under-voltage threshold (ina226.uv_mv)
+_RT_N = const(11)
+
 
 class App:
     def __init__(self, hal):
@@ -163,11 +177,12 @@ class App:
         self.watch = None  # sensor plausibility (device.plausibility), set by _commit
         self.controlled = 0
         now = hal.ticks_ms()
-        self._nack_tokens = _NACK_BURST
-        self._nack_ms = now
-        self._save_tokens = SAVE_BURST
-        self._save_ms = now
-        self._unauth_ms = now - _UNAUTH_EVENT_MS
+        rt = self._rt = array("i", [0] * _RT_N)
+        rt[_RT_NACK] = _NACK_BURST
+        rt[_RT_NACK + 1] = now
+        rt[_RT_SAVE] = SAVE_BURST
+        rt[_RT_SAVE + 1] = now
+        rt[_RT_UNAUTH_MS] = now - _UNAUTH_EVENT_MS
         self.config_source = "factory"
         self.lut_spare = None  # a free NTC table (device.commands._recycle)
         _commands().boot_config(self)
@@ -198,7 +213,7 @@ class App:
     def open_ina(self):
         """(Re)connect the INA226; a missing or wrong chip is a power-monitor fault,
         retried every ``_INA_RETRY_MS`` from the tick (a loose cable at boot heals)."""
-        self.ina_tried_ms = self.hal.ticks_ms()
+        self._rt[_RT_INA_TRIED_MS] = self.hal.ticks_ms()
         try:
             dev = _ina226(self.hal.i2c, self.ina_cfg)
         except OSError:
@@ -215,22 +230,24 @@ class App:
 
         sf = self.safety
         sf.learn_slow_mc, sf.learn_off_mc = load_learned(self.hal.fs_dir)
-        self._saved_slow = sf.learn_slow_mc
-        self._saved_off = sf.learn_off_mc
-        self._saved_ms = self.hal.ticks_ms()
+        rt = self._rt
+        rt[_RT_SAVED_SLOW] = sf.learn_slow_mc
+        rt[_RT_SAVED_OFF] = sf.learn_off_mc
+        rt[_RT_SAVED_MS] = self.hal.ticks_ms()
 
     def _keep_learned(self, now, host_ok):
         """Write the learned record when it moved by a degree or more: at once when
         the host is lost, else at most every ``LEARNED_SAVE_MS`` (flash wear).
         Allocates only when it writes."""
         sf = self.safety
-        d = sf.learn_off_mc - self._saved_off
-        if sf.learn_slow_mc == self._saved_slow and -_LEARNED_STEP_MC < d < _LEARNED_STEP_MC:
+        rt = self._rt
+        d = sf.learn_off_mc - rt[_RT_SAVED_OFF]
+        if sf.learn_slow_mc == rt[_RT_SAVED_SLOW] and -_LEARNED_STEP_MC < d < _LEARNED_STEP_MC:
             return
         wait = LEARNED_SAVE_MS if host_ok else _LEARNED_RETRY_MS
-        if ticks_diff(now, self._saved_ms) < wait:
+        if ticks_diff(now, rt[_RT_SAVED_MS]) < wait:
             return
-        self._saved_ms = now
+        rt[_RT_SAVED_MS] = now
         slow = sf.learn_slow_mc
         off = sf.learn_off_mc
         try:
@@ -242,8 +259,8 @@ class App:
         finally:
             _unload("device.cfg.files")
             _unload("device.cfg")
-        self._saved_slow = slow
-        self._saved_off = off
+        rt[_RT_SAVED_SLOW] = slow
+        rt[_RT_SAVED_OFF] = off
 
     # -- output ------------------------------------------------------------------
     def _next_seq(self):
@@ -385,9 +402,9 @@ class App:
                 self.pm_fault = False
             except OSError:
                 self.pm_fault = True
-        elif ticks_diff(now, self.ina_tried_ms) >= _INA_RETRY_MS:
+        elif ticks_diff(now, self._rt[_RT_INA_TRIED_MS]) >= _INA_RETRY_MS:
             self.open_ina()  # allocates, but only while the monitor is missing
-        self.uv = (not self.pm_fault) and self.pm[0] < self.uv_mv
+        self.uv = (not self.pm_fault) and self.pm[0] < self._rt[RT_UV_MV]
         stall = 0
         tach = 0
         i = 0
@@ -439,7 +456,8 @@ class App:
         else:
             sup.follow_slowdown(slow if slow else sf.learn_slow_mc, sf.learn_off_mc)
         c0 = sup.crit_mc[0]
-        sf.crit_mc[0] = c0 if c0 < self._crit0 else self._crit0
+        crit0 = self._rt[RT_CRIT0]
+        sf.crit_mc[0] = c0 if c0 < crit0 else crit0
         if self.mode == MODE_MANUAL:
             self._manual_lease(now, host_ok, sup.causes)
         sup.update(
@@ -708,17 +726,28 @@ class App:
             self.gpu_temp_mc = values[_HB_TEMP]
             self.gpu_temp_ms = self.hb_ms
 
-    def _tokens(self, tokens, since, burst, per_ms):
-        """Refill a token bucket; returns (tokens, since) (ints, no allocation)."""
+    def _tokens(self, save):
+        """Take a token from a bucket: config_save's flash writes (``save``: at most
+        ``SAVE_BURST`` at once, one more per ``SAVE_MS``) or the nacks (``_NACK_BURST``,
+        one more per ``_NACK_MS``). False when it is empty (ints in place, no
+        allocation)."""
+        rt = self._rt
+        i = _RT_SAVE if save else _RT_NACK
+        burst = SAVE_BURST if save else _NACK_BURST
+        per_ms = SAVE_MS if save else _NACK_MS
         now = self.hal.ticks_ms()
-        gained = ticks_diff(now, since) // per_ms
+        gained = ticks_diff(now, rt[i + 1]) // per_ms
         if gained > 0:
-            tokens += gained
-            since = ticks_add(since, gained * per_ms)
-            if tokens >= burst:
-                tokens = burst
-                since = now
-        return tokens, since
+            rt[i] += gained
+            rt[i + 1] = ticks_add(rt[i + 1], gained * per_ms)
+            if rt[i] >= burst:
+                rt[i] = burst
+                rt[i + 1] = now
+        if rt[i] <= 0:
+            rt[i] = 0
+            return False
+        rt[i] -= 1
+        return True
 
     def ack(self, msg):
         self.send("ack", {"ref": msg.seq, "ref_type": msg.type})
@@ -726,14 +755,9 @@ class App:
     def nack(self, ref, ref_type, code, field, text):
         """Answer a refusal, at most ``_NACK_BURST`` at once and ten a second after
         that (SPEC section 11): a noisy line never turns into a flood of replies."""
-        tokens, self._nack_ms = self._tokens(
-            self._nack_tokens, self._nack_ms, _NACK_BURST, _NACK_MS
-        )
-        if tokens <= 0:
-            self._nack_tokens = 0
+        if not self._tokens(False):
             self.nacks_suppressed += 1
             return
-        self._nack_tokens = tokens - 1
         fields = {"ref": ref & 0xFFFF, "ref_type": ref_type & 0xFF, "code": code}
         if field:
             fields["field"] = field[:32]
@@ -744,8 +768,8 @@ class App:
     def _unauthorized(self, ref, ref_type, auth, count=1):
         self.auth_failures += count
         now = self.hal.ticks_ms()
-        if ticks_diff(now, self._unauth_ms) >= _UNAUTH_EVENT_MS:
-            self._unauth_ms = now
+        if ticks_diff(now, self._rt[_RT_UNAUTH_MS]) >= _UNAUTH_EVENT_MS:
+            self._rt[_RT_UNAUTH_MS] = now
             st = self.sup.state
             self.events.push(C.REASON_UNAUTHORIZED, C.SEV_WARNING, True, auth, ref_type, st, st)
         field = None

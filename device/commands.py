@@ -81,6 +81,7 @@ def boot_config(app):
     A._unload("protocol.jsonparse")
     app.flash_writes = writes
     why = ""
+    detail_of_choice = None
     for source, cfg, detail in cands:
         if source == "factory":
             from device.cfg.schema import defaults
@@ -102,7 +103,7 @@ def boot_config(app):
             app.config_status = "prev"
         else:
             app.config_status = "corrupt" if (why or problems) else "missing"
-        app.config_detail = detail
+        detail_of_choice = detail
         break
     if problems:
         app.events.push(
@@ -118,7 +119,7 @@ def boot_config(app):
             C.STATE_BOOT,
             C.STATE_BOOT,
         )
-    app.config_why = why
+    app.config_why = why or detail_of_choice  # for a person at the REPL
 
 
 def build(app, cfg):
@@ -228,9 +229,9 @@ def commit(app, b, cfg):
             app.fans[i].configure(fans[i])
     app.safety.configure(cfg)
     _recycle(app, old)
-    app._crit0 = app.safety.crit_mc[0]  # the GPU channel's configured critical
+    app._rt[A.RT_CRIT0] = app.safety.crit_mc[0]  # the GPU channel's configured critical
     app.ina_cfg = cfg["ina226"]
-    app.uv_mv = app.ina_cfg["uv_mv"]
+    app._rt[A.RT_UV_MV] = app.ina_cfg["uv_mv"]
     app.ina = None
     app.open_ina()
     app.pid = b.pid
@@ -252,7 +253,6 @@ def commit(app, b, cfg):
         new.causes = old.causes
         new.host_seen = old.host_seen
     app.sup = b.sup
-    app.min_manual = app.safety.f_manual
     app.fmt = A.FMT_JSON if b.json else app.fmt
 
 
@@ -318,14 +318,11 @@ def cmd_config_save(app, msg):
     if writer.is_saved(app.cfg, app.hal.fs_dir):
         app.ack(msg)  # nothing changed: no flash write, no token (no RAM copy kept)
         return
-    tokens, app._save_ms = app._tokens(app._save_tokens, app._save_ms, A.SAVE_BURST, A.SAVE_MS)
-    if tokens <= 0:
-        app._save_tokens = 0
+    if not app._tokens(True):
         raise A.CommandError(
             "config_save rate-limited: one flash write per %d s" % (A.SAVE_MS // 1000),
             C.ERR_RATE_LIMITED,
         )
-    app._save_tokens = tokens - 1
     if writer.save(app.cfg, app.hal.fs_dir):
         app.flash_writes += 1
         app.events.push(
@@ -392,10 +389,11 @@ def cmd_fan_mode(app, msg):
     if mode == 1:  # manual
         d1 = f.get("duty1", app.manual_duty[0])
         d2 = f.get("duty2", d1)
+        floor = app.safety.f_manual
         for name, d in (("duty1", d1), ("duty2", d2)):
-            if d < app.min_manual:
+            if d < floor:
                 raise A.CommandError(
-                    "%s below the safety minimum %d" % (name, app.min_manual),
+                    "%s below the safety minimum %d" % (name, floor),
                     C.ERR_OUT_OF_RANGE,
                     name,
                 )
