@@ -858,6 +858,7 @@ def _release(json=False):
     _unload("device.config")
     _unload("protocol.jsonparse")
     _unload("device.calib")  # tables are built when configuring only
+    _unload("device.drivers.ina226_setup")  # the INA226's construction and settings
     _unload("device.nonce")  # App() only
 
 
