@@ -85,13 +85,16 @@ try:
 except ImportError:
     const = lambda x: x  # noqa: E731
 
-GAIN_MAX = 1000000  # wire limit of every gain (milli-units)
-DUTY_MAX = 65535
-SLEW_MAX = 6553500  # duty per second: full scale in 10 ms; 0 disables the limiter
-D_FILTER_MAX_MS = 60000
-DEADBAND_MAX = 20000  # m degC
-I_BAND_MAX = 131071  # m degC; the largest error, i.e. "always integrate"
-TRACKING_MAX_MS = 600000
+# The limits: const() (folded, no module dict entries); read by name through the
+# module's __getattr__ (GAIN_MAX, DUTY_MAX, SLEW_MAX, D_FILTER_MAX_MS, DEADBAND_MAX,
+# I_BAND_MAX, TRACKING_MAX_MS).
+_GAIN_MAX = const(1000000)  # wire limit of every gain (milli-units)
+_DUTY_MAX = const(65535)
+_SLEW_MAX = const(6553500)  # duty per second: full scale in 10 ms; 0 disables the limiter
+_D_FILTER_MAX_MS = const(60000)
+_DEADBAND_MAX = const(20000)  # m degC
+_I_BAND_MAX = const(131071)  # m degC; the largest error, i.e. "always integrate"
+_TRACKING_MAX_MS = const(600000)
 
 _Q = const(13)  # Q13 duty
 _HALF_Q = const(4096)
@@ -106,7 +109,26 @@ _P_MAX_MW = const(2097151)  # feed-forward input clamp
 _DT_MAX = const(1000)  # ms
 
 # Q13 duty at 100 %duty (65535 << 13); set_gains() divides it down to the units.
-_FULL_Q = 536862720
+_FULL_Q = const(536862720)
+
+
+def __getattr__(name):
+    """The limits by name (see above)."""
+    if name == "GAIN_MAX":
+        return _GAIN_MAX
+    if name == "DUTY_MAX":
+        return _DUTY_MAX
+    if name == "SLEW_MAX":
+        return _SLEW_MAX
+    if name == "D_FILTER_MAX_MS":
+        return _D_FILTER_MAX_MS
+    if name == "DEADBAND_MAX":
+        return _DEADBAND_MAX
+    if name == "I_BAND_MAX":
+        return _I_BAND_MAX
+    if name == "TRACKING_MAX_MS":
+        return _TRACKING_MAX_MS
+    raise AttributeError(name)
 
 
 def mul(a, m, sh, lim):
@@ -251,16 +273,16 @@ class PID:
         kd=0,
         kff=0,
         out_min=0,
-        out_max=DUTY_MAX,
+        out_max=_DUTY_MAX,
         slew_per_s=0,
         d_filter_ms=1000,
-        i_min=-DUTY_MAX,
-        i_max=DUTY_MAX,
+        i_min=-_DUTY_MAX,
+        i_max=_DUTY_MAX,
         tracking_ms=None,
         antiwindup=True,
         slew_down_per_s=None,
         deadband_mc=0,
-        i_band_mc=I_BAND_MAX,
+        i_band_mc=_I_BAND_MAX,
     ):
         # Every value the tick touches is in this array (nothing grows later).
         a = array("i", bytes(4 * _N_STATE))
@@ -269,13 +291,13 @@ class PID:
         for i in (_KP_M, _KI_M, _KD_M, _KFF_M, _SL_M, _SD_M):
             a[i + 1] = 14  # the zero gain (gain(0, 1))
             a[i + 2] = lim
-        a[_IBAND] = I_BAND_MAX
-        a[_HI] = DUTY_MAX << _Q
-        a[_I_LO] = -(DUTY_MAX << _Q)
-        a[_I_HI] = DUTY_MAX << _Q
+        a[_IBAND] = _I_BAND_MAX
+        a[_HI] = _DUTY_MAX << _Q
+        a[_I_LO] = -(_DUTY_MAX << _Q)
+        a[_I_HI] = _DUTY_MAX << _Q
         a[_TT_AUTO] = 1
         a[_AW] = 1 if antiwindup else 0
-        a[_OUT_MAX] = DUTY_MAX
+        a[_OUT_MAX] = _DUTY_MAX
         a[_TRACK] = -1
         self.set_output_limits(out_min, out_max)
         self.set_integral_limits(i_min, i_max)
@@ -322,10 +344,10 @@ class PID:
         Nothing changes unless all four are valid. The integrator is kept in duty
         units, so changing ki does not bump the output.
         """
-        _check_int("kp", kp, 0, GAIN_MAX, "0.001 %duty/degC")
-        _check_int("ki", ki, 0, GAIN_MAX, "0.001 %duty/(degC*s)")
-        _check_int("kd", kd, 0, GAIN_MAX, "0.001 %duty*s/degC")
-        _check_int("kff", kff, 0, GAIN_MAX, "0.001 %duty/W")
+        _check_int("kp", kp, 0, _GAIN_MAX, "0.001 %duty/degC")
+        _check_int("ki", ki, 0, _GAIN_MAX, "0.001 %duty/(degC*s)")
+        _check_int("kd", kd, 0, _GAIN_MAX, "0.001 %duty*s/degC")
+        _check_int("kff", kff, 0, _GAIN_MAX, "0.001 %duty/W")
         a = self._a
         a[_KP_M], a[_KP_S], a[_KP_L] = gain(kp * _FULL_Q, 10**8)
         a[_KI_M], a[_KI_S], a[_KI_L] = gain(ki * _FULL_Q, 10**11)
@@ -341,8 +363,8 @@ class PID:
         Cheap enough to call every tick, e.g. to raise out_min to a safety floor: the
         back-calculation then keeps the integrator consistent with the floor.
         """
-        _check_int("out_min", out_min, 0, DUTY_MAX, "duty_u16")
-        _check_int("out_max", out_max, out_min, DUTY_MAX, "duty_u16, >= out_min")
+        _check_int("out_min", out_min, 0, _DUTY_MAX, "duty_u16")
+        _check_int("out_max", out_max, out_min, _DUTY_MAX, "duty_u16, >= out_min")
         a = self._a
         a[_OUT_MIN] = out_min
         a[_OUT_MAX] = out_max
@@ -351,8 +373,8 @@ class PID:
 
     def set_integral_limits(self, i_min, i_max):
         """Clamp the integral term to i_min..i_max duty (-65535 <= i_min <= i_max <= 65535)."""
-        _check_int("i_min", i_min, -DUTY_MAX, DUTY_MAX, "duty_u16")
-        _check_int("i_max", i_max, i_min, DUTY_MAX, "duty_u16, >= i_min")
+        _check_int("i_min", i_min, -_DUTY_MAX, _DUTY_MAX, "duty_u16")
+        _check_int("i_max", i_max, i_min, _DUTY_MAX, "duty_u16, >= i_min")
         self._a[_I_LO] = i_min << _Q
         self._a[_I_HI] = i_max << _Q
 
@@ -361,30 +383,30 @@ class PID:
         per second (0 = unlimited; None = the same as the rise). After track() or
         reset() the fall is limited by slew_per_s until the output first reaches the
         law's value."""
-        _check_int("slew_per_s", slew_per_s, 0, SLEW_MAX, "duty_u16 per s, 0 = off")
+        _check_int("slew_per_s", slew_per_s, 0, _SLEW_MAX, "duty_u16 per s, 0 = off")
         if slew_down_per_s is None:
             slew_down_per_s = slew_per_s
-        _check_int("slew_down_per_s", slew_down_per_s, 0, SLEW_MAX, "duty_u16 per s, 0 = off")
+        _check_int("slew_down_per_s", slew_down_per_s, 0, _SLEW_MAX, "duty_u16 per s, 0 = off")
         a = self._a
         a[_SLEW] = slew_per_s
         a[_SDN] = slew_down_per_s
         a[_SL_M], a[_SL_S], a[_SL_L] = gain(slew_per_s << _Q, 1000)
         a[_SD_M], a[_SD_S], a[_SD_L] = gain(slew_down_per_s << _Q, 1000)
 
-    def set_deadband(self, deadband_mc, i_band_mc=I_BAND_MAX):
+    def set_deadband(self, deadband_mc, i_band_mc=_I_BAND_MAX):
         """Error deadband and the conditional-integration band, both m degC.
 
         |error| <= deadband_mc counts as 0 and larger errors are reduced by it
         (0..20000); the integrator stops more than i_band_mc below the setpoint and
         integrates at most i_band_mc above it (deadband..131071; 131071 = no band)."""
-        _check_int("deadband_mc", deadband_mc, 0, DEADBAND_MAX, "m degC")
-        _check_int("i_band_mc", i_band_mc, deadband_mc, I_BAND_MAX, "m degC, >= deadband")
+        _check_int("deadband_mc", deadband_mc, 0, _DEADBAND_MAX, "m degC")
+        _check_int("i_band_mc", i_band_mc, deadband_mc, _I_BAND_MAX, "m degC, >= deadband")
         self._a[_DB] = deadband_mc
         self._a[_IBAND] = i_band_mc
 
     def set_d_filter(self, d_filter_ms):
         """Time constant of the derivative's first-order low-pass (0 = unfiltered)."""
-        _check_int("d_filter_ms", d_filter_ms, 0, D_FILTER_MAX_MS, "ms")
+        _check_int("d_filter_ms", d_filter_ms, 0, _D_FILTER_MAX_MS, "ms")
         self._a[_TAU] = d_filter_ms
 
     def set_tracking(self, tracking_ms=None):
@@ -395,7 +417,7 @@ class PID:
             a[_TT] = _auto_tracking(a[_KP], a[_KI])
             a[_TRACK] = -1
         else:
-            _check_int("tracking_ms", tracking_ms, 0, TRACKING_MAX_MS, "ms")
+            _check_int("tracking_ms", tracking_ms, 0, _TRACKING_MAX_MS, "ms")
             a[_TT_AUTO] = 0
             a[_TT] = tracking_ms
             a[_TRACK] = tracking_ms
@@ -429,8 +451,8 @@ class PID:
         """
         if duty_u16 < 0:
             duty_u16 = 0
-        elif duty_u16 > DUTY_MAX:
-            duty_u16 = DUTY_MAX
+        elif duty_u16 > _DUTY_MAX:
+            duty_u16 = _DUTY_MAX
         m = measurement_mc
         if m > _T_LIM:
             m = _T_LIM
@@ -640,4 +662,4 @@ def _auto_tracking(kp, ki):
     if ki == 0:
         return 0
     tt = kp * 1000 // ki
-    return TRACKING_MAX_MS if tt > TRACKING_MAX_MS else tt
+    return _TRACKING_MAX_MS if tt > _TRACKING_MAX_MS else tt
