@@ -12,6 +12,8 @@ this module after configuring (its functions are RAM only while it is loaded; th
 bytecode stays in flash). See device/drivers/ina226.py for the math.
 """
 
+from device.control import by_name
+
 try:
     from micropython import const
 except ImportError:
@@ -167,8 +169,7 @@ def _check_identity(ina):
     did = ina.read_reg(_REG_DIE_ID)
     if did >> 4 != DIE_ID >> 4:  # any silicon revision (low nibble)
         raise INA226Error(
-            "no INA226 at I2C address 0x%02x: die id 0x%04x, expected 0x%04x"
-            % (addr, did, DIE_ID)
+            "no INA226 at I2C address 0x%02x: die id 0x%04x, expected 0x%04x" % (addr, did, DIE_ID)
         )
 
 
@@ -276,7 +277,4 @@ def attr(ina, name):
         "config",
         "conversion_time_us",
     )
-    for i in range(len(settings)):
-        if settings[i] == name:
-            return ina._c[i]
-    raise AttributeError(name)
+    return by_name(ina._c, settings, name)
