@@ -14,9 +14,6 @@ median) or any int (the EMA clamps its input to +-(2**20 - 1)).
   1 once primed: 3 entries.
 
 ``filter_reset(s, at)`` forgets either (zeroes ``s[at+1]`` and ``s[at+2]``).
-
-``by_name(a, names, name)``: what the owners that keep their settings in an array
-answer from ``__getattr__`` (the PID, the estimator, the fans, the NTC channels).
 """
 
 try:
@@ -25,15 +22,6 @@ except ImportError:  # CPython
     const = lambda x: x  # noqa: E731
 
 _LIM = const(1048575)  # EMA input clamp: 2**20 - 1 (filters.VALUE_LIMIT)
-
-
-def by_name(a, names, name):
-    """``a[i]`` where ``names[i] == name``; AttributeError for a name not in ``names``
-    (``None`` entries name nothing). Off the tick: an owner's ``__getattr__``."""
-    for i in range(len(names)):
-        if names[i] == name:
-            return a[i]
-    raise AttributeError(name)
 
 
 def filter_reset(s, at):

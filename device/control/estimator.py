@@ -48,7 +48,6 @@ except ImportError:
 
 from array import array
 
-
 # as NTC.INVALID: -2**30 itself ends up a big int on 32-bit ports
 INVALID = const(-0x3FFFFFFF)
 _D_MAX = const(1048575)  # mW: |power step| taken per tick (so diff * dt < 2**30)
@@ -101,9 +100,10 @@ class DieEstimator:
     def __getattr__(self, name):
         """The settings, the estimate and the learned offset by name (read-only)."""
         names = ("window_s", "power_tau_ms", "offset_tau_ms", "est", "env", "r_q8")
-        from device.control import by_name  # off the tick: no module global
-
-        return by_name(self._a, names, name)
+        for i in range(len(names)):
+            if names[i] == name:
+                return self._a[i]
+        raise AttributeError(name)
 
     def configure(self, window_s, power_tau_ms, offset_tau_ms):
         for name, v, hi in (

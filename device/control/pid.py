@@ -80,7 +80,6 @@ ints are 63-bit, so only the CPython check proves the 31-bit bound of the MCU).
 
 from array import array
 
-
 try:
     from micropython import const
 except ImportError:
@@ -114,29 +113,22 @@ _FULL_Q = const(536862720)
 
 
 def __getattr__(name):
-    """The limits by name (see above; a list, built when asked: a constant tuple would
-    freeze them as big ints)."""
-    names = (
-        "GAIN_MAX",
-        "DUTY_MAX",
-        "SLEW_MAX",
-        "D_FILTER_MAX_MS",
-        "DEADBAND_MAX",
-        "I_BAND_MAX",
-        "TRACKING_MAX_MS",
-    )
-    limits = [
-        _GAIN_MAX,
-        _DUTY_MAX,
-        _SLEW_MAX,
-        _D_FILTER_MAX_MS,
-        _DEADBAND_MAX,
-        _I_BAND_MAX,
-        _TRACKING_MAX_MS,
-    ]
-    from device.control import by_name  # off the tick: no module global
-
-    return by_name(limits, names, name)
+    """The limits by name (see above)."""
+    if name == "GAIN_MAX":
+        return _GAIN_MAX
+    if name == "DUTY_MAX":
+        return _DUTY_MAX
+    if name == "SLEW_MAX":
+        return _SLEW_MAX
+    if name == "D_FILTER_MAX_MS":
+        return _D_FILTER_MAX_MS
+    if name == "DEADBAND_MAX":
+        return _DEADBAND_MAX
+    if name == "I_BAND_MAX":
+        return _I_BAND_MAX
+    if name == "TRACKING_MAX_MS":
+        return _TRACKING_MAX_MS
+    raise AttributeError(name)
 
 
 def mul(a, m, sh, lim):
@@ -334,14 +326,15 @@ class PID:
             "antiwindup",
             "duty",
         )
-        from device.control import by_name  # off the tick: no module global
-
-        v = by_name(self._a, names, name)
-        if name == "tracking_ms":
-            return None if v < 0 else v
-        if name == "antiwindup":
-            return v != 0
-        return v
+        for i in range(len(names)):
+            if names[i] == name:
+                v = self._a[i]
+                if i == _TRACK:
+                    return None if v < 0 else v
+                if i == _AW:
+                    return v != 0
+                return v
+        raise AttributeError(name)
 
     # ------------------------------------------------------------ configuration
 

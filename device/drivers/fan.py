@@ -283,10 +283,11 @@ class Fan:
             "implausible_kind",
             "implausible_count",
         )
-        from device.control import by_name  # off the tick: no module global
-
-        v = by_name(self._a, names, name)
-        return v != 0 if name == "allow_stop" or name == "invert" else v
+        for i in range(len(names)):
+            if names[i] == name:
+                v = self._a[i]
+                return v != 0 if i == _ALLOW_STOP or i == _INVERT else v
+        raise AttributeError(name)
 
     def _set(
         self,

@@ -12,8 +12,6 @@ this module after configuring (its functions are RAM only while it is loaded; th
 bytecode stays in flash). See device/drivers/ina226.py for the math.
 """
 
-from device.control import by_name
-
 try:
     from micropython import const
 except ImportError:
@@ -277,4 +275,7 @@ def attr(ina, name):
         "config",
         "conversion_time_us",
     )
-    return by_name(ina._c, settings, name)
+    for i in range(len(settings)):
+        if settings[i] == name:
+            return ina._c[i]
+    raise AttributeError(name)

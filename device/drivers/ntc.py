@@ -20,7 +20,7 @@ filter restarts from the first good reading after a fault.
 
 from array import array
 
-from device.control import by_name, ema_update, filter_reset, median_update
+from device.control import ema_update, filter_reset, median_update
 
 try:
     from micropython import const
@@ -149,7 +149,11 @@ class NTC:
             return None if self.table is None else self.table[2]
         if name == "ntc_low":
             return True if self.table is None else self.table[3]
-        return by_name(self._s, ("_step", "_n", "_lo", "_hi", "_fault_lo", "_fault_hi"), name)
+        names = ("_step", "_n", "_lo", "_hi", "_fault_lo", "_fault_hi")
+        for i in range(len(names)):
+            if names[i] == name:
+                return self._s[i]
+        raise AttributeError(name)
 
     @classmethod
     def from_config(cls, adc, cfg, points=257, luts=None, spare=None, **kwargs):
