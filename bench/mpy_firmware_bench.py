@@ -57,9 +57,10 @@ TICK_MS = 100
 # it needs them: device.selftest and device.control.autotune (their commands);
 # device.commands, device.config, protocol.jsonparse and device.calib (configuring:
 # at boot and for commands, forgotten after each by device.app._release),
-# device.nonce (App() only) and protocol.jsonl (JSON lines: the first one imports it;
-# _release forgets it unless the port speaks them). App() then leaves them out of the
-# heap.
+# device.nonce (App() only), device.control.filters (the NTC channels keep their
+# filters' state in their own arrays: device.control) and protocol.jsonl (JSON lines:
+# the first one imports it; _release forgets it unless the port speaks them). App()
+# then leaves them out of the heap.
 FIRMWARE_MODULES = (
     "device",
     "device.ticks",
@@ -76,7 +77,6 @@ FIRMWARE_MODULES = (
     "protocol.telemetry",
     "device.floors",
     "device.control",
-    "device.control.filters",
     "device.control.pid",
     "device.control.curve",
     "device.control.select",

@@ -920,6 +920,7 @@ def _release(json=False):
     _unload("protocol.jsonparse")
     _unload("protocol._cbor_rx")  # protocol.cbor's decoder: a command's payload
     _unload("device.calib")  # tables are built when configuring only
+    _unload("device.drivers.ina226_setup")  # the INA226's construction and settings
     _unload("device.nonce")  # App() only
 
 

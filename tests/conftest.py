@@ -446,6 +446,7 @@ _ON_DEMAND = (  # device.app._release and the self-test command
     "device.cfg",
     "protocol.jsonparse",
     "device.calib",
+    "device.drivers.ina226_setup",
     "device.nonce",
     "device.selftest",
 )

@@ -357,3 +357,36 @@ def test_i2c_fault_mid_read_raises_oserror():
 
 
 _locked = heap_locked
+
+
+def test_state_indices_agree_with_the_setup_module():
+    # device.drivers.ina226 and its configuring side (ina226_setup) index one state
+    # array; each names the indices it uses as private consts (folded on MicroPython,
+    # plain module attributes on CPython, where they are compared).
+    if IS_MICROPYTHON:
+        return
+    from device.drivers import ina226, ina226_setup
+
+    names = [n for n in vars(ina226) if n.startswith(("_ADDR", "_CUR_", "_POW_", "_AFF"))]
+    assert len(names) == 6, names
+    for n in names:
+        assert getattr(ina226, n) == getattr(ina226_setup, n), n
+    assert ina226._N_STATE == max(getattr(ina226_setup, n) for n in names) + 1 == 14
+
+
+def test_configuring_side_is_loaded_on_demand():
+    # The class answers the configuring methods and the settings from
+    # device.drivers.ina226_setup, also after that module was forgotten (as
+    # device.app._release does once configured).
+    import sys
+
+    i2c, chip, ina = _setup(log=False)
+    sys.modules.pop("device.drivers.ina226_setup", None)
+    import device.drivers as pkg
+
+    pkg.__dict__.pop("ina226_setup", None)
+    assert ina.cal == 2560 and ina.addr == ADDR and ina.current_lsb_ua == 1000
+    ina.set_under_voltage_alert(11000)
+    assert chip.reg(0x07) == (11000 * 4 + 2) // 5
+    with raises(AttributeError):
+        _ = ina.no_such_thing

@@ -26,11 +26,20 @@ segment, 7 for a 100 degC one spanning 0..65535 (0.01 %). ``duty()`` and
 
 from array import array
 
+try:
+    from micropython import const
+except ImportError:
+    const = lambda x: x  # noqa: E731
+
 MAX_POINTS = 16
 TEMP_LIMIT_MC = 500000
 HYSTERESIS_MAX_MC = 20000  # the wire's limit (protocol/catalog.py, fan_curve)
 DUTY_MAX = 65535
-_IN_LIMIT = 1048575  # duty()/interpolate() clamp their input to +-(2**20 - 1)
+_IN_LIMIT = const(1048575)  # duty()/interpolate() clamp their input to +-(2**20 - 1)
+_T = const(0)  # a point's entries in FanCurve._p (4 a point)
+_D = const(1)
+_K = const(2)
+_S = const(3)
 
 
 def _bit_length(v):
@@ -45,8 +54,10 @@ class FanCurve:
     """Fan curve with hysteresis; see the module docstring."""
 
     def __init__(self, points, hysteresis_mc=0):
-        # sized to the points by configure() (grown for a longer curve, never shrunk)
-        self._t = self._d = self._k = self._s = array("i")
+        # One array, 4 entries a point: temperature, duty, and the slope k and shift s
+        # of the segment it starts (_T, _D, _K, _S); sized to the points by configure()
+        # (grown for a longer curve, never shrunk).
+        self._p = array("i")
         self._n = 0
         self.hysteresis_mc = 0
         self._ref = 0
@@ -95,27 +106,27 @@ class FanCurve:
                     % (i, prev_d, d)
                 )
             prev_t, prev_d = t, d
-        if len(self._t) < n:
-            self._t = array("i", bytes(4 * n))
-            self._d = array("i", bytes(4 * n))
-            self._k = array("i", bytes(4 * n))
-            self._s = array("i", bytes(4 * n))
+        if len(self._p) < 4 * n:
+            self._p = array("i", bytes(16 * n))
+        p = self._p
         for i in range(n):
-            self._t[i] = points[i][0]
-            self._d[i] = points[i][1]
+            p[4 * i + _T] = points[i][0]
+            p[4 * i + _D] = points[i][1]
         for i in range(n - 1):
-            dd = self._d[i + 1] - self._d[i]
-            span = self._t[i + 1] - self._t[i]
+            j = 4 * i
+            dd = p[j + 4 + _D] - p[j + _D]
+            span = p[j + 4 + _T] - p[j + _T]
             s = 29 - _bit_length(dd)
-            self._s[i] = s
-            self._k[i] = ((dd << (s + 1)) + span) // (2 * span)
+            p[j + _S] = s
+            p[j + _K] = ((dd << (s + 1)) + span) // (2 * span)
         self._n = n
         self.hysteresis_mc = hysteresis_mc
         self.reset()
 
     def points(self):
         """The curve as a list of [temp_mc, duty] pairs (allocates; not for the tick)."""
-        return [[self._t[i], self._d[i]] for i in range(self._n)]
+        p = self._p
+        return [[p[4 * i + _T], p[4 * i + _D]] for i in range(self._n)]
 
     def reset(self):
         """Forget the hysteresis state: the next ``duty()`` follows the curve exactly."""
@@ -125,20 +136,21 @@ class FanCurve:
     def interpolate(self, temp_mc):
         """The curve's duty at ``temp_mc``, without hysteresis."""
         t = temp_mc
-        tt = self._t
-        last = self._n - 1
-        if t <= tt[0]:
-            return self._d[0]
-        if t >= tt[last]:
-            return self._d[last]
-        i = 1
-        while t >= tt[i]:
-            i += 1
-        i -= 1
-        s = self._s[i]
-        d = self._d[i] + ((self._k[i] * (t - tt[i]) + (1 << (s - 1))) >> s)
+        p = self._p
+        last = 4 * (self._n - 1)
+        if t <= p[_T]:
+            return p[_D]
+        if t >= p[last + _T]:
+            return p[last + _D]
+        j = 4
+        while t >= p[j + _T]:
+            j += 4
+        j -= 4
+        s = p[j + _S]
+        d = p[j + _D] + ((p[j + _K] * (t - p[j + _T]) + (1 << (s - 1))) >> s)
         # The rounded slope may overshoot by a few counts near the segment's end.
-        return d if d < self._d[i + 1] else self._d[i + 1]
+        end = p[j + 4 + _D]
+        return d if d < end else end
 
     def duty(self, temp_mc):
         """Duty for ``temp_mc`` with hysteresis (see the module docstring)."""

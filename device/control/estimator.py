@@ -60,6 +60,21 @@ WINDOW_MAX_S = 300  # the longest envelope window (the ring then takes 1.2 KB)
 _W_MIN = const(20)  # W: below this the offset per watt is not learned (idle noise)
 
 
+# The estimator's settings and state: one array('i') (``DieEstimator._a``), the ring of
+# per-second maxima at its end; the first six are what ``__getattr__`` answers by name.
+_WIN = const(0)  # window_s
+_PTAU = const(1)  # power_tau_ms
+_OTAU = const(2)  # offset_tau_ms
+_EST = const(3)  # the estimate
+_ENV = const(4)  # its envelope
+_RQ8 = const(5)  # learned (die - NTC) per W, Q8 m degC/W; 0 = not learned
+_P_LOW = const(6)  # how long the power has been below power_f
+_N_LOW = const(7)  # how long the NTC has been below ntc_env
+_POS = const(8)  # ring slot of the current second
+_MS = const(9)  # ms into the current second
+_RING = const(10)  # the ring: window_s entries (1 without a window)
+
+
 def _clamp(x, lo, hi):
     if x < lo:
         return lo
@@ -69,23 +84,26 @@ def _clamp(x, lo, hi):
 
 
 class DieEstimator:
-    """Die temperature estimate (m degC) and its peak envelope; see the module docstring."""
+    """Die temperature estimate (m degC) and its peak envelope; see the module docstring.
+
+    ``power_f`` and ``ntc_env`` (what the tick reads) are attributes; ``est``, ``env``,
+    ``r_q8``, ``window_s``, ``power_tau_ms``, ``offset_tau_ms`` read back by name from
+    the one ``array('i')`` that holds the rest and the ring.
+    """
 
     def __init__(self, window_s=90, power_tau_ms=300000, offset_tau_ms=60000):
-        self.window_s = 0
-        self.power_tau_ms = 0
-        self.offset_tau_ms = 0
-        self._ring = None  # per-second maxima, sized to the window by configure()
-        self.configure(window_s, power_tau_ms, offset_tau_ms)
-        self.est = INVALID
-        self.env = INVALID
+        self._a = None  # sized to the window by configure()
         self.power_f = 0
-        self._p_low_ms = 0  # how long the power has been below power_f
         self.ntc_env = INVALID
-        self._n_low_ms = 0  # how long the NTC has been below ntc_env
-        self.r_q8 = 0  # learned (die - NTC) per W, Q8 m degC/W; 0 = not learned
-        self._pos = 0  # ring slot of the current second
-        self._ms = 0  # ms into the current second
+        self.configure(window_s, power_tau_ms, offset_tau_ms)
+
+    def __getattr__(self, name):
+        """The settings, the estimate and the learned offset by name (read-only)."""
+        names = ("window_s", "power_tau_ms", "offset_tau_ms", "est", "env", "r_q8")
+        for i in range(len(names)):
+            if names[i] == name:
+                return self._a[i]
+        raise AttributeError(name)
 
     def configure(self, window_s, power_tau_ms, offset_tau_ms):
         for name, v, hi in (
@@ -95,34 +113,39 @@ class DieEstimator:
         ):
             if type(v) is not int or v < 0 or v > hi:
                 raise ValueError("%s must be an int in 0..%d, got %r" % (name, hi, v))
-        self.window_s = window_s
-        self.power_tau_ms = power_tau_ms
-        self.offset_tau_ms = offset_tau_ms
-        n = window_s if window_s else 1
-        if self._ring is None or len(self._ring) != n:
-            self._ring = None  # the old one is garbage before the new one is made
-            self._ring = array("i", bytes(4 * n))  # sized to need: 4 bytes a second
+        a = self._a
+        size = _RING + (window_s if window_s else 1)
+        if a is None or len(a) != size:
+            rq = 0 if a is None else a[_RQ8]  # the learned offset stays
+            self._a = a = None  # the old one is garbage before the new one is made
+            a = array("i", bytes(4 * size))  # sized to need: 4 bytes a second
+            a[_RQ8] = rq
+            self._a = a
+        a[_WIN] = window_s
+        a[_PTAU] = power_tau_ms
+        a[_OTAU] = offset_tau_ms
         self.reset()
 
     def reset(self):
         """Forget the estimate and the envelope (keeps the learned offset)."""
-        self.est = INVALID
-        self.env = INVALID
+        a = self._a
+        a[_EST] = INVALID
+        a[_ENV] = INVALID
         self.power_f = 0
-        self._p_low_ms = 0
+        a[_P_LOW] = 0
         self.ntc_env = INVALID
-        self._n_low_ms = 0
+        a[_N_LOW] = 0
         self._forget()
 
     def _forget(self):
-        ring = self._ring
-        n = len(ring)
-        i = 0
+        a = self._a
+        n = len(a)
+        i = _RING
         while i < n:
-            ring[i] = INVALID
+            a[i] = INVALID
             i += 1
-        self._pos = 0
-        self._ms = 0
+        a[_POS] = 0
+        a[_MS] = 0
 
     def update(self, ntc_mc, die_mc, fresh, power_mw, dt_ms):
         """One tick: return the envelope (m degC), or INVALID without an estimate.
@@ -131,15 +154,16 @@ class DieEstimator:
         the GPU channel's NTC (INVALID when that sensor is bad); ``power_mw`` the
         heartbeat's board power (0 when absent: no offset model either).
         """
+        a = self._a
         dt = _clamp(dt_ms, 1, _DT_MAX)
         p = _clamp(power_mw, 0, _P_MAX)
         pf = self.power_f
-        tau = self.power_tau_ms
+        tau = a[_PTAU]
         if tau == 0 or p >= pf:
             pf = p  # a rise at once: the feed-forward acts on a load step
-            self._p_low_ms = 0
-        elif self._p_low_ms < self.window_s * 1000:
-            self._p_low_ms += dt  # held for the envelope's window (bursts), then a fall
+            a[_P_LOW] = 0
+        elif a[_P_LOW] < a[_WIN] * 1000:
+            a[_P_LOW] += dt  # held for the envelope's window (bursts), then a fall
         else:
             pf += _clamp(p - pf, -_D_MAX, _D_MAX) * dt // (tau + dt)
         self.power_f = pf
@@ -151,58 +175,59 @@ class DieEstimator:
             n = _clamp(ntc_mc, -_T_LIM, _T_LIM)
             if ne == INVALID or n >= ne:
                 ne = n  # a rise at once
-                self._n_low_ms = 0
-            elif self._n_low_ms < self.window_s * 1000:
-                self._n_low_ms += dt  # held for the window, then a fall
+                a[_N_LOW] = 0
+            elif a[_N_LOW] < a[_WIN] * 1000:
+                a[_N_LOW] += dt  # held for the window, then a fall
             else:
                 ne += _clamp(n - ne, -_D_MAX, _D_MAX) * dt // (NTC_TAU_MS + dt)
         self.ntc_env = ne
         w = p // 1000
         if fresh:
             est = _clamp(die_mc, -_T_LIM, _T_LIM) + 500  # NVML truncates to whole degC
-            if ntc_ok and w >= _W_MIN and self.offset_tau_ms:
+            otau = a[_OTAU]
+            if ntc_ok and w >= _W_MIN and otau:
                 # learn (die - NTC) / W, low-passed with offset_tau_ms
                 off = _clamp(est - _clamp(ntc_mc, -_T_LIM, _T_LIM), -_T_LIM, _T_LIM)
                 r = _clamp((off << 8) // w, -_R_MAX, _R_MAX)
-                rq = self.r_q8
-                rq += (r - rq) * dt // (self.offset_tau_ms + dt)
-                self.r_q8 = rq
-        elif ntc_ok and self.r_q8 != 0 and w > 0:
-            est = _clamp(ntc_mc, -_T_LIM, _T_LIM) + ((self.r_q8 * w) >> 8)
+                rq = a[_RQ8]
+                rq += (r - rq) * dt // (otau + dt)
+                a[_RQ8] = rq
+        elif ntc_ok and a[_RQ8] != 0 and w > 0:
+            est = _clamp(ntc_mc, -_T_LIM, _T_LIM) + ((a[_RQ8] * w) >> 8)
         else:
-            if self.est != INVALID:
+            if a[_EST] != INVALID:
                 self._forget()
-            self.est = INVALID
-            self.env = INVALID
+            a[_EST] = INVALID
+            a[_ENV] = INVALID
             return INVALID
-        self.est = est
-        n = self.window_s
+        a[_EST] = est
+        n = a[_WIN]
         if n == 0:
-            self.env = est
+            a[_ENV] = est
             return est
-        ring = self._ring
-        pos = self._pos
-        ms = self._ms + dt
+        pos = a[_POS]
+        ms = a[_MS] + dt
         if ms >= 1000:  # a new second: a new slot, then the maximum over the window
             ms -= 1000
             pos += 1
             if pos >= n:
                 pos = 0
-            ring[pos] = est
+            a[_RING + pos] = est
             env = est
-            i = 0
-            while i < n:
-                v = ring[i]
+            i = _RING
+            end = _RING + n
+            while i < end:
+                v = a[i]
                 if v > env:
                     env = v
                 i += 1
         else:
-            if est > ring[pos]:
-                ring[pos] = est
-            env = self.env
+            if est > a[_RING + pos]:
+                a[_RING + pos] = est
+            env = a[_ENV]
             if env == INVALID or est > env:
                 env = est
-        self._pos = pos
-        self._ms = ms
-        self.env = env
+        a[_POS] = pos
+        a[_MS] = ms
+        a[_ENV] = env
         return env

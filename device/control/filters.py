@@ -11,6 +11,8 @@ documented ranges (sensor values in m degC, mV, mA, mW: all well inside +-2**20)
 
 from array import array
 
+from device.control import ema_update, filter_reset, median_update
+
 MEDIAN_MAX = 31
 VALUE_LIMIT = 1048575  # EMA/slew inputs are clamped to +-(2**20 - 1)
 
@@ -33,50 +35,25 @@ class Median:
 
     Until ``n`` values have arrived, the median of those seen so far. With an even
     count the mean (rounded down) of the two middle values. Values are stored in
-    ``array('i')``: keep them within +-2**29.
+    ``array('i')``: keep them within +-2**29. (``device.control.median_update`` over
+    this object's state array; an NTC channel keeps the same state in its own.)
     """
 
     def __init__(self, n=5):
         _check_int("n", n, 1, MEDIAN_MAX)
         self.n = n
-        self._ring = array("i", [0] * n)
-        self._sorted = array("i", [0] * n)
-        self._next = 0
-        self._count = 0
+        self._s = array("i", bytes(4 * (3 + 2 * n)))
+        self._s[0] = n
         self.value = 0
 
     def reset(self):
         """Forget all values."""
-        self._next = 0
-        self._count = 0
+        filter_reset(self._s, 0)
         self.value = 0
 
     def update(self, v):
         """Add ``v``; return the median of the window."""
-        ring = self._ring
-        ring[self._next] = v
-        self._next += 1
-        if self._next == self.n:
-            self._next = 0
-        if self._count < self.n:
-            self._count += 1
-        count = self._count
-        s = self._sorted
-        # Insertion sort of the live part of the ring into the scratch array.
-        i = 0
-        while i < count:
-            x = ring[i]
-            j = i
-            while j > 0 and s[j - 1] > x:
-                s[j] = s[j - 1]
-                j -= 1
-            s[j] = x
-            i += 1
-        half = count >> 1
-        if count & 1:
-            med = s[half]
-        else:
-            med = (s[half - 1] + s[half]) >> 1
+        med = median_update(self._s, 0, v)
         self.value = med
         return med
 
@@ -89,50 +66,30 @@ class EMA:
     input is reached exactly (no offset, no limit cycle). The first ``update`` after
     construction or ``reset()`` starts at the input. Inputs are clamped to
     +-(2**20 - 1): (x - y) < 2**29 in Q8, and its product with alpha is split
-    (high byte * alpha <= 2**29) so nothing reaches 2**30.
+    (high byte * alpha <= 2**29) so nothing reaches 2**30
+    (``device.control.ema_update`` over this object's state array).
     """
 
     def __init__(self, alpha_256):
         _check_int("alpha_256", alpha_256, 1, 256)
         self.alpha = alpha_256
-        self._y = 0  # Q8
-        self._primed = False
+        self._s = array("i", [alpha_256, 0, 0])  # alpha, y (Q8), primed
         self.value = 0
 
     def reset(self, value=None):
         """Forget history; with ``value`` start from it instead of the next input."""
         if value is None:
-            self._primed = False
-            self._y = 0
+            filter_reset(self._s, 0)
             self.value = 0
         else:
             value = _clamp(value)
-            self._primed = True
-            self._y = value << 8
+            self._s[1] = value << 8
+            self._s[2] = 1
             self.value = value
 
     def update(self, x):
         """Add a sample; return the filtered value (int, same unit as ``x``)."""
-        xq = _clamp(x) << 8
-        if not self._primed:
-            self._primed = True
-            self._y = xq
-        else:
-            d = xq - self._y
-            a = self.alpha
-            if d > 0:
-                inc = (d >> 8) * a + (((d & 255) * a) >> 8)
-                if inc == 0:
-                    inc = 1
-                self._y += inc
-            elif d < 0:
-                d = -d
-                inc = (d >> 8) * a + (((d & 255) * a) >> 8)
-                if inc == 0:
-                    inc = 1
-                self._y -= inc
-        y = self._y
-        out = (y + 128) >> 8
+        out = ema_update(self._s, 0, x)
         self.value = out
         return out
 

@@ -78,18 +78,23 @@ micropython.heap_lock() (no floats, tuples or other objects; the unix port's sma
 ints are 63-bit, so only the CPython check proves the 31-bit bound of the MCU).
 """
 
+from array import array
+
 try:
     from micropython import const
 except ImportError:
     const = lambda x: x  # noqa: E731
 
-GAIN_MAX = 1000000  # wire limit of every gain (milli-units)
-DUTY_MAX = 65535
-SLEW_MAX = 6553500  # duty per second: full scale in 10 ms; 0 disables the limiter
-D_FILTER_MAX_MS = 60000
-DEADBAND_MAX = 20000  # m degC
-I_BAND_MAX = 131071  # m degC; the largest error, i.e. "always integrate"
-TRACKING_MAX_MS = 600000
+# The limits: const() (folded, no module dict entries); read by name through the
+# module's __getattr__ (GAIN_MAX, DUTY_MAX, SLEW_MAX, D_FILTER_MAX_MS, DEADBAND_MAX,
+# I_BAND_MAX, TRACKING_MAX_MS).
+_GAIN_MAX = const(1000000)  # wire limit of every gain (milli-units)
+_DUTY_MAX = const(65535)
+_SLEW_MAX = const(6553500)  # duty per second: full scale in 10 ms; 0 disables the limiter
+_D_FILTER_MAX_MS = const(60000)
+_DEADBAND_MAX = const(20000)  # m degC
+_I_BAND_MAX = const(131071)  # m degC; the largest error, i.e. "always integrate"
+_TRACKING_MAX_MS = const(600000)
 
 _Q = const(13)  # Q13 duty
 _HALF_Q = const(4096)
@@ -104,7 +109,26 @@ _P_MAX_MW = const(2097151)  # feed-forward input clamp
 _DT_MAX = const(1000)  # ms
 
 # Q13 duty at 100 %duty (65535 << 13); set_gains() divides it down to the units.
-_FULL_Q = 536862720
+_FULL_Q = const(536862720)
+
+
+def __getattr__(name):
+    """The limits by name (see above)."""
+    if name == "GAIN_MAX":
+        return _GAIN_MAX
+    if name == "DUTY_MAX":
+        return _DUTY_MAX
+    if name == "SLEW_MAX":
+        return _SLEW_MAX
+    if name == "D_FILTER_MAX_MS":
+        return _D_FILTER_MAX_MS
+    if name == "DEADBAND_MAX":
+        return _DEADBAND_MAX
+    if name == "I_BAND_MAX":
+        return _I_BAND_MAX
+    if name == "TRACKING_MAX_MS":
+        return _TRACKING_MAX_MS
+    raise AttributeError(name)
 
 
 def mul(a, m, sh, lim):
@@ -177,11 +201,69 @@ def _check_int(name, value, lo, hi, unit):
         raise ValueError("%s must be an int in %d..%d (%s), got %r" % (name, lo, hi, unit, value))
 
 
+# The PID's settings and state: one array('i') (``PID._a``), indexed by these. The
+# first 14 are what ``__getattr__`` answers by name (``_PUBLIC``'s order).
+_KP = const(0)  # the gains as set (milli-units)
+_KI = const(1)
+_KD = const(2)
+_KFF = const(3)
+_OUT_MIN = const(4)  # duty
+_OUT_MAX = const(5)
+_SLEW = const(6)  # slew_per_s
+_SDN = const(7)  # slew_down_per_s
+_DB = const(8)  # deadband_mc
+_IBAND = const(9)  # i_band_mc
+_TAU = const(10)  # d_filter_ms
+_TRACK = const(11)  # tracking_ms as set, -1 = None (Ti)
+_AW = const(12)  # antiwindup, 0/1
+_DUTY = const(13)  # the last output
+_KP_M = const(14)  # each gain as mul()'s (m, sh, lim)
+_KP_S = const(15)
+_KP_L = const(16)
+_KI_M = const(17)
+_KI_S = const(18)
+_KI_L = const(19)
+_KD_M = const(20)
+_KD_S = const(21)
+_KD_L = const(22)
+_KFF_M = const(23)
+_KFF_S = const(24)
+_KFF_L = const(25)
+_SL_M = const(26)  # rise slew per ms
+_SL_S = const(27)
+_SL_L = const(28)
+_SD_M = const(29)  # fall slew per ms
+_SD_S = const(30)
+_SD_L = const(31)
+_LO = const(32)  # output limits, Q13 duty
+_HI = const(33)
+_I_LO = const(34)  # integral limits, Q13 duty
+_I_HI = const(35)
+_TT = const(36)  # back-calculation time constant in use, ms
+_TT_AUTO = const(37)  # 1: Tt = Ti, follows the gains
+_I = const(38)  # integrator, Q13 duty
+_U = const(39)  # applied output, Q13 duty
+_RF = const(40)  # filtered rate, Q8 m degC/s
+_M_PREV = const(41)  # previous measurement
+_UP = const(42)  # last P, D, FF terms, Q13 duty
+_UD = const(43)
+_UF = const(44)
+_FRESH = const(45)  # no step since reset(): no previous sample
+_PENDING = const(46)  # tracked: the next step starts bumplessly
+_HELD = const(47)  # the applied output held up (1) / down (-1) by a limit or the slew
+_DROP = const(48)  # a tracked duty falls at the rise's rate until the law's is reached
+_N_STATE = const(49)
+
+
 class PID:
     """Integer PID for a cooling loop; see the module docstring for units and scaling.
 
     ``duty`` is the last output (``out_max`` before the first step: full cooling
-    until the loop has run).
+    until the loop has run). The settings read back as attributes (``kp``, ``ki``,
+    ``kd``, ``kff``, ``out_min``, ``out_max``, ``slew_per_s``, ``slew_down_per_s``,
+    ``deadband_mc``, ``i_band_mc``, ``d_filter_ms``, ``tracking_ms``, ``antiwindup``)
+    and change through the ``set_*`` methods; everything lives in one ``array('i')``
+    (a 50-attribute instance dict was 496 B on a 32-bit port).
     """
 
     def __init__(
@@ -191,44 +273,32 @@ class PID:
         kd=0,
         kff=0,
         out_min=0,
-        out_max=DUTY_MAX,
+        out_max=_DUTY_MAX,
         slew_per_s=0,
         d_filter_ms=1000,
-        i_min=-DUTY_MAX,
-        i_max=DUTY_MAX,
+        i_min=-_DUTY_MAX,
+        i_max=_DUTY_MAX,
         tracking_ms=None,
         antiwindup=True,
         slew_down_per_s=None,
         deadband_mc=0,
-        i_band_mc=I_BAND_MAX,
+        i_band_mc=_I_BAND_MAX,
     ):
-        # Every attribute the tick touches is created here (no dict growth later).
-        self.kp = self.ki = self.kd = self.kff = 0
-        self._kp_m = self._ki_m = self._kd_m = self._kff_m = 0
-        self._kp_s = self._ki_s = self._kd_s = self._kff_s = 14
-        self._kp_l = self._ki_l = self._kd_l = self._kff_l = _A_MAX
-        self._slew_m = 0
-        self._slew_s = 14
-        self._slew_l = _A_MAX
-        self._sdn_m = 0
-        self._sdn_s = 14
-        self._sdn_l = _A_MAX
-        self.slew_down_per_s = 0
-        self.deadband_mc = 0
-        self.i_band_mc = I_BAND_MAX
-        self._lo = 0
-        self._hi = DUTY_MAX << _Q
-        self._i_lo = -(DUTY_MAX << _Q)
-        self._i_hi = DUTY_MAX << _Q
-        self._tau = 0
-        self._tt = 0
-        self._tt_auto = True
-        self.antiwindup = bool(antiwindup)
-        self.out_min = 0
-        self.out_max = DUTY_MAX
-        self.slew_per_s = 0
-        self.d_filter_ms = 0
-        self.tracking_ms = None
+        # Every value the tick touches is in this array (nothing grows later).
+        a = array("i", bytes(4 * _N_STATE))
+        self._a = a
+        lim = _A_MAX
+        for i in (_KP_M, _KI_M, _KD_M, _KFF_M, _SL_M, _SD_M):
+            a[i + 1] = 14  # the zero gain (gain(0, 1))
+            a[i + 2] = lim
+        a[_IBAND] = _I_BAND_MAX
+        a[_HI] = _DUTY_MAX << _Q
+        a[_I_LO] = -(_DUTY_MAX << _Q)
+        a[_I_HI] = _DUTY_MAX << _Q
+        a[_TT_AUTO] = 1
+        a[_AW] = 1 if antiwindup else 0
+        a[_OUT_MAX] = _DUTY_MAX
+        a[_TRACK] = -1
         self.set_output_limits(out_min, out_max)
         self.set_integral_limits(i_min, i_max)
         self.set_slew(slew_per_s, slew_down_per_s)
@@ -236,17 +306,35 @@ class PID:
         self.set_d_filter(d_filter_ms)
         self.set_tracking(tracking_ms)
         self.set_gains(kp, ki, kd, kff)
-        self._i = 0
-        self._u = 0
-        self._rf = 0
-        self._m_prev = 0
-        self._up = self._ud = self._uf = 0
-        self._fresh = True
-        self._pending = False
-        self._held = 0
-        self._drop = True
-        self.duty = 0
         self.reset()
+
+    def __getattr__(self, name):
+        """The settings and ``duty`` by name (read-only; the tick never asks here)."""
+        names = (
+            "kp",
+            "ki",
+            "kd",
+            "kff",
+            "out_min",
+            "out_max",
+            "slew_per_s",
+            "slew_down_per_s",
+            "deadband_mc",
+            "i_band_mc",
+            "d_filter_ms",
+            "tracking_ms",
+            "antiwindup",
+            "duty",
+        )
+        for i in range(len(names)):
+            if names[i] == name:
+                v = self._a[i]
+                if i == _TRACK:
+                    return None if v < 0 else v
+                if i == _AW:
+                    return v != 0
+                return v
+        raise AttributeError(name)
 
     # ------------------------------------------------------------ configuration
 
@@ -256,17 +344,18 @@ class PID:
         Nothing changes unless all four are valid. The integrator is kept in duty
         units, so changing ki does not bump the output.
         """
-        _check_int("kp", kp, 0, GAIN_MAX, "0.001 %duty/degC")
-        _check_int("ki", ki, 0, GAIN_MAX, "0.001 %duty/(degC*s)")
-        _check_int("kd", kd, 0, GAIN_MAX, "0.001 %duty*s/degC")
-        _check_int("kff", kff, 0, GAIN_MAX, "0.001 %duty/W")
-        self._kp_m, self._kp_s, self._kp_l = gain(kp * _FULL_Q, 10**8)
-        self._ki_m, self._ki_s, self._ki_l = gain(ki * _FULL_Q, 10**11)
-        self._kd_m, self._kd_s, self._kd_l = gain(kd * _FULL_Q, 10**8 << _R_Q)
-        self._kff_m, self._kff_s, self._kff_l = gain(kff * _FULL_Q, 10**8)
-        self.kp, self.ki, self.kd, self.kff = kp, ki, kd, kff
-        if self._tt_auto:
-            self._tt = _auto_tracking(kp, ki)
+        _check_int("kp", kp, 0, _GAIN_MAX, "0.001 %duty/degC")
+        _check_int("ki", ki, 0, _GAIN_MAX, "0.001 %duty/(degC*s)")
+        _check_int("kd", kd, 0, _GAIN_MAX, "0.001 %duty*s/degC")
+        _check_int("kff", kff, 0, _GAIN_MAX, "0.001 %duty/W")
+        a = self._a
+        a[_KP_M], a[_KP_S], a[_KP_L] = gain(kp * _FULL_Q, 10**8)
+        a[_KI_M], a[_KI_S], a[_KI_L] = gain(ki * _FULL_Q, 10**11)
+        a[_KD_M], a[_KD_S], a[_KD_L] = gain(kd * _FULL_Q, 10**8 << _R_Q)
+        a[_KFF_M], a[_KFF_S], a[_KFF_L] = gain(kff * _FULL_Q, 10**8)
+        a[_KP], a[_KI], a[_KD], a[_KFF] = kp, ki, kd, kff
+        if a[_TT_AUTO]:
+            a[_TT] = _auto_tracking(kp, ki)
 
     def set_output_limits(self, out_min, out_max):
         """Clamp the output to out_min..out_max duty (0 <= out_min <= out_max <= 65535).
@@ -274,76 +363,82 @@ class PID:
         Cheap enough to call every tick, e.g. to raise out_min to a safety floor: the
         back-calculation then keeps the integrator consistent with the floor.
         """
-        _check_int("out_min", out_min, 0, DUTY_MAX, "duty_u16")
-        _check_int("out_max", out_max, out_min, DUTY_MAX, "duty_u16, >= out_min")
-        self.out_min = out_min
-        self.out_max = out_max
-        self._lo = out_min << _Q
-        self._hi = out_max << _Q
+        _check_int("out_min", out_min, 0, _DUTY_MAX, "duty_u16")
+        _check_int("out_max", out_max, out_min, _DUTY_MAX, "duty_u16, >= out_min")
+        a = self._a
+        a[_OUT_MIN] = out_min
+        a[_OUT_MAX] = out_max
+        a[_LO] = out_min << _Q
+        a[_HI] = out_max << _Q
 
     def set_integral_limits(self, i_min, i_max):
         """Clamp the integral term to i_min..i_max duty (-65535 <= i_min <= i_max <= 65535)."""
-        _check_int("i_min", i_min, -DUTY_MAX, DUTY_MAX, "duty_u16")
-        _check_int("i_max", i_max, i_min, DUTY_MAX, "duty_u16, >= i_min")
-        self._i_lo = i_min << _Q
-        self._i_hi = i_max << _Q
+        _check_int("i_min", i_min, -_DUTY_MAX, _DUTY_MAX, "duty_u16")
+        _check_int("i_max", i_max, i_min, _DUTY_MAX, "duty_u16, >= i_min")
+        self._a[_I_LO] = i_min << _Q
+        self._a[_I_HI] = i_max << _Q
 
     def set_slew(self, slew_per_s, slew_down_per_s=None):
         """Limit the output's rise to slew_per_s and its fall to slew_down_per_s duty
         per second (0 = unlimited; None = the same as the rise). After track() or
         reset() the fall is limited by slew_per_s until the output first reaches the
         law's value."""
-        _check_int("slew_per_s", slew_per_s, 0, SLEW_MAX, "duty_u16 per s, 0 = off")
+        _check_int("slew_per_s", slew_per_s, 0, _SLEW_MAX, "duty_u16 per s, 0 = off")
         if slew_down_per_s is None:
             slew_down_per_s = slew_per_s
-        _check_int("slew_down_per_s", slew_down_per_s, 0, SLEW_MAX, "duty_u16 per s, 0 = off")
-        self.slew_per_s = slew_per_s
-        self.slew_down_per_s = slew_down_per_s
-        self._slew_m, self._slew_s, self._slew_l = gain(slew_per_s << _Q, 1000)
-        self._sdn_m, self._sdn_s, self._sdn_l = gain(slew_down_per_s << _Q, 1000)
+        _check_int("slew_down_per_s", slew_down_per_s, 0, _SLEW_MAX, "duty_u16 per s, 0 = off")
+        a = self._a
+        a[_SLEW] = slew_per_s
+        a[_SDN] = slew_down_per_s
+        a[_SL_M], a[_SL_S], a[_SL_L] = gain(slew_per_s << _Q, 1000)
+        a[_SD_M], a[_SD_S], a[_SD_L] = gain(slew_down_per_s << _Q, 1000)
 
-    def set_deadband(self, deadband_mc, i_band_mc=I_BAND_MAX):
+    def set_deadband(self, deadband_mc, i_band_mc=_I_BAND_MAX):
         """Error deadband and the conditional-integration band, both m degC.
 
         |error| <= deadband_mc counts as 0 and larger errors are reduced by it
         (0..20000); the integrator stops more than i_band_mc below the setpoint and
         integrates at most i_band_mc above it (deadband..131071; 131071 = no band)."""
-        _check_int("deadband_mc", deadband_mc, 0, DEADBAND_MAX, "m degC")
-        _check_int("i_band_mc", i_band_mc, deadband_mc, I_BAND_MAX, "m degC, >= deadband")
-        self.deadband_mc = deadband_mc
-        self.i_band_mc = i_band_mc
+        _check_int("deadband_mc", deadband_mc, 0, _DEADBAND_MAX, "m degC")
+        _check_int("i_band_mc", i_band_mc, deadband_mc, _I_BAND_MAX, "m degC, >= deadband")
+        self._a[_DB] = deadband_mc
+        self._a[_IBAND] = i_band_mc
 
     def set_d_filter(self, d_filter_ms):
         """Time constant of the derivative's first-order low-pass (0 = unfiltered)."""
-        _check_int("d_filter_ms", d_filter_ms, 0, D_FILTER_MAX_MS, "ms")
-        self.d_filter_ms = d_filter_ms
-        self._tau = d_filter_ms
+        _check_int("d_filter_ms", d_filter_ms, 0, _D_FILTER_MAX_MS, "ms")
+        self._a[_TAU] = d_filter_ms
 
     def set_tracking(self, tracking_ms=None):
         """Back-calculation time constant Tt in ms; None = Ti = kp/ki (0 = one tick)."""
+        a = self._a
         if tracking_ms is None:
-            self._tt_auto = True
-            self._tt = _auto_tracking(self.kp, self.ki)
+            a[_TT_AUTO] = 1
+            a[_TT] = _auto_tracking(a[_KP], a[_KI])
+            a[_TRACK] = -1
         else:
-            _check_int("tracking_ms", tracking_ms, 0, TRACKING_MAX_MS, "ms")
-            self._tt_auto = False
-            self._tt = tracking_ms
-        self.tracking_ms = tracking_ms
+            _check_int("tracking_ms", tracking_ms, 0, _TRACKING_MAX_MS, "ms")
+            a[_TT_AUTO] = 0
+            a[_TT] = tracking_ms
+            a[_TRACK] = tracking_ms
 
     # ------------------------------------------------------------------ state
 
     def reset(self):
         """Forget all history: integrator 0, no previous sample, duty = out_max."""
-        self._i = 0
-        self._u = self._hi
-        self._rf = 0
-        self._m_prev = 0
-        self._up = self._ud = self._uf = 0
-        self._fresh = True
-        self._pending = False
-        self._held = 0
-        self._drop = True
-        self.duty = self.out_max
+        a = self._a
+        a[_I] = 0
+        a[_U] = a[_HI]
+        a[_RF] = 0
+        a[_M_PREV] = 0
+        a[_UP] = 0
+        a[_UD] = 0
+        a[_UF] = 0
+        a[_FRESH] = 1
+        a[_PENDING] = 0
+        a[_HELD] = 0
+        a[_DROP] = 1
+        a[_DUTY] = a[_OUT_MAX]
 
     def track(self, duty_u16, measurement_mc):
         """Follow a duty imposed from outside (manual, boot, fail-safe).
@@ -356,21 +451,22 @@ class PID:
         """
         if duty_u16 < 0:
             duty_u16 = 0
-        elif duty_u16 > DUTY_MAX:
-            duty_u16 = DUTY_MAX
+        elif duty_u16 > _DUTY_MAX:
+            duty_u16 = _DUTY_MAX
         m = measurement_mc
         if m > _T_LIM:
             m = _T_LIM
         elif m < -_T_LIM:
             m = -_T_LIM
-        self._u = duty_u16 << _Q
-        self._m_prev = m
-        self._rf = 0
-        self._fresh = False
-        self._pending = True
-        self._held = 0
-        self._drop = True
-        self.duty = duty_u16
+        a = self._a
+        a[_U] = duty_u16 << _Q
+        a[_M_PREV] = m
+        a[_RF] = 0
+        a[_FRESH] = 0
+        a[_PENDING] = 1
+        a[_HELD] = 0
+        a[_DROP] = 1
+        a[_DUTY] = duty_u16
 
     def set_auto(self, measurement_mc, current_duty_u16):
         """Switch manual -> auto: same as ``track(current_duty_u16, measurement_mc)``."""
@@ -378,10 +474,11 @@ class PID:
 
     def terms(self, out):
         """Write the last P, I, D and FF contributions (duty, may be negative) into out[0:4]."""
-        out[0] = (self._up + _HALF_Q) >> _Q
-        out[1] = (self._i + _HALF_Q) >> _Q
-        out[2] = (self._ud + _HALF_Q) >> _Q
-        out[3] = (self._uf + _HALF_Q) >> _Q
+        a = self._a
+        out[0] = (a[_UP] + _HALF_Q) >> _Q
+        out[1] = (a[_I] + _HALF_Q) >> _Q
+        out[2] = (a[_UD] + _HALF_Q) >> _Q
+        out[3] = (a[_UF] + _HALF_Q) >> _Q
 
     # ------------------------------------------------------------------- tick
 
@@ -391,8 +488,9 @@ class PID:
         ``dt_ms`` is the time since the previous step (1..1000 ms; more counts as
         1000; <= 0 returns the previous duty and changes nothing).
         """
+        a = self._a
         if dt_ms <= 0:
-            return self.duty
+            return a[_DUTY]
         dt = dt_ms
         if dt > _DT_MAX:
             dt = _DT_MAX
@@ -413,10 +511,9 @@ class PID:
             e = -_E_MAX
 
         # Derivative on the measurement, low-pass filtered in Q8 m degC/s.
-        if self._fresh:
-            self._m_prev = m
-        dm = m - self._m_prev
-        self._m_prev = m
+        fresh = a[_FRESH]
+        dm = 0 if fresh else m - a[_M_PREV]
+        a[_M_PREV] = m
         if dm > _DM_MAX:
             dm = _DM_MAX
         elif dm < -_DM_MAX:
@@ -427,12 +524,13 @@ class PID:
         elif r < -_R_MAX:
             r = -_R_MAX
         r <<= _R_Q
-        if self._tau == 0:
+        tau = a[_TAU]
+        if tau == 0:
             rf = r
         else:
-            rf = self._rf
-            rf += mul(r - rf, (dt << 13) // (self._tau + dt), 13, _A_MAX)
-        self._rf = rf
+            rf = a[_RF]
+            rf += mul(r - rf, (dt << 13) // (tau + dt), 13, _A_MAX)
+        a[_RF] = rf
 
         ff = ff_mw
         if ff < 0:
@@ -442,7 +540,7 @@ class PID:
 
         # Deadband: |e| <= db counts as 0, beyond it the error is reduced by db, so
         # the P and I inputs stay continuous.
-        db = self.deadband_mc
+        db = a[_DB]
         ai = e if e >= 0 else -e
         if ai <= db:
             ed = 0
@@ -451,81 +549,86 @@ class PID:
         else:
             ed = e + db
 
-        up = mul(ed, self._kp_m, self._kp_s, self._kp_l)
-        ud = mul(rf, self._kd_m, self._kd_s, self._kd_l)
-        uf = mul(ff, self._kff_m, self._kff_s, self._kff_l)
+        up = mul(ed, a[_KP_M], a[_KP_S], a[_KP_L])
+        ud = mul(rf, a[_KD_M], a[_KD_S], a[_KD_L])
+        uf = mul(ff, a[_KFF_M], a[_KFF_S], a[_KFF_L])
         pdf = _sat(_sat(up + ud) + uf)
         # The previous applied output held by a limit or the slew limiter in the
         # direction this error pushes: then no integration (conditional integration).
-        held = (ed > 0 and self._held > 0) or (ed < 0 and self._held < 0)
-        if self._ki_m == 0:
+        held = a[_HELD]
+        held = (ed > 0 and held > 0) or (ed < 0 and held < 0)
+        pending = a[_PENDING]
+        u_prev = a[_U]
+        if a[_KI_M] == 0:
             i = 0
             integrating = False
-        elif ed < -self.i_band_mc:
+        elif ed < -a[_IBAND]:
             # far below the setpoint: no integration; the integrator leaks toward 0
             # with Tt (what a boot or manual duty left in it must not stay forever).
             # A switch from manual here starts from I = 0: the slew limiter smooths it.
-            i = 0 if self._pending else self._i
-            i -= mul(i, (dt << 13) // (self._tt + dt), 13, _A_MAX)
+            i = 0 if pending else a[_I]
+            i -= mul(i, (dt << 13) // (a[_TT] + dt), 13, _A_MAX)
             integrating = True
-        elif self._pending:
+        elif pending:
             # Bumpless: choose I so that this first automatic output is the tracked duty.
-            i = self._u - pdf
+            i = u_prev - pdf
             integrating = True
         elif held:
-            i = self._i  # no integration while the output is held
+            i = a[_I]  # no integration while the output is held
             integrating = True
         else:
             # within the band; above it at the band's rate (a large error that persists
             # must still reach full cooling, but not wind up faster than the band's)
-            ei = ed if ed <= self.i_band_mc else self.i_band_mc
-            i = self._i + mul(ei * dt, self._ki_m, self._ki_s, self._ki_l)
+            ei = a[_IBAND]
+            if ed <= ei:
+                ei = ed
+            i = a[_I] + mul(ei * dt, a[_KI_M], a[_KI_S], a[_KI_L])
             integrating = True
-        self._pending = False
-        if i > self._i_hi:
-            i = self._i_hi
-        elif i < self._i_lo:
-            i = self._i_lo
+        a[_PENDING] = 0
+        if i > a[_I_HI]:
+            i = a[_I_HI]
+        elif i < a[_I_LO]:
+            i = a[_I_LO]
 
         u = _sat(pdf + i)
         v = u
         hold = 0
-        if v > self._hi:
-            v = self._hi
+        if v > a[_HI]:
+            v = a[_HI]
             hold = 1
-        elif v < self._lo:
-            v = self._lo
+        elif v < a[_LO]:
+            v = a[_LO]
             hold = -1
         w = v  # clamped; then the slew limiter
-        if not self._fresh:
-            if self._slew_m and v > self._u:
-                limit = mul(dt, self._slew_m, self._slew_s, self._slew_l)
-                if v > self._u + limit:
-                    v = self._u + limit
+        if not fresh:
+            if a[_SL_M] and v > u_prev:
+                limit = mul(dt, a[_SL_M], a[_SL_S], a[_SL_L])
+                if v > u_prev + limit:
+                    v = u_prev + limit
                     hold = 1
-            elif v < self._u:
+            elif v < u_prev:
                 # a tracked duty (boot, fail-safe, manual) comes down at the rise's
                 # rate until the law's value is reached; the loop's own at the fall's
-                if self._drop:
-                    limit = self._slew_m
+                if a[_DROP]:
+                    limit = a[_SL_M]
                     if limit:
-                        limit = mul(dt, self._slew_m, self._slew_s, self._slew_l)
+                        limit = mul(dt, limit, a[_SL_S], a[_SL_L])
                 else:
-                    limit = self._sdn_m
+                    limit = a[_SD_M]
                     if limit:
-                        limit = mul(dt, self._sdn_m, self._sdn_s, self._sdn_l)
-                if limit and v < self._u - limit:
-                    v = self._u - limit
+                        limit = mul(dt, limit, a[_SD_S], a[_SD_L])
+                if limit and v < u_prev - limit:
+                    v = u_prev - limit
                     hold = -1
         if v <= w:
-            self._drop = False  # the law's value reached (or it asks for more)
-        self._held = hold
+            a[_DROP] = 0  # the law's value reached (or it asks for more)
+        a[_HELD] = hold
 
-        if self.antiwindup and integrating and w != u:
+        if a[_AW] and integrating and w != u:
             # Back-calculation that only unwinds: I moves toward 0 by (clamped -
             # unclamped) * dt / (Tt + dt), never past 0, so P and FF are never absorbed.
             diff = _sat(w - u)
-            adj = mul(diff, (dt << 13) // (self._tt + dt), 13, _A_MAX)
+            adj = mul(diff, (dt << 13) // (a[_TT] + dt), 13, _A_MAX)
             if i > 0 and adj < 0:
                 i += adj
                 if i < 0:
@@ -535,14 +638,14 @@ class PID:
                 if i > 0:
                     i = 0
 
-        self._i = i
-        self._up = up
-        self._ud = ud
-        self._uf = uf
-        self._u = v
-        self._fresh = False
+        a[_I] = i
+        a[_UP] = up
+        a[_UD] = ud
+        a[_UF] = uf
+        a[_U] = v
+        a[_FRESH] = 0
         duty = (v + _HALF_Q) >> _Q
-        self.duty = duty
+        a[_DUTY] = duty
         return duty
 
 
@@ -559,4 +662,4 @@ def _auto_tracking(kp, ki):
     if ki == 0:
         return 0
     tt = kp * 1000 // ki
-    return TRACKING_MAX_MS if tt > TRACKING_MAX_MS else tt
+    return _TRACKING_MAX_MS if tt > _TRACKING_MAX_MS else tt

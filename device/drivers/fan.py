@@ -73,6 +73,8 @@ the ISR is a bound method created once in ``__init__`` and only increments a cou
 until the control loop says otherwise, cooling is at its maximum).
 """
 
+from array import array
+
 from device import floors as _floors
 
 try:
@@ -155,6 +157,42 @@ _CONFIG_KEYS = (
 )
 
 
+# A fan's settings and state: one array('i') (``Fan._a``), indexed by these. The first
+# 17 are what ``__getattr__`` answers by name (its tuple's order).
+_FREQ = const(0)  # freq_hz
+_MIN = const(1)  # min_duty
+_KICK_DUTY = const(2)
+_KICK_MS = const(3)
+_PPR = const(4)  # pulses_per_rev
+_WIN_MS = const(5)  # rpm_window_ms
+_STALL_MS = const(6)
+_MAX_RPM = const(7)
+_ALLOW_STOP = const(8)  # 0/1
+_INVERT = const(9)  # 0/1
+_RPM_FLOOR = const(10)  # the model's floor at 100 %
+_SETTLE_MS = const(11)
+_COMMANDED = const(12)  # the last request after clamping
+_GLITCHES = const(13)
+_SETTLED = const(14)  # settled_duty: a duty applied for >= settle_ms without a kick
+_KIND = const(15)  # implausible_kind
+_ICOUNT = const(16)  # implausible_count
+_CHECK_DUTY = const(17)  # the model's rpm_check_duty
+_TARGET = const(18)  # the duty to apply (after min-duty), once a kick ends
+_KICK_START = const(19)
+_STARTED = const(20)  # first update() seen
+_WIN_START = const(21)  # the RPM window
+_WIN_COUNT = const(22)
+_TICK_COUNT = const(23)  # the pulse count at the last update()
+_ALIVE_MS = const(24)  # last time the fan was known turning (or started)
+_PEND = const(25)  # lowest duty since _PEND_MS: becomes settled_duty after settle_ms
+_PEND_MS = const(26)
+_OFF = const(27)  # applied duty 0 (stopped) at the last update
+_OFF_MS = const(28)  # when it stopped
+_BAD = const(29)  # the reading is off for the duty since _BAD_MS
+_BAD_MS = const(30)
+_N_STATE = const(31)
+
+
 class Fan:
     """One 4-wire fan. See the module docstring for the behaviour.
 
@@ -166,6 +204,11 @@ class Fan:
     running fan (missing keys keep their value; the tach IRQ and counters are kept).
     ``pwm`` is the PWM object; ``force_full()`` drives 100 % directly, for last-resort
     error paths.
+
+    What the tick and the IRQ touch most (``pulses``, ``rpm``, ``duty``, ``stalled``,
+    ``kicking``, ``implausible``) are attributes; the settings and the rest of the
+    state live in one ``array('i')``, the settings and counters read back by name
+    through ``__getattr__`` (a 41-attribute instance dict was 392 B on a 32-bit port).
     """
 
     def __init__(
@@ -187,6 +230,7 @@ class Fan:
         model=None,
     ):
         _check_int(initial_duty, 0, _DUTY_MAX, "initial_duty")
+        self._a = array("i", bytes(4 * _N_STATE))
         self._set(
             freq_hz,
             min_duty,
@@ -201,40 +245,49 @@ class Fan:
             model,
         )
         self.pwm = pwm
-        self._pin = tach_pin
 
         self.pulses = 0  # incremented by the ISR only
         self.rpm = 0
         self.stalled = False
         self.kicking = False
-        self.glitches = 0
         self.duty = -1  # forces the first write
-        self.commanded = initial_duty
-        self._target = 0
-        self._kick_start = 0
-        self._started = False  # first update() seen
-        self._win_start = 0
-        self._win_count = 0
-        self._tick_count = 0
-        self._alive_ms = 0  # last time the fan was known turning (or started)
-        # plausibility (see the module docstring)
-        self.implausible = False
-        self.implausible_kind = IMPLAUSIBLE_NONE
-        self.implausible_count = 0
-        self.settled_duty = 0  # a duty applied for >= settle_ms without a kick
-        self._pend = 0  # lowest duty since _pend_ms: becomes settled_duty after settle_ms
-        self._pend_ms = 0
-        self._off = False  # applied duty 0 (stopped) at the last update
-        self._off_ms = 0  # when it stopped
-        self._bad = False  # the reading is off for the duty since _bad_ms
-        self._bad_ms = 0
+        self.implausible = False  # plausibility (see the module docstring)
+        a = self._a
+        a[_COMMANDED] = initial_duty
 
         pwm.freq(freq_hz)
-        self._target = self._effective(initial_duty)
-        self._apply(self._target)
+        a[_TARGET] = self._effective(initial_duty)
+        self._apply(a[_TARGET])
         # Bound method created once: the IRQ must not allocate.
         self._isr = self._on_edge
         tach_pin.irq(handler=self._isr, trigger=irq_trigger)
+
+    def __getattr__(self, name):
+        """The settings and counters by name (read-only; the tick never asks here)."""
+        names = (
+            "freq_hz",
+            "min_duty",
+            "kick_duty",
+            "kick_ms",
+            "pulses_per_rev",
+            "rpm_window_ms",
+            "stall_ms",
+            "max_rpm",
+            "allow_stop",
+            "invert",
+            "rpm_floor",
+            "settle_ms",
+            "commanded",
+            "glitches",
+            "settled_duty",
+            "implausible_kind",
+            "implausible_count",
+        )
+        for i in range(len(names)):
+            if names[i] == name:
+                v = self._a[i]
+                return v != 0 if i == _ALLOW_STOP or i == _INVERT else v
+        raise AttributeError(name)
 
     def _set(
         self,
@@ -268,20 +321,21 @@ class Fan:
                 "max_rpm * pulses_per_rev * 2 * rpm_window_ms exceeds 2**30; "
                 "use a shorter window or a lower max_rpm"
             )
-        self.freq_hz = freq_hz
-        self.min_duty = min_duty
-        self.kick_duty = kick_duty
-        self.kick_ms = kick_ms
-        self.pulses_per_rev = pulses_per_rev
-        self.rpm_window_ms = rpm_window_ms
-        self.stall_ms = stall_ms
-        self.max_rpm = max_rpm
-        self.allow_stop = bool(allow_stop)
-        self.invert = bool(invert)
+        a = self._a
+        a[_FREQ] = freq_hz
+        a[_MIN] = min_duty
+        a[_KICK_DUTY] = kick_duty
+        a[_KICK_MS] = kick_ms
+        a[_PPR] = pulses_per_rev
+        a[_WIN_MS] = rpm_window_ms
+        a[_STALL_MS] = stall_ms
+        a[_MAX_RPM] = max_rpm
+        a[_ALLOW_STOP] = 1 if allow_stop else 0
+        a[_INVERT] = 1 if invert else 0
         self.model = model
-        self.rpm_floor = _floors.rpm_floor(model)
-        self._check_duty = model[_floors.FM_RPM_CHECK_DUTY]
-        self.settle_ms = kick_ms if kick_ms > _SETTLE_MIN_MS else _SETTLE_MIN_MS
+        a[_RPM_FLOOR] = _floors.rpm_floor(model)
+        a[_CHECK_DUTY] = model[_floors.FM_RPM_CHECK_DUTY]
+        a[_SETTLE_MS] = kick_ms if kick_ms > _SETTLE_MIN_MS else _SETTLE_MIN_MS
 
     @classmethod
     def from_config(cls, pwm, tach_pin, irq_trigger, cfg, model=None):
@@ -295,24 +349,25 @@ class Fan:
 
     def configure(self, cfg):
         """Apply a config dict to this running fan; the request is re-applied."""
+        a = self._a
         cur = {
-            "freq_hz": self.freq_hz,
-            "min_duty": self.min_duty,
-            "kick_duty": self.kick_duty,
-            "kick_ms": self.kick_ms,
-            "pulses_per_rev": self.pulses_per_rev,
-            "rpm_window_ms": self.rpm_window_ms,
-            "stall_ms": self.stall_ms,
-            "max_rpm": self.max_rpm,
-            "allow_stop": self.allow_stop,
-            "invert": self.invert,
+            "freq_hz": a[_FREQ],
+            "min_duty": a[_MIN],
+            "kick_duty": a[_KICK_DUTY],
+            "kick_ms": a[_KICK_MS],
+            "pulses_per_rev": a[_PPR],
+            "rpm_window_ms": a[_WIN_MS],
+            "stall_ms": a[_STALL_MS],
+            "max_rpm": a[_MAX_RPM],
+            "allow_stop": a[_ALLOW_STOP] != 0,
+            "invert": a[_INVERT] != 0,
             "model": self.model,
         }
         for key, arg in _CONFIG_KEYS:
             if key in cfg:
                 cur[arg] = cfg[key]
-        old_freq = self.freq_hz
-        old_invert = self.invert
+        old_freq = a[_FREQ]
+        old_invert = a[_INVERT]
         self._set(
             cur["freq_hz"],
             cur["min_duty"],
@@ -326,33 +381,33 @@ class Fan:
             cur["invert"],
             cur["model"],
         )
-        self._bad = False  # the model or the timing may have changed: judge afresh
-        if self.implausible_kind == IMPLAUSIBLE_TURNING and not self.allow_stop:
+        a[_BAD] = 0  # the model or the timing may have changed: judge afresh
+        if a[_KIND] == IMPLAUSIBLE_TURNING and not a[_ALLOW_STOP]:
             self._clear_implausible()  # the fan is no longer told to stop
-        if self.freq_hz != old_freq:
-            self.pwm.freq(self.freq_hz)
-        if self.invert != old_invert:
+        if a[_FREQ] != old_freq:
+            self.pwm.freq(a[_FREQ])
+        if a[_INVERT] != old_invert:
             self.duty = -1  # the PWM level means the opposite now: rewrite it
-        self._target = self._effective(self.commanded)
+        a[_TARGET] = self._effective(a[_COMMANDED])
         if self.kicking:
-            if self._target == 0:
+            if a[_TARGET] == 0:
                 self.kicking = False
                 self._apply(0)
             else:
-                self._apply(self.duty if self.duty >= 0 else self.kick_duty)
+                self._apply(self.duty if self.duty >= 0 else a[_KICK_DUTY])
         else:
-            self._apply(self._target)
+            self._apply(a[_TARGET])
 
     def force_full(self):
         """Drive 100 % cooling straight to the PWM (honours ``invert``); never raises
         for a sane PWM object. For error paths: the next ``set_duty`` takes over again."""
         self.kicking = False
         self.duty = _DUTY_MAX
-        self.pwm.duty_u16(0 if self.invert else _DUTY_MAX)
+        self.pwm.duty_u16(0 if self._a[_INVERT] else _DUTY_MAX)
 
     def _clear_implausible(self):
         self.implausible = False
-        self.implausible_kind = IMPLAUSIBLE_NONE
+        self._a[_KIND] = IMPLAUSIBLE_NONE
 
     def _on_edge(self, pin):
         self.pulses = (self.pulses + 1) & _COUNT_MASK
@@ -360,13 +415,14 @@ class Fan:
     def _apply(self, duty):
         if duty != self.duty:
             self.duty = duty
-            self.pwm.duty_u16(_DUTY_MAX - duty if self.invert else duty)
+            self.pwm.duty_u16(_DUTY_MAX - duty if self._a[_INVERT] else duty)
 
     def _effective(self, duty):
-        if duty == 0 and self.allow_stop:
+        a = self._a
+        if duty == 0 and a[_ALLOW_STOP]:
             return 0
-        if duty < self.min_duty:
-            return self.min_duty
+        if duty < a[_MIN]:
+            return a[_MIN]
         return duty
 
     def set_duty(self, duty_u16, now_ms):
@@ -377,20 +433,21 @@ class Fan:
             duty_u16 = 0
         elif duty_u16 > _DUTY_MAX:
             duty_u16 = _DUTY_MAX
-        self.commanded = duty_u16
+        a = self._a
+        a[_COMMANDED] = duty_u16
         target = self._effective(duty_u16)
-        self._target = target
+        a[_TARGET] = target
         if target == 0:
             self.kicking = False
             self.stalled = False
             self._apply(0)
             return
         if self.duty == 0:  # starting from stop
-            self._alive_ms = now_ms
-            if self.kick_ms > 0 and target < self.kick_duty:
+            a[_ALIVE_MS] = now_ms
+            if a[_KICK_MS] > 0 and target < a[_KICK_DUTY]:
                 self.kicking = True
-                self._kick_start = now_ms
-                self._apply(self.kick_duty)
+                a[_KICK_START] = now_ms
+                self._apply(a[_KICK_DUTY])
                 return
         if not self.kicking:
             self._apply(target)
@@ -398,105 +455,111 @@ class Fan:
     def update(self, now_ms):
         """Per control tick: end a kick, measure RPM, detect a stall, judge the reading."""
         count = self.pulses
-        if not self._started:
-            self._started = True
-            self._win_start = now_ms
-            self._win_count = count
-            self._tick_count = count
-            self._alive_ms = now_ms
-            self._pend_ms = now_ms  # not settled before the first tick
-            self._off = self.duty == 0
-            self._off_ms = now_ms  # a stop seen at boot: the rotor may still coast
+        a = self._a
+        if not a[_STARTED]:
+            a[_STARTED] = 1
+            a[_WIN_START] = now_ms
+            a[_WIN_COUNT] = count
+            a[_TICK_COUNT] = count
+            a[_ALIVE_MS] = now_ms
+            a[_PEND_MS] = now_ms  # not settled before the first tick
+            a[_OFF] = 1 if self.duty == 0 else 0
+            a[_OFF_MS] = now_ms  # a stop seen at boot: the rotor may still coast
             return
-        if self.kicking and _diff(now_ms, self._kick_start) >= self.kick_ms:
+        if self.kicking and _diff(now_ms, a[_KICK_START]) >= a[_KICK_MS]:
             self.kicking = False
-            self._apply(self._target)
+            self._apply(a[_TARGET])
 
         # RPM window
         fresh = False
-        elapsed = _diff(now_ms, self._win_start)
-        if elapsed >= self.rpm_window_ms:
-            n = (count - self._win_count) & _COUNT_MASK
-            if elapsed <= 2 * self.rpm_window_ms:
-                limit = self.max_rpm * self.pulses_per_rev * elapsed // _MS_PER_MIN
+        elapsed = _diff(now_ms, a[_WIN_START])
+        win = a[_WIN_MS]
+        if elapsed >= win:
+            n = (count - a[_WIN_COUNT]) & _COUNT_MASK
+            if elapsed <= 2 * win:
+                ppr = a[_PPR]
+                limit = a[_MAX_RPM] * ppr * elapsed // _MS_PER_MIN
                 if n > limit:
-                    self.glitches += 1
+                    a[_GLITCHES] += 1
                 else:
-                    self.rpm = rpm_from_pulses(n, self.pulses_per_rev, elapsed)
+                    self.rpm = rpm_from_pulses(n, ppr, elapsed)
                     fresh = True
-            self._win_start = now_ms
-            self._win_count = count
+            a[_WIN_START] = now_ms
+            a[_WIN_COUNT] = count
         elif elapsed < 0:  # clock went backwards: restart the window
-            self._win_start = now_ms
-            self._win_count = count
+            a[_WIN_START] = now_ms
+            a[_WIN_COUNT] = count
 
         # Stall: running but no pulse for stall_ms. Once stalled, stray pulses (a
         # coasting rotor, a glitch) do not clear it: a full RPM window must show the
         # fan really turning again, so the fault does not flap.
-        if count != self._tick_count:
-            self._tick_count = count
+        if count != a[_TICK_COUNT]:
+            a[_TICK_COUNT] = count
             if not self.stalled or self.rpm >= _STALL_CLEAR_RPM:
-                self._alive_ms = now_ms
+                a[_ALIVE_MS] = now_ms
                 self.stalled = False
         elif self.duty == 0:
-            self._alive_ms = now_ms
+            a[_ALIVE_MS] = now_ms
             self.stalled = False
-        elif _diff(now_ms, self._alive_ms) >= self.stall_ms:
+        elif _diff(now_ms, a[_ALIVE_MS]) >= a[_STALL_MS]:
             self.stalled = True
 
         self._plausibility(now_ms, fresh)
 
     def _plausibility(self, now_ms, fresh):
         """Judge the reading against the settled duty; ``fresh``: a window just closed."""
+        a = self._a
         d = 0 if self.kicking else self.duty
         # settled_duty = the lowest duty over at least settle_ms (lower duties at once)
-        if d < self.settled_duty:
-            self.settled_duty = d
-            self._pend = d
-            self._pend_ms = now_ms
+        if d < a[_SETTLED]:
+            a[_SETTLED] = d
+            a[_PEND] = d
+            a[_PEND_MS] = now_ms
         else:
-            if d < self._pend:
-                self._pend = d
-            if _diff(now_ms, self._pend_ms) >= self.settle_ms:
-                self.settled_duty = self._pend
-                self._pend = d
-                self._pend_ms = now_ms
+            if d < a[_PEND]:
+                a[_PEND] = d
+            if _diff(now_ms, a[_PEND_MS]) >= a[_SETTLE_MS]:
+                a[_SETTLED] = a[_PEND]
+                a[_PEND] = d
+                a[_PEND_MS] = now_ms
         if self.duty == 0:
-            if not self._off:
-                self._off = True
-                self._off_ms = now_ms
+            if not a[_OFF]:
+                a[_OFF] = 1
+                a[_OFF_MS] = now_ms
         else:
-            self._off = False
+            a[_OFF] = 0
 
         kind = IMPLAUSIBLE_NONE  # what the reading would be, were it to last
         judged = False  # a check applies this tick
-        if self._off:
-            if _diff(now_ms, self._off_ms) >= _STOP_SPINDOWN_MS:
+        settled = a[_SETTLED]
+        floor = a[_RPM_FLOOR]
+        if a[_OFF]:
+            if _diff(now_ms, a[_OFF_MS]) >= _STOP_SPINDOWN_MS:
                 judged = True
                 if self.rpm >= _STOP_RPM:
                     kind = IMPLAUSIBLE_TURNING
-        elif d > 0 and self.settled_duty >= self._check_duty and self.rpm_floor > 0:
+        elif d > 0 and settled >= a[_CHECK_DUTY] and floor > 0:
             judged = True
             # rpm_floor <= _FLOOR_MAX and settled >> 6 <= 1023: below 2**30
-            if self.rpm < self.rpm_floor * (self.settled_duty >> 6) // 1024:
+            if self.rpm < floor * (settled >> 6) // 1024:
                 kind = IMPLAUSIBLE_SLOW
         if kind != IMPLAUSIBLE_NONE:
-            if not self._bad:
-                self._bad = True
-                self._bad_ms = now_ms
+            if not a[_BAD]:
+                a[_BAD] = 1
+                a[_BAD_MS] = now_ms
             elif (
                 not self.implausible
                 and not self.stalled
-                and _diff(now_ms, self._bad_ms) >= self.stall_ms
+                and _diff(now_ms, a[_BAD_MS]) >= a[_STALL_MS]
             ):
                 self.implausible = True
-                self.implausible_kind = kind
-                self.implausible_count += 1
+                a[_KIND] = kind
+                a[_ICOUNT] += 1
             return
-        self._bad = False
+        a[_BAD] = 0
         if not (judged and fresh and self.implausible):
             return
         # A full window that fits clears the fault, if it answers the question the
         # fault raised: a slow reading by a running window, a turning one by a stop.
-        if self._off == (self.implausible_kind == IMPLAUSIBLE_TURNING):
+        if (a[_OFF] != 0) == (a[_KIND] == IMPLAUSIBLE_TURNING):
             self._clear_implausible()

@@ -18,7 +18,9 @@ outside -55..200 degC, so no range check can mistake it for a reading), sets
 filter restarts from the first good reading after a fault.
 """
 
-from device.control.filters import EMA, Median
+from array import array
+
+from device.control import ema_update, filter_reset, median_update
 
 try:
     from micropython import const
@@ -38,6 +40,22 @@ INVALID_MC = _INVALID_MC  # read_mc() result while faulted: a small int, not a t
 
 _MAX_OVERSAMPLE = const(16384)  # 16384 * 65535 < 2**30: the sum stays a small int
 _MEDIAN_N = const(5)
+# A channel's state array (``NTC._s``): table step, oversample, the valid codes and the
+# faults beyond them, the filter's kind, then the filter's own state (device.control:
+# 3 + 2 * 5 entries for the median of 5, 3 for the EMA, none without a filter).
+_STEP = const(0)
+_N = const(1)
+_LO = const(2)
+_HI = const(3)
+_FLO = const(4)
+_FHI = const(5)
+_KIND = const(6)
+_F = const(7)
+_K_NONE = const(0)
+_K_MEDIAN = const(1)
+_K_EMA = const(2)
+_K_OBJ = const(3)  # an injected object with update() and reset()
+_K_OBJ_NR = const(4)  # an injected object with update() only
 
 
 def lut_interp_mc(lut, step, code):
@@ -85,28 +103,57 @@ class NTC:
     ):
         if not 1 <= oversample <= _MAX_OVERSAMPLE:
             raise ValueError("oversample must be 1..%d" % _MAX_OVERSAMPLE)
-        self._adc = adc
-        self._lut = lut
-        self._step = step
-        self._n = oversample
-        self._set_thresholds(open_code, short_code)
+        # One state array and no filter object: 7 instance attributes (one 8-slot
+        # table), 4 channels in ~190 B each (device.control's filters at _F).
         if filter == "median5":
-            self._filter = Median(_MEDIAN_N)
+            kind = _K_MEDIAN
+            size = 3 + 2 * _MEDIAN_N
         elif filter == "ema":
             if not 1 <= ema_alpha <= 256:
                 raise ValueError("ema_alpha must be 1..256 (1/256ths)")
-            self._filter = EMA(ema_alpha)
-        elif filter is None or hasattr(filter, "update"):
+            kind = _K_EMA
+            size = 3
+        elif filter is None:
+            kind = _K_NONE
+            size = 0
+        elif hasattr(filter, "update"):
+            kind = _K_OBJ if hasattr(filter, "reset") else _K_OBJ_NR
+            size = 0
             self._filter = filter
         else:
             raise ValueError("filter must be 'median5', 'ema', None or have update()")
-        self._reset = getattr(self._filter, "reset", None)  # bound once, not per read
+        self.table = None  # from_config's table key (table_key)
+        self._adc = adc
+        self._lut = lut
+        s = array("i", bytes(4 * (_F + size)))
+        self._s = s
+        s[_STEP] = step
+        s[_N] = oversample
+        s[_KIND] = kind
+        if kind == _K_MEDIAN:
+            s[_F] = _MEDIAN_N
+        elif kind == _K_EMA:
+            s[_F] = ema_alpha
+        self._set_thresholds(open_code, short_code)
         self.fault = _FAULT_NONE
         self.last_raw = 0  # averaged ADC code of the last read_mc()
         self.last_mc = _INVALID_MC  # last value read_mc() returned
-        self.r_fixed_ohm = None  # set by from_config, used by ohms()
-        self.table = None  # from_config's table key (table_key)
-        self.ntc_low = True
+
+    def __getattr__(self, name):
+        """What were attributes: ``r_fixed_ohm`` and ``ntc_low`` (the divider, from the
+        table key of ``from_config``; None and True without one), and the state
+        array's ``_step``, ``_n``, ``_lo``, ``_hi``, ``_fault_lo``, ``_fault_hi`` (read
+        when configuring, and by device.safety for the nominal table's faults). Only
+        names an instance does not hold come here: never the tick's."""
+        if name == "r_fixed_ohm":
+            return None if self.table is None else self.table[2]
+        if name == "ntc_low":
+            return True if self.table is None else self.table[3]
+        names = ("_step", "_n", "_lo", "_hi", "_fault_lo", "_fault_hi")
+        for i in range(len(names)):
+            if names[i] == name:
+                return self._s[i]
+        raise AttributeError(name)
 
     @classmethod
     def from_config(cls, adc, cfg, points=257, luts=None, spare=None, **kwargs):
@@ -148,8 +195,6 @@ class NTC:
             if key in cfg and key not in kwargs:
                 kwargs[key] = cfg[key]
         ntc = cls(adc, lut, step, **kwargs)
-        ntc.r_fixed_ohm = table[2]
-        ntc.ntc_low = table[3]
         ntc.table = table  # its ``luts`` key: a reconfiguration reuses the table
         return ntc
 
@@ -182,6 +227,8 @@ class NTC:
         from device.calib import LUT_OPEN, LUT_SHORT
 
         lut = self._lut
+        s = self._s
+        step = s[_STEP]
         n = len(lut)
         first = 0
         while first < n and (lut[first] == LUT_OPEN or lut[first] == LUT_SHORT):
@@ -192,62 +239,73 @@ class NTC:
         while last + 1 < n and lut[last + 1] != LUT_OPEN and lut[last + 1] != LUT_SHORT:
             last += 1
         # Valid codes: [lo, hi]; what lies below lo / above hi is a fault of that kind.
-        self._lo = first * self._step
-        self._hi = min(last * self._step, 65535)
-        self._fault_lo = _fault_of(lut[first - 1], LUT_OPEN) if first > 0 else _FAULT_NONE
-        self._fault_hi = _fault_of(lut[last + 1], LUT_OPEN) if last + 1 < n else _FAULT_NONE
+        s[_LO] = first * step
+        s[_HI] = min(last * step, 65535)
+        s[_FLO] = _fault_of(lut[first - 1], LUT_OPEN) if first > 0 else _FAULT_NONE
+        s[_FHI] = _fault_of(lut[last + 1], LUT_OPEN) if last + 1 < n else _FAULT_NONE
         if open_code is None and short_code is None:
             return
         if open_code is None or short_code is None:
             raise ValueError("give both open_code and short_code, or neither")
         if short_code < open_code:  # NTC on the low side
-            self._lo, self._hi = max(self._lo, short_code), min(self._hi, open_code)
-            self._fault_lo, self._fault_hi = _FAULT_SHORT, _FAULT_OPEN
+            s[_LO], s[_HI] = max(s[_LO], short_code), min(s[_HI], open_code)
+            s[_FLO], s[_FHI] = _FAULT_SHORT, _FAULT_OPEN
         else:
-            self._lo, self._hi = max(self._lo, open_code), min(self._hi, short_code)
-            self._fault_lo, self._fault_hi = _FAULT_OPEN, _FAULT_SHORT
+            s[_LO], s[_HI] = max(s[_LO], open_code), min(s[_HI], short_code)
+            s[_FLO], s[_FHI] = _FAULT_OPEN, _FAULT_SHORT
 
     @property
     def valid_codes(self):
         """``(lo, hi)``: averaged codes outside this range are faults."""
-        return (self._lo, self._hi)
+        return (self._s[_LO], self._s[_HI])
 
     def read_mc(self):
         """Filtered temperature in milli-degC, or ``INVALID_MC`` with ``fault`` set.
 
         The control-tick hot path: integers only, no allocation.
         """
+        s = self._s
         adc = self._adc
-        n = self._n
+        n = s[_N]
         total = 0
         for _ in range(n):
             total += adc.read_u16()
         code = (total + (n >> 1)) // n
         self.last_raw = code
-        if code < self._lo:
-            fault = self._fault_lo
-        elif code > self._hi:
-            fault = self._fault_hi
+        if code < s[_LO]:
+            fault = s[_FLO]
+        elif code > s[_HI]:
+            fault = s[_FHI]
         else:
             fault = _FAULT_NONE
         if fault != _FAULT_NONE:
-            if self.fault == _FAULT_NONE and self._reset is not None:
-                self._reset()  # restart the filter from the first good reading
+            if self.fault == _FAULT_NONE:  # restart the filter from the first good reading
+                k = s[_KIND]
+                if k == _K_MEDIAN or k == _K_EMA:
+                    filter_reset(s, _F)
+                elif k == _K_OBJ:
+                    self._filter.reset()
             self.fault = fault
             self.last_mc = _INVALID_MC
             return _INVALID_MC
         self.fault = _FAULT_NONE
-        t = lut_interp_mc(self._lut, self._step, code)
-        if self._filter is not None:
+        t = lut_interp_mc(self._lut, s[_STEP], code)
+        k = s[_KIND]
+        if k == _K_MEDIAN:
+            t = median_update(s, _F, t)
+        elif k == _K_EMA:
+            t = ema_update(s, _F, t)
+        elif k != _K_NONE:
             t = self._filter.update(t)
         self.last_mc = t
         return t
 
     def code_to_mc(self, code):
         """Unfiltered milli-degC at an averaged ``code``; ``INVALID_MC`` outside range."""
-        if code < self._lo or code > self._hi:
+        s = self._s
+        if code < s[_LO] or code > s[_HI]:
             return _INVALID_MC
-        return lut_interp_mc(self._lut, self._step, code)
+        return lut_interp_mc(self._lut, s[_STEP], code)
 
     def sample_raw(self, n=64):
         """For calibration: ``(mean_x16, min, max)`` of ``n`` single ``read_u16()``.
