@@ -907,11 +907,11 @@ def _commands():
 
 
 def _release(json=False):
-    """Forget what booting, configuring and commands import (device.commands,
-    device.config and its JSON parser, which protocol.jsonl also imports for a line
-    only; device.nonce; protocol.cbor's decoder) when done; protocol.jsonl too
-    (device.config's canonical JSON) unless the port speaks JSON lines (``json``: it
-    stays for the next line)."""
+    """Forget what booting, configuring and commands import (device.commands, the
+    parts of device/cfg/ and the JSON parser, which protocol.jsonl also imports for a
+    line only; device.nonce; protocol.cbor's decoder; the INA226's setup) when done;
+    protocol.jsonl too (the config's canonical JSON) unless the port speaks JSON lines
+    (``json``: it stays for the next line)."""
     if not json:
         _unload("protocol.jsonl")
     _unload("device.commands")
