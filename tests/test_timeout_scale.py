@@ -35,3 +35,11 @@ def test_the_control_socket_allows_the_scaled_selftest():
 
     assert ctlsock.MAX_TIMEOUT_S == pytest.approx(120.0 * R.timeout_scale())
     assert R.REQUEST_TIMEOUTS["selftest"] < ctlsock.MAX_TIMEOUT_S
+
+
+def test_the_virtual_modules_repl_start_carries_the_scale():
+    """The sim's REPL interpreter start (10 s): a full run beside qemu jobs took longer
+    and a test saw "the REPL's interpreter did not start" (issue 24's round, 8419fd5)."""
+    from modbridge.sim import repl
+
+    assert repl.START_TIMEOUT_S == pytest.approx(10.0 * R.timeout_scale())

@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable
 
 from modbridge.errors import ModbridgeError
+from modbridge.link.requests import timeout_scale
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,10 @@ WINDOW = 128  # raw-paste flow-control window: pyexec's MICROPY_REPL_STDIN_BUFFE
 MACHINE = "sim with MicroPython unix port"  # boards/sim.py NAME and MCU
 MAX_CODE = 1 << 20  # bytes of one line / paste / raw-paste; more is dropped (a board's heap)
 MAX_PENDING = 1 << 16  # host bytes held while code runs (a board's stdin ring is smaller)
-START_TIMEOUT_S = 10.0
+# How long the REPL's interpreter may take to start and say its version, times
+# $MODBRIDGE_TIMEOUT_SCALE (modbridge.link.requests): a loaded machine starts a
+# MicroPython process slowly (a full test run beside qemu jobs took more than 10 s).
+START_TIMEOUT_S = 10.0 * timeout_scale()
 
 # modes
 FRIENDLY, PASTE, RAW, RAW_PASTE = "friendly", "paste", "raw", "raw-paste"
