@@ -43,3 +43,12 @@ def test_the_virtual_modules_repl_start_carries_the_scale():
     from modbridge.sim import repl
 
     assert repl.START_TIMEOUT_S == pytest.approx(10.0 * R.timeout_scale())
+
+
+def test_the_virtual_mcus_hang_timeout_carries_the_scale():
+    """A firmware process with no request for this long is taken as hung (10 s): a
+    fresh-clone run beside a qemu stress job halted a healthy wheel-installed virtual
+    module that way (its configuring modules compiled from source)."""
+    from modbridge.sim import runner
+
+    assert runner.HANG_TIMEOUT_S == pytest.approx(10.0 * R.timeout_scale())

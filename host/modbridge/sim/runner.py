@@ -36,7 +36,9 @@ REPL, which a thread serves on the pty (``repl.py``: friendly, raw and raw-paste
 for mpremote, code in a persistent ``micropython`` with ``fs_dir`` as its
 filesystem); a soft reset at the friendly REPL or ``machine.reset()`` starts the
 firmware again. A process that does not answer within ``hang_timeout_s`` of wall time
-(an endless loop that never sleeps) or breaks the link is killed: the MCU is halted.
+(an endless loop that never sleeps; 10 s by default, times ``$MODBRIDGE_TIMEOUT_SCALE``:
+a loaded machine compiles a configuring command's modules slowly) or breaks the link
+is killed: the MCU is halted.
 Each change is a :class:`McuEvent` in ``mcu_events`` (``on_mcu_event``,
 ``wait_mcu_event``); a REPL tool's Ctrl-C / Ctrl-A while the firmware runs is a
 ``note`` event (the firmware ignores them, as a board's does with Ctrl-C disabled).
@@ -80,12 +82,16 @@ from pathlib import Path
 
 from modbridge.extras import install_hint
 from modbridge.link.keys import KeyStore, attach_dir, detach_dir, write_key_file
+from modbridge.link.requests import timeout_scale
 from modbridge.sim import link as L
 from modbridge.sim import repl as R
 from modbridge.tools import mpy
 from protocol import catalog as C
 from protocol.frame import StreamDecoder, encode_frame
 from protocol.sign import KEY_LEN, Signer, new_key
+
+#: Wall time a firmware process may go without a request before it is taken as hung.
+HANG_TIMEOUT_S = 10.0 * timeout_scale()
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +203,7 @@ class VirtualModule:
         ticks_start=0,
         heapsize="1M",
         code_root=None,
-        hang_timeout_s=10.0,
+        hang_timeout_s=None,
         record_tx=False,
         keys=None,
         provision=True,
@@ -222,7 +228,7 @@ class VirtualModule:
         self.ticks_start = int(ticks_start) & TICKS_MASK
         self.heapsize = heapsize
         self.code_root = Path(code_root) if code_root else mpy.CODE_ROOT
-        self.hang_timeout_s = hang_timeout_s
+        self.hang_timeout_s = HANG_TIMEOUT_S if hang_timeout_s is None else hang_timeout_s
 
         self.lock = threading.RLock()
         self._proc: subprocess.Popen | None = None
