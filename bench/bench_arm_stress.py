@@ -299,6 +299,11 @@ def min_pool_kb(
     return {"kb": hi, "nonmonotone": nonmonotone(cache), "probes": len(cache)}
 
 
+def margin_pct(kb: float, pool: int) -> float:
+    """How far under ``pool`` bytes a smallest passing pool of ``kb`` KB lies, in %."""
+    return round(100 * (1 - kb * 1024 / pool), 1)
+
+
 def _keys(prefix: str, seeds: int, ops: int, res: dict) -> dict:
     return {
         f"{prefix}_memoryerrors": res["memoryerrors"],
@@ -341,15 +346,13 @@ def run_long(
     if search and out["arm_stress_long_memoryerrors"]:
         # every pool checked above the answer must pass, the F411's included: none can
         out["arm_stress_min_heap_kb"] = float(pool // 1024 + 1)
-        out["arm_stress_min_heap_margin_pct"] = round(
-            100 * (1 - (pool // 1024 + 1) * 1024 / pool), 1
-        )
+        out["arm_stress_min_heap_margin_pct"] = margin_pct(pool // 1024 + 1, pool)
         out["arm_stress_nonmonotone"] = 0
         print("  no search: some seed fails at the F411 pool", file=sys.stderr, flush=True)
     elif search:
         found = min_pool_kb(elf, seeds, ops, jobs)
         out["arm_stress_min_heap_kb"] = found["kb"]
-        out["arm_stress_min_heap_margin_pct"] = round(100 * (1 - found["kb"] * 1024 / pool), 1)
+        out["arm_stress_min_heap_margin_pct"] = margin_pct(found["kb"], pool)
         out["arm_stress_nonmonotone"] = len(found["nonmonotone"])
         for pool, seed, mode in found["nonmonotone"]:
             print(

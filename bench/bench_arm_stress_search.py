@@ -10,7 +10,7 @@ Keys: ``arm_stress_short_min_heap_kb`` (P, KB of pool), ``arm_stress_short_min_h
 pool above one where the same seed and mode passed), ``arm_stress_short_probes``.
 """
 
-from bench.bench_arm_stress import SHORT, TARGET, f411_pool, min_pool_kb
+from bench.bench_arm_stress import SHORT, TARGET, f411_pool, margin_pct, min_pool_kb
 from firmware import qemu
 
 
@@ -20,7 +20,7 @@ def run(seeds: int = SHORT[0], ops: int = SHORT[1]) -> dict:
     pool = f411_pool()
     return {
         "arm_stress_short_min_heap_kb": found["kb"],
-        "arm_stress_short_min_heap_margin_pct": round(100 * (1 - found["kb"] * 1024 / pool), 1),
+        "arm_stress_short_min_heap_margin_pct": margin_pct(found["kb"], pool),
         "arm_stress_short_nonmonotone": len(found["nonmonotone"]),
         "arm_stress_short_probes": found["probes"],
     }
