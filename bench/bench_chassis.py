@@ -1,7 +1,8 @@
 """Chassis the suite never saw: the control suite's method on generated chassis.
 
-    python -m bench.run chassis                       # the full run (`make soak`)
-    python -m bench.bench_chassis --train 2 --val 2 --no-shipped --rooms hot   # a look
+    python -m bench.run chassis                       # 8 + 8 chassis (`make soak`)
+    python -m bench.bench_chassis --train 2 --val 2   # a look (prints, writes nothing)
+    python -m bench.bench_chassis --rooms both --shipped --out chassis_cases.json
 
 Issue 25, item 7. The same machinery as the control suite (bench/bench_control.py:
 the real firmware lockstepped with the world, the bench playing the host with signed
@@ -13,10 +14,12 @@ searched with ``fast_curve``, the oracle), on three sets:
 ``val``      the first ``VAL_N`` of ``chassis.VAL_SEEDS``: scored separately, never
              tuned on
 ``shipped``  the four world files (``bench_control.WORLDS``) in ``SHIPPED_ROOMS_C``
+             (``--shipped``; the control suite runs them by default)
 
-Each generated chassis runs in its two rooms (``Chassis.rooms_c``), every set with
-five loads: steady, step, bursts30, bursts6 and the recorded H200 trace scaled to the
-card (``h200``), 480 s each. Ceiling: the GPU's slowdown - 3 degC.
+Each generated chassis runs in its hot room (``--rooms both``: its two rooms,
+``Chassis.rooms_c``), every set with five loads: steady, step, bursts30, bursts6 and
+the recorded H200 trace scaled to the card (``h200``), 480 s each. Ceiling: the
+GPU's slowdown - 3 degC.
 
 Controllers per case, all on the firmware:
 
@@ -72,6 +75,11 @@ DOC = ROOT / "docs" / "control-benchmark.md"
 
 TRAIN_N = 8
 VAL_N = 8
+# What `bench.run chassis` runs: each chassis in its hot room, the shipped worlds left
+# to the control suite (bench_control). "both" rooms and the shipped set double and
+# quarter again the ~1,000 CPU-seconds (command line options).
+ROOMS = "hot"
+SHIPPED = False
 LOADS = B.LOADS + ("h200",)
 SHIPPED_ROOMS_C = (20, 40)
 SETS = ("train", "val", "shipped")
@@ -131,7 +139,7 @@ def world_info(world):
     }
 
 
-def set_worlds(train_n=TRAIN_N, val_n=VAL_N, shipped=True):
+def set_worlds(train_n=TRAIN_N, val_n=VAL_N, shipped=SHIPPED):
     """``{set: [world, ...]}``: generated chassis as ``ChassisWorld``, world files as
     names."""
     out = {
@@ -169,7 +177,15 @@ def _fw_job(args):
     tr = B.simulate(world, room, load, kind, points, config=config)
     m = B.metrics(tr, load, B.ceiling_c(p), p["gpu"]["slowdown_c"])
     m["above_slowdown_no_alarm_s"] = alarm_gap_s(tr, p["gpu"]["slowdown_c"])
+    # what governed: the GPU NTC and the telemetry's target over the last 2 minutes
+    m["ntc_tail_c"] = _tail_mean(tr["ntc_c"])
+    m["target_tail_c"] = _tail_mean(tr["target_c"])
     return args, m, tr["sim_s"]
+
+
+def _tail_mean(xs, n=120):
+    vals = [v for v in xs[-n:] if v is not None]
+    return round(sum(vals) / len(vals), 2) if vals else None
 
 
 def _job(args):
@@ -192,8 +208,8 @@ def run(
     workers=None,
     train_n=TRAIN_N,
     val_n=VAL_N,
-    shipped=True,
-    rooms="both",
+    shipped=SHIPPED,
+    rooms=ROOMS,
     out_path=CASES_FILE,
 ) -> dict:
     """The benchmark; results.json keys (``summarize``). ``rooms`` "both" or "hot"."""
@@ -440,15 +456,15 @@ def main(argv=None):
     )
     p.add_argument("--train", type=int, default=TRAIN_N)
     p.add_argument("--val", type=int, default=VAL_N)
-    p.add_argument("--no-shipped", action="store_true")
-    p.add_argument("--rooms", choices=("both", "hot"), default="both")
+    p.add_argument("--shipped", action="store_true", help="the shipped worlds' set too")
+    p.add_argument("--rooms", choices=("both", "hot"), default=ROOMS)
     p.add_argument("--out", type=Path, default=None, help="per-case JSON (default: none)")
     p.add_argument("--update-docs", action="store_true", help="only regenerate the docs tables")
     a = p.parse_args(argv)
     if a.update_docs:
         update_docs()
         return
-    res = run(train_n=a.train, val_n=a.val, shipped=not a.no_shipped, rooms=a.rooms, out_path=a.out)
+    res = run(train_n=a.train, val_n=a.val, shipped=a.shipped, rooms=a.rooms, out_path=a.out)
     for k, v in sorted(res.items()):
         print(f"{k:64s} {v}")
 
