@@ -325,6 +325,11 @@ def block(prefix, rows, pid_ctl="pid"):
     for ctl in ("curve", "chassis_curve"):
         cur = [r for r in rows if r["controller"] == ctl]
         out[ctl + "_ceiling_violations"] = sum(1 for r in cur if r["above_ceiling_s"] > 0)
+        out[ctl + "_limit_cycles"] = sum(1 for r in cur if r["limit_cycle"])
+        out[ctl + "_duty_changes_per_min_bursts_max"] = round(
+            max((r["changes_per_min"] for r in cur if r["load"] in B.BURST_LOADS), default=0.0),
+            3,
+        )
     return {prefix + k: v for k, v in out.items()}
 
 
@@ -363,7 +368,11 @@ _SET_COLS = (
     ("limit_cycles", "limit cycles", "{:d}"),
     ("peak_over_ceiling_max_c", "peak die - ceiling (max)", "{:+.1f}"),
     ("curve_ceiling_violations", "set curve: ceiling violations", "{:d}"),
+    ("curve_limit_cycles", "set curve: limit cycles", "{:d}"),
+    ("curve_duty_changes_per_min_bursts_max", "set curve: chg/min bursts", "{:.2f}"),
     ("chassis_curve_ceiling_violations", "chassis curves: ceiling violations", "{:d}"),
+    ("chassis_curve_limit_cycles", "chassis curves: limit cycles", "{:d}"),
+    ("chassis_curve_duty_changes_per_min_bursts_max", "chassis curves: chg/min bursts", "{:.2f}"),
 )
 
 
@@ -434,12 +443,58 @@ def curves_table(doc):
     return "\n".join(lines)
 
 
+GPU_NTC_SETPOINT_C = B._CH_SP[0] / 1000  # the factory GPU channel's setpoint
+SUSTAINED = ("steady", "step")  # a settled last 2 minutes
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def why_table(doc):
+    """Per set and family, the sustained loads' last 2 minutes: where the controller
+    and the chassis curve hold the die, and in how many cases the GPU NTC's setpoint
+    governed (the NTC at or above it, less 1.5 degC: that channel, not the die's
+    margin, set the duty)."""
+    lines = [
+        "| set | family | duty² / chassis curve's | die - ceiling: controller | "
+        "chassis curve | GPU NTC (controller) | NTC setpoint governed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = doc["cases"]
+    by = {(r["world"], r["room"], r["load"], r["controller"]): r for r in rows}
+    fams = []
+    for r in rows:
+        if (r["set"], r["family"]) not in fams and r["set"] != "shipped":
+            fams.append((r["set"], r["family"]))
+    for s, fam in fams:
+        pid = [r for r in rows if (r["set"], r["family"], r["controller"]) == (s, fam, "pid")]
+        cc = [by[(r["world"], r["room"], r["load"], "chassis_curve")] for r in pid]
+        ratio = sum(r["duty2"] for r in pid) / sum(r["duty2"] for r in cc)
+        sus = [r for r in pid if r["load"] in SUSTAINED]
+        sus_cc = [by[(r["world"], r["room"], r["load"], "chassis_curve")] for r in sus]
+        gov = sum(
+            1
+            for r in sus
+            if r["ntc_tail_c"] is not None and r["ntc_tail_c"] >= GPU_NTC_SETPOINT_C - 1.5
+        )
+        lines.append(
+            f"| {s} | {fam} | {ratio:.3f} | "
+            f"{_mean([r['steady_c'] - r['ceiling_c'] for r in sus]):+.1f} | "
+            f"{_mean([r['steady_c'] - r['ceiling_c'] for r in sus_cc]):+.1f} | "
+            f"{_mean([r['ntc_tail_c'] for r in sus if r['ntc_tail_c'] is not None]):.1f} | "
+            f"{gov} of {len(sus)} |"
+        )
+    return "\n".join(lines)
+
+
 def docs_sections(results, doc):
     return {
         "chassis-summary": summary_table(results),
         "chassis-families": family_table(results),
         "chassis-curves": curves_table(doc),
         "chassis-worlds": chassis_table(doc),
+        "chassis-why": why_table(doc),
     }
 
 
