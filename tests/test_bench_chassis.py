@@ -127,6 +127,18 @@ def test_summarize_the_keys_of_a_set_and_its_families():
     assert not any(k.startswith("control_train_") for k in out)
 
 
+def test_the_why_table_says_whether_the_ntc_setpoint_governed():
+    rows = []
+    for r in _rows():
+        r = dict(r, load="steady", family=f"{r['card_class']}/{r['probe']}")
+        r["steady_c"] = 75.0 if r["controller"] == "pid" else 79.0
+        r["ntc_tail_c"] = 70.2 if r["world"] == "a" else 60.0  # a: at the setpoint
+        rows.append(r)
+    lines = BC.why_table({"cases": rows}).splitlines()
+    assert lines[2] == "| val | small/die | 1.000 | -5.0 | -1.0 | 70.2 | 1 of 1 |"
+    assert lines[3] == "| val | big/mos | 4.000 | -5.0 | -1.0 | 60.0 | 0 of 1 |"
+
+
 def test_docs_tables_are_generated_from_the_results():
     results = json.loads((ROOT / "bench" / "results.json").read_text())
     doc = json.loads(BC.CASES_FILE.read_text())
