@@ -107,7 +107,7 @@ class ChassisWorld:
 
 def learn(world) -> dict | None:
     """The learning phase before a world's cases: ``{"model.<key>": int}`` for
-    ``config_set`` (docs: /work design, the ``model`` section), or None when there is
+    ``config_set`` (the firmware's ``model`` config section, issue 25), or None when there is
     nothing learned (the cold controller). None until the chassis model exists."""
     return None
 
