@@ -69,9 +69,11 @@ demo: $(DEMO_STAMP)
 
 # Benchmarks merge their keys into bench/results.json (BENCH_RESULTS=<file> for
 # another), with bench_wall_s_<name> = each one's wall time. `make bench`: every
-# benchmark but the soak, within 20 minutes on the 2-core build machine. `make soak`:
-# the 72-hour soak alone, about half an hour (MODBRIDGE_SOAK_HOURS=<h> for another
-# length). BENCH_ARGS: more bench.run options, e.g. BENCH_ARGS="--skip bridge".
+# benchmark but the soak group, within 20 minutes on the 2-core build machine. `make
+# soak`: the soak group (bench.run LONG): the 72-hour soak, about half an hour
+# (MODBRIDGE_SOAK_HOURS=<h> for another length), the long ARM stress runs and the
+# generated-chassis benchmark (bench_chassis). BENCH_ARGS: more bench.run options,
+# e.g. BENCH_ARGS="--skip bridge".
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench.run --group default $(BENCH_ARGS)

@@ -57,6 +57,7 @@ from modbridge.bridge import heartbeat_fields
 from modbridge.gpu.virtual import VirtualBackend
 from modbridge.sim import World, load_params
 from modbridge.sim import gpu as G
+from modbridge.sim.chassis import h200_samples
 from modbridge.sim.profiles import Profile
 from modbridge.sim.runner import VirtualModule
 from protocol import catalog as C
@@ -69,9 +70,11 @@ WORLDS = ("default", "h200_2u", "rtx3080", "rtx3080_dusty")
 ROOMS_C = (20, 30, 40)
 LOADS = ("steady", "step", "bursts30", "bursts6")
 BURST_LOADS = ("bursts30", "bursts6")
-LOAD_PERIOD_S = {"steady": 1, "step": 1, "bursts30": 60, "bursts6": 10}
+# "h200" (the recorded H200 trace, bench/bench_chassis.py's fifth load): a 200 s
+# period longer than the limit-cycle window, so the detector takes it as aperiodic
+LOAD_PERIOD_S = {"steady": 1, "step": 1, "bursts30": 60, "bursts6": 10, "h200": 1}
 CASE_S = 480
-ONSET_S = {"steady": 0, "step": 60, "bursts30": 60, "bursts6": 60}
+ONSET_S = {"steady": 0, "step": 60, "bursts30": 60, "bursts6": 60, "h200": 60}
 MARGIN_C = 3.0  # ceiling = the world's slowdown_c - MARGIN_C
 MAX_LOAD_W = 650.0  # the load: min(this, the GPU's default power limit)
 SEED = 1
@@ -122,6 +125,14 @@ def world_params(world=WORLD, overrides=None):
 
 
 # --- the cases ---------------------------------------------------------------------
+# A world is a built-in world's name, or an object with ``params()`` (the world
+# parameters) and ``load_w`` (the load's watts; bench/bench_chassis.py's generated
+# chassis): every function below takes either.
+def params_of(world):
+    """The world parameters of a world name or a world object."""
+    return load_params(world) if isinstance(world, str) else world.params()
+
+
 def load_w(params):
     return min(MAX_LOAD_W, params["gpu"]["default_limit_w"])
 
@@ -143,11 +154,21 @@ def profile_text(load, watts, case_s=CASE_S):
     raise ValueError(f"unknown load {load!r}; have {', '.join(LOADS)}")
 
 
+def load_profile(load, watts, case_s=CASE_S):
+    """The load's profile at ``watts``: ``profile_text``'s, or for "h200" the recorded
+    H200 trace scaled to ``watts`` after ``ONSET_S`` of idle (sim/chassis.py)."""
+    if load == "h200":
+        samples = h200_samples(watts, ONSET_S[load], case_s)
+        return Profile.from_samples(samples, name=load)
+    return Profile.parse(profile_text(load, watts, case_s), name=load)
+
+
 def make_world(world, room_c, load, case_s=CASE_S, substep_ms=None):
-    params = load_params(world)
+    params = params_of(world)
+    watts = load_w(params) if isinstance(world, str) else world.load_w
     if substep_ms is not None:
         params = params.override({"world.substep_ms": substep_ms})
-    prof = Profile.parse(profile_text(load, load_w(params), case_s), name=load)
+    prof = load_profile(load, watts, case_s)
     w = World(params, seed=SEED, profile=prof, ambient_c=room_c)
     d = STEADY_START_DUTY if load == "steady" else IDLE_START_DUTY
     w.set_duties(d, d)
@@ -200,16 +221,18 @@ class Host:
             raise RuntimeError(f"no answer to {sorted(self.pending.values())}")
 
 
-def simulate(world, room_c, load, controller="pid", points=None, case_s=CASE_S):
+def simulate(world, room_c, load, controller="pid", points=None, case_s=CASE_S, config=None):
     """One case on the firmware: per-second samples.
 
     ``controller`` "pid" (factory config) or "curve" (``points``, fan_mode curve).
+    ``config``: ``{dotted key: value}`` sent with ``config_set`` after boot, before the
+    case (e.g. a learned chassis model); refused keys raise.
     Samples: ``t_s``, ``die_c`` (world), ``ntc_c`` (telemetry GPU NTC, None when
     missing), ``target_c`` (telemetry target), ``duty`` (fan 1 PWM), ``rpm`` (fan 1,
-    world), ``state``, ``slowdown`` (bool).
+    world), ``state``, ``slowdown`` (bool), ``faults`` (telemetry fault bits).
     """
     w = make_world(world, room_c, load, case_s)
-    keys = ("t_s", "die_c", "ntc_c", "target_c", "duty", "rpm", "state", "slowdown")
+    keys = ("t_s", "die_c", "ntc_c", "target_c", "duty", "rpm", "state", "slowdown", "faults")
     trace = {k: [] for k in keys}
     with tempfile.TemporaryDirectory(prefix="bench-control-") as tmp:
         vm = VirtualModule(w, tmp, speed=0, seed=SEED)
@@ -217,6 +240,8 @@ def simulate(world, room_c, load, controller="pid", points=None, case_s=CASE_S):
             host = Host(vm)
             vm.power_on()
             vm.run_for(100)  # the boot hello: its nonce signs the commands
+            if config:
+                host.command("config_set", {"values": dict(config)})
             if controller == "curve":
                 host.command("fan_curve", {"points": points, "hysteresis": CURVE_HYSTERESIS_MC})
                 host.command("fan_mode", {"mode": C.FAN_MODES.index("curve")})
@@ -238,6 +263,7 @@ def simulate(world, room_c, load, controller="pid", points=None, case_s=CASE_S):
                 trace["rpm"].append(w.rpm[0])
                 trace["state"].append(tel.get("state"))
                 trace["slowdown"].append(bool(w.gpu.clocks_event_reasons() & SLOWDOWN_MASK))
+                trace["faults"].append(tel.get("faults", 0))
             wall = time.perf_counter() - wall
             if vm.resets or vm.mcu_state != "running":
                 raise RuntimeError(f"the module reset or stopped: {vm.stats()} {vm.last_crash}")
@@ -299,20 +325,21 @@ def _bisect_t0(cases, width_c):
 
 
 def _limit(world):
-    return ceiling_c(load_params(world)) - CEILING_GUARD_C
+    return ceiling_c(params_of(world)) - CEILING_GUARD_C
 
 
 def all_cases(worlds=WORLDS):
     return [(w, r, ld) for w in worlds for r in ROOMS_C for ld in LOADS]
 
 
-def search_suite_width(width_c, worlds=WORLDS):
+def search_suite_width(width_c, worlds=WORLDS, cases=None):
     """The suite's baseline at one width: the highest t0 that keeps the die under the
-    ceiling in EVERY case of the suite (bisection), and its duty^2 over the suite."""
-    every = all_cases(worlds)
+    ceiling in EVERY case of the suite (bisection), and its duty^2 over the suite.
+    ``cases``: ``(world, room, load)`` tuples, ``all_cases(worlds)`` by default."""
+    every = all_cases(worlds) if cases is None else list(cases)
     # the hot rooms' steps and steady loads first: where a static curve is likely
     # to fail, so a failing candidate is found after a few runs
-    order = sorted(every, key=lambda c: (-c[1], LOADS.index(c[2]) > 1))
+    order = sorted(every, key=lambda c: (-c[1], c[2] in BURST_LOADS))
     t0 = _bisect_t0([(w, r, ld, _limit(w)) for w, r, ld in order], width_c)
     d2 = sum(fast_curve(w, r, ld, curve_points(t0, width_c))[1] for w, r, ld in every)
     return {"width_c": width_c, "t0_c": t0, "duty2_sum": d2}
@@ -325,12 +352,12 @@ def pick_suite_curve(per_width):
     return {"width_c": best["width_c"], "t0_c": best["t0_c"], "tried": tried}
 
 
-def search_world(world):
+def search_world(world, rooms=ROOMS_C, loads=LOADS, best_per_case=True):
     """Tune the world's own curve once (its hot room's load step); and the best curve
-    of each case at that width."""
+    of each case at that width (unless ``best_per_case`` is false)."""
     limit = _limit(world)
-    hot = [(world, ROOMS_C[-1], "step", limit)]  # a static curve's worst case in a world
-    every = [(r, ld) for r in ROOMS_C for ld in LOADS]
+    hot = [(world, max(rooms), "step", limit)]  # a static curve's worst case in a world
+    every = [(r, ld) for r in rooms for ld in loads]
     best = None
     tried = []
     for width in WIDTHS_C:
@@ -341,7 +368,7 @@ def search_world(world):
             best = (width, t0, d2)
     width, t0, _ = best
     per_case = {}
-    for r, ld in every:
+    for r, ld in every if best_per_case else ():
         t = _bisect_t0([(world, r, ld, limit)], width)
         per_case[f"{r}_{ld}"] = {
             "t0_c": round(t, 2),
@@ -375,7 +402,7 @@ def fast_constant(world, room_c, load, duty, case_s=CASE_S):
 def oracle_case(world, room_c, load):
     """With hindsight: the least constant duty after the onset that keeps the die at or
     under the ceiling (bisection; fast model), and its mean duty^2."""
-    ceil = ceiling_c(load_params(world))
+    ceil = ceiling_c(params_of(world))
     lo, hi = MIN_DUTY, 65535
     if fast_constant(world, room_c, load, lo)[0] <= ceil:
         hi = lo
@@ -389,10 +416,10 @@ def oracle_case(world, room_c, load):
     return {"duty": hi / 65535, "duty2": fast_constant(world, room_c, load, hi)[1]}
 
 
-def oracle_world(world):
+def oracle_world(world, rooms=ROOMS_C, loads=LOADS):
     return {
         "world": world,
-        "cases": {f"{r}_{ld}": oracle_case(world, r, ld) for r in ROOMS_C for ld in LOADS},
+        "cases": {f"{r}_{ld}": oracle_case(world, r, ld) for r in rooms for ld in loads},
     }
 
 
