@@ -35,7 +35,7 @@ import math
 from modbridge.chassis.linalg import NormalEq
 
 BLOCK_S = 5.0
-TAUS_S = (0.0, 20.0, 90.0, 400.0, 1500.0)
+TAUS_S = (0.0, 10.0, 40.0, 150.0, 600.0, 2400.0)
 HORIZON_S = 12 * 3600.0
 RIDGE = 1e-3
 MIN_BLOCKS = 360  # 30 minutes before predictions

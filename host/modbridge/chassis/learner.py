@@ -14,12 +14,18 @@ part that needs it; nothing raises.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from modbridge.chassis import fw
-from modbridge.chassis.dynamic import DieDynamics, phi_of
+from modbridge.chassis.dynamic import DieDynamics
 from modbridge.chassis.probe import ProbeFit
-from modbridge.chassis.trend import REF_DUTY, CoolingTrend
+from modbridge.chassis.trend import STEADY_S, CoolingTrend
+
+STEADY_POWER_FRAC = 0.05  # steady: power within +-5 % (or 3 W) ...
+STEADY_DUTY = 0.02 * 65535  # ... the duty within 2 % ...
+STEADY_DIE_C = 1.0  # ... the die within 1 K (the GPU reads whole degrees)
+STEADY_MIN_LOAD = 0.3  # ... at >= 30 % of the highest power seen (and 30 W)
 
 FAN_MIN_DUTY = 0.3 * 65535  # RPM per duty is measured above this duty
 FAN_K_ALPHA = 0.02  # the RPM-per-duty estimate's smoothing, per sample
@@ -64,6 +70,9 @@ class ChassisLearner:
         self.slowdown_c = None
         self.power_w = None
         self.rpm_sum = None
+        self.a_c = None
+        self.p_max = 0.0
+        self._recent = deque()  # (t, die, a, P, duty, rpm_sum) of the last STEADY_S
 
     def observe(self, t_s=None, g=None, a=None, p_mw=None, duties=(), rpms=(), die_c=None,
                 gpu_power_w=None, slowdown_c=None) -> None:  # fmt: skip
@@ -96,7 +105,12 @@ class ChassisLearner:
         a_c = None if _f(a) is None else a / 1000.0
         if dt <= 60 and None not in (die, a_c, power, rpm_sum):
             self.dyn.observe(die, a_c, power, rpm_sum, dt)
-        self.die_c, self.power_w, self.rpm_sum = die, power, rpm_sum
+        self.die_c, self.power_w, self.rpm_sum, self.a_c = die, power, rpm_sum, a_c
+        if None not in (die, a_c, power, rpm_sum, duty):
+            self._recent.append((t, die, a_c, power, duty, rpm_sum))
+            self.p_max = max(self.p_max, power)
+        while self._recent and self._recent[0][0] < t - STEADY_S:
+            self._recent.popleft()
         for i in range(min(len(duties), len(rpms))):
             d, r = duties[i], rpms[i]
             if d is not None and r is not None and d >= FAN_MIN_DUTY and 0 <= r <= 100000:
@@ -107,7 +121,29 @@ class ChassisLearner:
             self._next_trend = t + TREND_EVERY_S
         if t >= self._next_trend:
             self._next_trend = t + TREND_EVERY_S
-            self.trend.sample(t, self.ref_conductance(), list(self.fan_k))
+            r = self.steady_resistance()
+            if r is not None:
+                self.trend.steady(t, r[0], r[1], r[2], list(self.fan_k))
+            self.trend.fans_sample(t, list(self.fan_k))
+
+    def steady_resistance(self):
+        """``((die - a) / P, duty, rpm_sum)`` means over the last STEADY_S if the
+        module was steady all along, else None."""
+        rec = self._recent
+        if len(rec) < 3 or rec[-1][0] - rec[0][0] < 0.9 * STEADY_S:
+            return None
+        n = len(rec)
+        cols = list(zip(*rec, strict=True))
+        die, a, p, d, rpm = (sum(c) / n for c in cols[1:])
+        if p < max(30.0, STEADY_MIN_LOAD * self.p_max):
+            return None
+        if max(cols[3]) - min(cols[3]) > max(3.0, STEADY_POWER_FRAC * p):
+            return None
+        if max(cols[4]) - min(cols[4]) > STEADY_DUTY:
+            return None
+        if max(cols[1]) - min(cols[1]) > STEADY_DIE_C:
+            return None
+        return (die - a) / p, d, rpm
 
     # -- derived -------------------------------------------------------------------
     def rpm_sum_at(self, duty: float) -> float | None:
@@ -116,13 +152,6 @@ class ChassisLearner:
         if not ks:
             return None
         return sum(ks) * duty / fw.DUTY_FULL
-
-    def ref_conductance(self) -> float | None:
-        """The airflow conductance at the reference duty (the trend's quantity)."""
-        rpm = self.rpm_sum_at(REF_DUTY)
-        if rpm is None:
-            return None
-        return self.dyn.flow_conductance(phi_of(rpm))
 
     def time_to_throttle(self, full: bool = False) -> float | None:
         if None in (self.die_c, self.slowdown_c, self.power_w, self.rpm_sum):
@@ -137,33 +166,24 @@ class ChassisLearner:
                                          self.rpm_sum, rpm)  # fmt: skip
 
     def throttle_in_days(self) -> float | None:
-        """Days until, at the conductance's current trend, the card's highest power
+        """Days until, at the airflow conductance's current trend, the highest power
         seen with the fans at 100 % would bring the die to the slowdown (inf: the
-        trend is flat or rising)."""
-        slope = self.trend.slope_per_day()
-        ratio = self.trend.ratio()
-        inlet = self.dyn.inlet_c()
-        rpm = self.rpm_sum_at(fw.DUTY_FULL)
-        if None in (slope, ratio, inlet, rpm, self.slowdown_c) or not self.dyn.ready():
+        trend is flat or rising; 0: already)."""
+        tr = self.trend
+        slope, ratio = tr.slope_per_day(), tr.ratio()
+        phi = tr.phi_base(fw.DUTY_FULL)
+        if None in (slope, ratio, phi, self.slowdown_c, self.a_c) or self.p_max <= 0:
             return None
-        if slope >= 0:
-            return math.inf
-        phi = phi_of(rpm)
-        r_tot = self.dyn.rise_per_w(phi)
-        g = self.dyn.flow_conductance(phi)
-        if r_tot is None or g is None or ratio <= 0:
-            return None
-        r_flow = 1.0 / g
-        r_fixed = r_tot - r_flow
-        p = self.dyn.p_hi
-        # the flow path's conductance that puts the die at the slowdown at p
-        need = (self.slowdown_c - inlet) / p - r_fixed if p > 0 else math.inf
+        r0, r1 = tr.baseline["r0"], tr.baseline["r1"]
+        need = (self.slowdown_c - self.a_c) / self.p_max - r0  # airflow resistance allowed
         if need <= 0:
             return 0.0
-        r_star = ratio * r_flow / need  # conductance ratio left when that is reached
-        if r_star >= ratio:
+        q_star = r1 * phi / need  # the conductance ratio at which it throttles
+        if ratio <= q_star:
             return 0.0
-        return (ratio - r_star) / -slope
+        if slope >= 0:
+            return math.inf
+        return (ratio - q_star) / -slope
 
     def report(self) -> ChassisReport:
         params = self.probe.params()
