@@ -353,3 +353,104 @@ def _long_run(case: Case, seed, hours, fault=None, rate=0.0, start_h=0.0):
                     break
         was = deg
     return alarms, first, t25
+
+
+# --- the benchmark ------------------------------------------------------------------------------
+DEFAULT_N = {"conv": 16, "ttt": 4, "dust": 1, "wear": 1, "soak": 1}  # VAL chassis per part
+LONG_N = {"conv": 16, "ttt": 16, "dust": 6, "wear": 6, "soak": 6}
+WORKERS = 2
+
+
+def _job(args):
+    part, which, i = args
+    case = cases(which)[i]
+    seed = f"{which}:{i}"
+    t0 = time.perf_counter()
+    if part == "conv":
+        out = convergence_min(case, seed)
+    elif part == "ttt":
+        out = ttt_errors(case, seed)
+    elif part == "dust":
+        out = _long_run(case, seed, DUST_MAX_H, "dust", DUST_RATE_PER_DAY, DUST_HEALTHY_H)
+    elif part == "wear":
+        out = _long_run(case, seed, DUST_MAX_H, "wear", WEAR_RATE_PER_DAY, DUST_HEALTHY_H)
+    else:
+        out = _long_run(case, seed, SOAK_H)
+    return part, case.name, out, time.perf_counter() - t0
+
+
+def _detect_hours(results, cause):
+    """(max hours from 25 % to the alarm, the lowest loss % at an alarm, misses)."""
+    hours, losses, missed = [], [], 0
+    for _, first, t25 in results:
+        if first is None or first[1] != cause:
+            missed += 1
+            continue
+        t_h, _, _, loss = first
+        hours.append(max(0.0, t_h - t25) if t25 is not None else 0.0)
+        losses.append(loss * 100.0)
+    return (max(hours) if hours else float(DUST_MAX_H)), (min(losses) if losses else 0.0), missed
+
+
+def measure(which="val", n=None, workers=WORKERS, log=print) -> dict:
+    """The model keys over the first ``n[part]`` chassis of a set."""
+    n = n or DEFAULT_N
+    count = len(cases(which))
+    jobs = [(part, which, i) for part in ("dust", "wear", "soak", "ttt", "conv")
+            for i in range(min(n[part], count))]  # fmt: skip
+    got = {p: [] for p in n}
+    if workers > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(workers) as pool:
+            results = pool.imap_unordered(_job, jobs)
+            for part, name, out, wall in results:
+                log(f"  {part} {name}: {_short(out)} ({wall:.0f} s)")
+                got[part].append(out)
+    else:
+        for job in jobs:
+            part, name, out, wall = _job(job)
+            log(f"  {part} {name}: {_short(out)} ({wall:.0f} s)")
+            got[part].append(out)
+    errs = [e for pairs in got["ttt"] for t, p in pairs
+            if (e := ttt_error_pct(t, p)) is not None]  # fmt: skip
+    dust_h, dust_loss, dust_miss = _detect_hours(got["dust"], "dust")
+    wear_h, wear_loss, wear_miss = _detect_hours(got["wear"], "fan_wear")
+    pre = "model_" if which == "val" else "model_train_"
+    return {
+        pre + "convergence_min_p95": percentile(got["conv"], 0.95),
+        pre + "convergence_min_p50": percentile(got["conv"], 0.5),
+        pre + "time_to_throttle_error_pct_p90": percentile(errs, 0.9) if errs else 0.0,
+        pre + "time_to_throttle_error_pct_p50": percentile(errs, 0.5) if errs else 0.0,
+        pre + "time_to_throttle_cases": len(errs),
+        pre + "dust_detect_hours" if which != "val" else "dust_detect_hours": dust_h,
+        pre + "dust_loss_at_alarm_pct_min": dust_loss,
+        pre + "dust_missed": dust_miss,
+        pre + "fan_wear_detect_hours" if which != "val" else "fan_wear_detect_hours": wear_h,
+        pre + "fan_wear_missed": wear_miss,
+        pre + "dust_false_alarms_72h" if which != "val" else "dust_false_alarms_72h":
+            sum(a for a, _, _ in got["soak"]),
+        pre + "chassis": count,
+    }  # fmt: skip
+
+
+def _short(out):
+    if isinstance(out, list):
+        return f"{len(out)} predictions"
+    if isinstance(out, tuple):
+        return f"alarms {out[0]}, first {out[1]}, 25 % at {out[2]} h"
+    return f"{out:.1f} min"
+
+
+def run() -> dict:
+    """The default set: VAL chassis (DEFAULT_N of each part)."""
+    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in measure("val").items()}
+
+
+if __name__ == "__main__":  # python -m bench.bench_model [train|val] [long]
+    import sys
+
+    which = sys.argv[1] if len(sys.argv) > 1 else "train"
+    res = measure(which, LONG_N if "long" in sys.argv else DEFAULT_N)
+    for k, v in res.items():
+        print(f"{k} = {v}")

@@ -176,10 +176,7 @@ class CoolingTrend:
                 fit = fit_baseline(self._base)
                 if fit is not None:
                     ks = [_med(k) for k in self._base_k]
-                    r0, r1 = fit
-                    qs = [r1 * p / (r - r0) for r, p in self._base if r > r0]
-                    iqr = (percentile(qs, 0.75) - percentile(qs, 0.25)) / _med(qs)
-                    self.baseline = {"r0": r0, "r1": r1, "k": ks, "q_iqr": iqr}
+                    self.baseline = {"r0": fit[0], "r1": fit[1], "k": ks}
                     self._hour = t_s
                     self.save()
             return
