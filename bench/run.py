@@ -43,7 +43,7 @@ RESULTS = BENCH_DIR / "results.json"
 RESULTS_ENV = "BENCH_RESULTS"
 PREFIX = "bench_"
 WALL_PREFIX = "bench_wall_s_"  # + benchmark name: its wall time, written by this runner
-LONG = ("soak", "arm_stress_long", "arm_stress_search")  # not in the default set: `make soak`
+LONG = ("soak", "arm_stress_long", "arm_stress_search", "model_long")  # `make soak` only
 BUDGET_S = 20 * 60  # the default set, on the 2-core build machine
 GROUPS = ("default", "soak", "all")
 

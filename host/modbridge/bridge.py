@@ -1031,7 +1031,8 @@ class Bridge:
             by_port = m.port and _same_port(m.port, st.port)
             if (by_id and (not m.port or by_port)) or (by_port and not m.module_id):
                 return m.gpu is not None and not any(
-                    match_gpu(m.gpu, s.uuid, s.pci_bus_id) for s in self.samples.values())
+                    match_gpu(m.gpu, s.uuid, s.pci_bus_id) for s in self.samples.values()
+                )
         return False
 
     def _apply(self, ports: list[str], inputs: list[PairInput], decisions, now: float) -> None:
@@ -1092,8 +1093,12 @@ class Bridge:
         out = []
         for port, link in list(self.links.items()):  # a socket thread: a copy
             mid = link.status.module_id
-            names = [m.name for m in self.config.modules if getattr(m, "name", None) and (
-                (m.module_id and m.module_id == mid) or _same_port(m.port, port))]
+            names = [
+                m.name
+                for m in self.config.modules
+                if getattr(m, "name", None)
+                and ((m.module_id and m.module_id == mid) or _same_port(m.port, port))
+            ]
             out.append((port, mid, names))
         return out
 
@@ -1104,8 +1109,14 @@ class Bridge:
 
         return self.links[pick_module(module, self.control_entries())]
 
-    def forward(self, module: str, name: str, fields: dict | None = None,
-                timeout: float | None = None, then_telemetry: bool = False):
+    def forward(
+        self,
+        module: str,
+        name: str,
+        fields: dict | None = None,
+        timeout: float | None = None,
+        then_telemetry: bool = False,
+    ):
         """Send ``name`` to ``module`` through its link (signed with the bridge's
         keys); the module's answer as a :class:`modbridge.ops.control.Reply`."""
         from modbridge.ops.control import link_request

@@ -12,7 +12,8 @@ so each lead keeps its own normal equations (exponential forgetting, horizon
 :data:`HORIZON_S`) and the lead with the smallest training error wins. One minute in
 :data:`HOLDOUT_EVERY` is held out: never fitted, it gives the uncertainty
 ``unc_mc`` = the p95 of |die - est| of the integer formula with the clamped
-parameters, over the last :data:`HOLDOUT_KEEP` held-out samples.
+parameters, over the last :data:`HOLDOUT_KEEP` held-out samples (at least
+:data:`UNC_P99_MARGIN` times their p99: conditions the run has not seen are wider).
 
 Converged (:meth:`ProbeFit.converged`; the criterion is documented in
 docs/control.md, "The chassis model"):
@@ -50,6 +51,9 @@ MIN_POWER_SPAN_W = 30.0
 MIN_POWER_SPAN_FRAC = 0.25
 MIN_DUTY_SPAN = 0.10 * 65535
 MAX_UNC_MC = 5000
+# unc_mc = max(p95, this x p99) of |die - est| held out: the held-out minutes share
+# the run's conditions; a new load mix or room is wider (bench_model's held-out run)
+UNC_P99_MARGIN = 1.25
 STABLE_EVALS = 3
 # plausibility of the inputs: outside -> the sample is skipped
 TEMP_MC = (-40000, 150000)
@@ -162,7 +166,8 @@ class ProbeFit:
         }
         res = self.residuals(params)
         if len(res) >= MIN_HOLDOUT:
-            unc = percentile([abs(r) for r in res], 0.95)
+            ab = [abs(r) for r in res]
+            unc = int(max(percentile(ab, 0.95), UNC_P99_MARGIN * percentile(ab, 0.99)))
             params["unc_mc"] = unc
             self.evals.append(unc)
         params = fw.clamp(params)
@@ -177,7 +182,9 @@ class ProbeFit:
             return 0.0, 0.0
         ps = [s[0] for s in self.spans]
         ds = [s[1] for s in self.spans]
-        return percentile(ps, 0.9) - percentile(ps, 0.1), percentile(ds, 0.95) - percentile(ds, 0.05)
+        return percentile(ps, 0.9) - percentile(ps, 0.1), percentile(ds, 0.95) - percentile(
+            ds, 0.05
+        )
 
     def _check(self, params) -> bool:
         if self.n_train < MIN_TRAIN or len(self.holdout) < MIN_HOLDOUT:

@@ -7,8 +7,8 @@ resistance is a fixed part (die to heatsink, the spreading) plus an airflow part
 that goes as 1 / flow; the flow is the fans' summed RPM, so ``R = r0 + r1 phi`` with
 ``phi = 1000 / RPM`` (:func:`modbridge.chassis.dynamic.phi_of`). The baseline
 (:data:`BASELINE_H` hours and :data:`BASELINE_MIN` steady measurements of a healthy
-chassis: the bridge's first day with the module, a whole daily cycle of the room) fits ``r0, r1`` by least
-squares and keeps each fan's RPM per duty.
+chassis: the bridge's first day with the module, a whole daily cycle of the room)
+fits ``r0, r1`` by least squares and keeps each fan's RPM per duty.
 
 Each later measurement gives the airflow conductance at the same duty, as a ratio to
 the baseline's::
