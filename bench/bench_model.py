@@ -51,6 +51,7 @@ import time
 
 from modbridge.chassis import fw
 from modbridge.chassis.learner import ChassisLearner
+from modbridge.chassis.linalg import percentile
 from modbridge.sim import params as load_params
 from modbridge.sim.faults import fan_faults
 from modbridge.sim.profiles import Profile
@@ -210,13 +211,6 @@ class Rig:
 
 def feed(learner: ChassisLearner, s: dict) -> None:
     learner.observe(**s)
-
-
-def percentile(xs, q):
-    s = sorted(xs)
-    if not s:
-        return None
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
 # --- convergence ---------------------------------------------------------------------------
