@@ -264,3 +264,18 @@ def test_fit_baseline_splits_fixed_and_airflow_resistance():
     r0, r1 = T.fit_baseline([(0.06, 0.5)] * 5)
     assert r0 == 0.0 and r1 == pytest.approx(0.12)
     assert T.fit_baseline([]) is None
+
+
+def test_nonneg_least_squares_recovers_and_clips():
+    from modbridge.chassis.linalg import NormalEq
+
+    rng = random.Random(2)
+    eq = NormalEq(3, 0.9999)
+    for _ in range(2000):
+        x = [rng.random(), rng.random(), 1.0]
+        eq.add(x, 2.0 * x[0] - 0.5 * x[1] + 3.0 + rng.gauss(0, 0.01))
+    free = eq.solve(1e-9)
+    assert free[0] == pytest.approx(2.0, abs=0.02) and free[1] == pytest.approx(-0.5, abs=0.02)
+    nn = eq.solve_nonneg(free=(2,), ridge=1e-9)
+    assert nn[1] == 0.0 and nn[0] > 0  # the negative gain clipped, the rest refitted
+    assert eq.sse(nn) > eq.sse(free)

@@ -8,7 +8,9 @@ sum of such modes, and the bank spans the die's (~1 s), the heatsink's (tens of 
 the chassis air's (minutes). The airflow enters through ``phi = 1000 / RPM_sum``
 (a forced path's resistance goes as 1 / flow; the fans' summed RPM is the flow), so
 each mode's gain is ``c_i + d_i phi``. Two regressions, each linear in its
-parameters, fitted with exponential forgetting (:data:`HORIZON_S`)::
+parameters, fitted with exponential forgetting (:data:`HORIZON_S`), every gain
+``c_i, d_i, e_i, h_i >= 0`` (a passive thermal network's step response to power is
+a positive sum of exponentials; :meth:`NormalEq.solve_nonneg`)::
 
     die - a = sum_i (c_i + d_i phi) F_i + c_0        (the die over the ambient probe)
     a       = T_in + sum_i (e_i + h_i phi) F_i       (the ambient probe over the inlet)
@@ -113,8 +115,10 @@ class DieDynamics:
     def fit(self) -> None:
         if self.blocks < 2 * N + 2:
             return
-        th = self.die_eq.solve(RIDGE)
-        ta = self.amb_eq.solve(RIDGE)
+        # a passive thermal network's step response to power is a positive sum of
+        # exponentials: every mode's gain c_i + d_i phi >= 0 (c_i, d_i >= 0)
+        th = self.die_eq.solve_nonneg(free=(2 * N,), ridge=RIDGE)
+        ta = self.amb_eq.solve_nonneg(free=(2 * N,), ridge=RIDGE)
         if th is not None:
             self.die_theta = th
         if ta is not None:
