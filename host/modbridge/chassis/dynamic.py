@@ -40,6 +40,7 @@ BLOCK_S = 5.0
 TAUS_S = (0.0, 10.0, 40.0, 150.0, 600.0, 2400.0)
 HORIZON_S = 12 * 3600.0
 RIDGE = 1e-3
+SWEEPS = 40  # coordinate-descent sweeps per refit (warm-started from the last fit)
 MIN_BLOCKS = 360  # 30 minutes before predictions
 MIN_POWER_SPAN_W = 30.0
 RPM_FLOOR = 200.0
@@ -117,8 +118,10 @@ class DieDynamics:
             return
         # a passive thermal network's step response to power is a positive sum of
         # exponentials: every mode's gain c_i + d_i phi >= 0 (c_i, d_i >= 0)
-        th = self.die_eq.solve_nonneg(free=(2 * N,), ridge=RIDGE)
-        ta = self.amb_eq.solve_nonneg(free=(2 * N,), ridge=RIDGE)
+        th = self.die_eq.solve_nonneg(free=(2 * N,), ridge=RIDGE, sweeps=SWEEPS,
+                                      start=self.die_theta)  # fmt: skip
+        ta = self.amb_eq.solve_nonneg(free=(2 * N,), ridge=RIDGE, sweeps=SWEEPS,
+                                      start=self.amb_theta)  # fmt: skip
         if th is not None:
             self.die_theta = th
         if ta is not None:

@@ -65,10 +65,11 @@ class NormalEq:
                 m[i][n] += d * prior[i]
         return solve(m)
 
-    def solve_nonneg(self, free=(), ridge: float = 1e-6, sweeps: int = 300):
+    def solve_nonneg(self, free=(), ridge: float = 1e-6, sweeps: int = 300, start=None):
         """theta minimising the squared error (+ the ridge) with ``theta_i >= 0`` for
         every ``i`` not in ``free``: coordinate descent on the normal equations (the
-        problem is convex; a few hundred sweeps of a dozen parameters)."""
+        problem is convex), from ``start`` (the last solution: a refit a minute later
+        needs a few sweeps) or zero."""
         n = self.n
         a = [[self.a[min(i, j)][max(i, j)] for j in range(n)] for i in range(n)]
         floor = 1e-9 * (self._w + self._gain)
@@ -76,7 +77,7 @@ class NormalEq:
             a[i][i] += ridge * (a[i][i] + floor)
         if any(a[i][i] <= 0 for i in range(n)):
             return None
-        theta = [0.0] * n
+        theta = list(start) if start is not None and len(start) == n else [0.0] * n
         for _ in range(sweeps):
             moved = 0.0
             for j in range(n):
@@ -87,7 +88,7 @@ class NormalEq:
                     v = 0.0
                 moved = max(moved, abs(v - theta[j]))
                 theta[j] = v
-            if moved < 1e-12:
+            if moved < 1e-9 * (1.0 + max(abs(v) for v in theta)):
                 break
         return theta if all(math.isfinite(v) for v in theta) else None
 
