@@ -7,6 +7,7 @@ prometheus_client's own parsers.
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import threading
@@ -23,6 +24,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from modbridge import __version__
+from modbridge.chassis import ChassisReport
 from modbridge.exporter import collector as collector_module
 from modbridge.exporter import prometheus as X
 from modbridge.exporter import render as render_module
@@ -124,13 +126,35 @@ def pair(**kw) -> PairState:
     return PairState(**fields)
 
 
-def snapshot(modules=None, gpus=None, pairs=None, taken_at=NOW - 0.5) -> BridgeSnapshot:
+def chassis(**kw) -> ChassisReport:
+    fields = dict(
+        converged=True,
+        params={"ok": 1, "unc_mc": 1800},
+        unc_c=1.8,
+        time_to_throttle_s=412.5,
+        time_to_throttle_full_s=math.inf,
+        conductance_ratio=0.92,
+        fan_rpm_ratios=(1.0, 0.97),
+        cooling_degraded=True,
+        cause="dust",
+        throttle_in_days=12.5,
+        inlet_c=24.5,
+    )
+    fields.update(kw)
+    return ChassisReport(**fields)
+
+
+def snapshot(modules=None, gpus=None, pairs=None, taken_at=NOW - 0.5, chassis_reports=None):
+    modules = [module()] if modules is None else modules
+    if chassis_reports is None:
+        chassis_reports = {m.module_id: chassis() for m in modules if m.module_id}
     return BridgeSnapshot(
         taken_at=taken_at,
-        modules=[module()] if modules is None else modules,
+        modules=modules,
         gpus=[gpu()] if gpus is None else gpus,
         pairs=[pair()] if pairs is None else pairs,
         backend="virtual",
+        chassis=chassis_reports,
     )
 
 

@@ -52,6 +52,7 @@ from modbridge.actuator import Actuator, ClockFractions, make_actuator
 from modbridge.actuator.gpulock import GpuLock
 from modbridge.actuator.journal import LimitJournal
 from modbridge.actuator.power import SIGNALS, signal_name
+from modbridge.chassis import ChassisLearner, ChassisReport
 from modbridge.config import BridgeConfig, ModuleMapping, match_gpu
 from modbridge.errors import ModbridgeError
 from modbridge.exporter.eventlog import EventLog
@@ -229,6 +230,11 @@ class Bridge:
         self.stop_reason: str | None = None
         self.signal_received: int | None = None
         self.control = None  # the control socket's server (serve_control), if any
+        # the chassis model per module key (modbridge.chassis, docs/control.md)
+        self.chassis: dict[str, ChassisLearner] = {}
+        self.chassis_reports: dict[str, ChassisReport] = {}
+        self._chassis_fed: dict[str, object] = {}  # port -> the telemetry dict last fed
+        self.wall_clock: Callable[[], float] = time.time  # the trend's days
 
     # -- life cycle -----------------------------------------------------------------
     def _owned_gpus(self) -> list:
@@ -803,8 +809,59 @@ class Bridge:
         ports, inputs = ports + keys, inputs + more
         self._apply(ports, inputs, self.engine.step(now, inputs), now)
         self._note_untrusted(inputs)
+        self._learn_chassis()
         self._snapshot = self._build_snapshot()
         return self._snapshot
+
+    # -- the chassis model ---------------------------------------------------------------
+    def _chassis_path(self, key: str):
+        if self.state_dir is None:
+            return None
+        safe = "".join(c if c.isalnum() or c in "-_.@" else "_" for c in key)[:120]
+        return os.path.join(os.fspath(self.state_dir), "chassis", safe + ".json")
+
+    def _learn_chassis(self) -> None:
+        """Feed each paired module's learner what this tick has: the module's latest
+        telemetry (once per frame) and its GPU's reading. A failing learner is logged
+        and skipped: the model never stops the tick."""
+        for port, link in self.links.items():
+            st = link.status
+            pair = self.pairs.get(port)
+            tel = st.telemetry
+            if st.module_id is None or not tel or pair is None or pair.gpu_uuid is None:
+                continue
+            if self._chassis_fed.get(port) is tel:
+                continue
+            sample = self.samples.get(pair.gpu_uuid)
+            if sample is None or sample.state != "ok":
+                continue
+            self._chassis_fed[port] = tel
+            key = st.key()
+            try:
+                learner = self.chassis.get(key)
+                if learner is None:
+                    learner = self.chassis[key] = ChassisLearner(self._chassis_path(key))
+                learner.observe(
+                    t_s=self.wall_clock(),
+                    g=tel.get("temp_gpu"),
+                    a=tel.get("temp_amb"),
+                    p_mw=tel.get("p_in"),
+                    duties=(tel.get("fan1_duty"), tel.get("fan2_duty")),
+                    rpms=(tel.get("fan1_rpm"), tel.get("fan2_rpm")),
+                    die_c=sample.temperature_c,
+                    gpu_power_w=sample.power_w,
+                    slowdown_c=throttle_temp_c(sample),
+                )
+                self.chassis_reports[key] = learner.report()
+            except Exception:  # noqa: BLE001 - a model bug must not stop the bridge
+                log.exception("the chassis model of %s failed", key)
+
+    def chassis_config_fields(self, module: str) -> dict | None:
+        """The ``config_set`` fields of ``module``'s converged probe -> die model
+        (``model.*`` ints within the firmware's bounds, ``model.ok`` 1), or None
+        before it has converged. The caller sends them (signed) and ``config_save``."""
+        learner = self.chassis.get(module)
+        return None if learner is None else learner.config_fields()
 
     def _expected_gpus(self) -> list[str]:
         """The GPUs a module is meant to cool: those a ``[[module]]`` table names (the
@@ -974,7 +1031,8 @@ class Bridge:
             by_port = m.port and _same_port(m.port, st.port)
             if (by_id and (not m.port or by_port)) or (by_port and not m.module_id):
                 return m.gpu is not None and not any(
-                    match_gpu(m.gpu, s.uuid, s.pci_bus_id) for s in self.samples.values())
+                    match_gpu(m.gpu, s.uuid, s.pci_bus_id) for s in self.samples.values()
+                )
         return False
 
     def _apply(self, ports: list[str], inputs: list[PairInput], decisions, now: float) -> None:
@@ -1014,6 +1072,7 @@ class Bridge:
             gpus=list(self.samples.values()),
             pairs=list(self.pairs.values()),
             backend=self.backend.name,
+            chassis=dict(self.chassis_reports),
         )
 
     def snapshot(self) -> BridgeSnapshot:
@@ -1034,8 +1093,12 @@ class Bridge:
         out = []
         for port, link in list(self.links.items()):  # a socket thread: a copy
             mid = link.status.module_id
-            names = [m.name for m in self.config.modules if getattr(m, "name", None) and (
-                (m.module_id and m.module_id == mid) or _same_port(m.port, port))]
+            names = [
+                m.name
+                for m in self.config.modules
+                if getattr(m, "name", None)
+                and ((m.module_id and m.module_id == mid) or _same_port(m.port, port))
+            ]
             out.append((port, mid, names))
         return out
 
@@ -1046,8 +1109,14 @@ class Bridge:
 
         return self.links[pick_module(module, self.control_entries())]
 
-    def forward(self, module: str, name: str, fields: dict | None = None,
-                timeout: float | None = None, then_telemetry: bool = False):
+    def forward(
+        self,
+        module: str,
+        name: str,
+        fields: dict | None = None,
+        timeout: float | None = None,
+        then_telemetry: bool = False,
+    ):
         """Send ``name`` to ``module`` through its link (signed with the bridge's
         keys); the module's answer as a :class:`modbridge.ops.control.Reply`."""
         from modbridge.ops.control import link_request

@@ -301,3 +301,5 @@ class BridgeSnapshot:
     gpus: list = field(default_factory=list)  # GpuSample
     pairs: list[PairState] = field(default_factory=list)
     backend: str = ""
+    # module key -> modbridge.chassis.ChassisReport (the learned chassis model)
+    chassis: dict = field(default_factory=dict)

@@ -137,7 +137,27 @@ FAMILIES = (
      "Predicted time until the warn threshold; absent without a prediction."),
     ("p_target", "gauge", "modbridge_policy_target_limit_watts", _P,
      "Power limit the policy wants (the original limit when not lowering)."),
+    # the chassis model (modbridge.chassis; docs/control.md, "The chassis model")
+    ("c_converged", "gauge", "modbridge_chassis_model_converged", _M,
+     "1 once the module's probe-to-die model has converged (its parameters can be sent)."),
+    ("c_unc", "gauge", "modbridge_chassis_model_uncertainty_celsius", _M,
+     "The probe-to-die model's held-out residual p95 (model.unc_mc)."),
+    ("c_ttt", "gauge", "modbridge_time_to_throttle_seconds", ("module", "cooling"),
+     "Predicted seconds until the die reaches the GPU's slowdown at the current power, "
+     "fans as now (cooling=current) or at 100 % (cooling=full); +Inf: never."),
+    ("c_ratio", "gauge", "modbridge_airflow_conductance_ratio", _M,
+     "Airflow conductance at the same duty over its baseline (the first day)."),
+    ("c_fan_ratio", "gauge", "modbridge_fan_speed_at_duty_ratio", _MF,
+     "A fan's speed at a given duty over its baseline (RPM per duty; falls as it wears)."),
+    ("c_degraded", "gauge", "modbridge_cooling_degraded", ("module", "cause"),
+     "1 while cooling_degraded is raised, by cause (dust, fan_wear)."),
+    ("c_days", "gauge", "modbridge_cooling_time_to_throttle_at_trend_seconds", _M,
+     "At the airflow conductance's trend, time until the highest power seen would "
+     "throttle with the fans at 100 %; +Inf: not falling."),
+    ("c_inlet", "gauge", "modbridge_chassis_inlet_temperature_celsius", _M,
+     "Inlet (room) temperature: the ambient probe less its learned load-driven rise."),
 )  # fmt: skip
+COOLING_CAUSES = ("dust", "fan_wear")  # modbridge_cooling_degraded's cause label
 
 
 def _family(typ: str, name: str, labels: tuple, doc: str) -> Metric:

@@ -27,7 +27,13 @@ import math
 from collections.abc import Callable
 
 from modbridge import __version__
-from modbridge.exporter.families import FAMILIES, GPU_STATES, POLICY_ACTIONS, POLICY_LEVELS
+from modbridge.exporter.families import (
+    COOLING_CAUSES,
+    FAMILIES,
+    GPU_STATES,
+    POLICY_ACTIONS,
+    POLICY_LEVELS,
+)
 from modbridge.gpu.base import CLOCKS_EVENT_REASONS, GpuSample
 from modbridge.model import BridgeSnapshot, ModuleStatus, PairState
 from modbridge.sanitize import sanitize
@@ -228,6 +234,36 @@ class _Blocks:
                 f["g_limit_original"].append((((p.gpu_uuid,), None), (w if w else _z(w),)))
         for p in pairs:
             self._pair(p)
+        exported = {_module_label(m) for m in modules}
+        for key in sorted(snap.chassis or {}):
+            if _clean(key) in exported:
+                self._chassis(_clean(key), snap.chassis[key])
+
+    def _chassis(self, mod: str, r) -> None:
+        """The chassis model's report of module ``mod`` (a ChassisReport)."""
+        f = self.families
+        head = (mod,)
+        f["c_converged"].append(((head, None), (1.0 if r.converged else _z(0.0),)))
+        for attr, value in (("c_unc", r.unc_c), ("c_ratio", r.conductance_ratio),
+                            ("c_inlet", r.inlet_c)):  # fmt: skip
+            if value is not None:
+                f[attr].append(((head, None), (value if value else _z(value),)))
+        names, values = [], []
+        for name, v in (("current", r.time_to_throttle_s), ("full", r.time_to_throttle_full_s)):
+            if v is not None:
+                names.append(name)
+                values.append(max(0.0, v) if v else _z(v))
+        if names:
+            f["c_ttt"].append(((head, tuple(names)), tuple(values)))
+        fans = [(str(i + 1), v) for i, v in enumerate(r.fan_rpm_ratios) if v is not None]
+        if fans:
+            f["c_fan_ratio"].append(((head, tuple(n for n, _ in fans)), tuple(v for _, v in fans)))
+        active = r.cause if r.cooling_degraded else None
+        values = tuple(1.0 if c == active else 0.0 for c in COOLING_CAUSES)
+        f["c_degraded"].append(((head, COOLING_CAUSES), values))
+        if r.throttle_in_days is not None:
+            s = r.throttle_in_days * 86400.0
+            f["c_days"].append(((head, None), (s if s else _z(s),)))
 
     def _module(self, m: ModuleStatus, gpu_of_module, gpu_by_uuid) -> None:
         f = self.families

@@ -83,6 +83,7 @@ class World:
         self._ntc_short = [False] * 4
         self._ina_absent = False
         self._dips = []  # (start_ms, end_ms, depth_mv)
+        self.airflow_share = 1.0  # dust: the share of the clean chassis's airflow left
 
         # NTC channels.
         self._ntc = [p["ntc." + ch] for ch in CHANNELS]
@@ -161,7 +162,7 @@ class World:
     def _conductances(self):
         """Flow-dependent conductances ``(g_ha, g_ma, g_aa)`` in W/K for the fan RPMs."""
         p = self.params
-        frac = (self.rpm[0] + self.rpm[1]) / (FANS * self._max_rpm)
+        frac = (self.rpm[0] + self.rpm[1]) / (FANS * self._max_rpm) * self.airflow_share
         fx = frac ** p["heatsink"]["flow_exponent"] if frac > 0.0 else 0.0
         hs, mos, air = p["heatsink"], p["mos"], p["air"]
         g_ha = hs["to_air_natural_w_per_k"] + hs["to_air_forced_w_per_k"] * fx
@@ -475,6 +476,15 @@ class World:
         self._dips.append((self.now_ms, self.now_ms + duration_ms, depth_mv))
 
     dip = rail_dip
+
+    def airflow_loss(self, loss):
+        """Dust: a clogged filter or fin stack passes ``1 - loss`` of the airflow the
+        fans' RPM gives (0 clean .. 1 blocked). The forced conductances follow the
+        reduced flow (``h ~ flow ** flow_exponent``), the chassis air exchange too;
+        the fans' RPM does not change. Takes effect at the next sub-step."""
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0.0 <= loss <= 1.0:
+            raise WorldError(f"airflow loss must be a number 0..1, got {loss!r}")
+        self.airflow_share = 1.0 - float(loss)
 
     def gpu_lost(self, on=True):
         """The GPU falls off the bus: every VirtualGPU query raises GpuLost.
