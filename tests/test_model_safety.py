@@ -24,23 +24,20 @@ tests/oracle_floors.py's, written from docs/safety.md, none from device/floors.p
 
 from __future__ import annotations
 
+import oracle_floors as O
 import pytest
+from fakehal import FakeHal
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-import oracle_floors as O  # noqa: E402
-from fakehal import FakeHal  # noqa: E402
-
-from device import safety as S  # noqa: E402
-from device.app import App, _hb_values  # noqa: E402
-from device.cfg.schema import ConfigError, defaults  # noqa: E402
-from device.control import chassis  # noqa: E402
-from modbridge.bridge import heartbeat_fields  # noqa: E402
-from modbridge.gpu.virtual import VirtualBackend  # noqa: E402
-from modbridge.sim import World, load_params  # noqa: E402
-from modbridge.sim.profiles import Profile  # noqa: E402
+from device import safety as S
+from device.app import App, _hb_values
+from device.cfg.schema import defaults
+from device.control import chassis
+from modbridge.bridge import heartbeat_fields
+from modbridge.gpu.virtual import VirtualBackend
+from modbridge.sim import World, load_params
+from modbridge.sim.profiles import Profile
 
 TICK_MS = 100
 BOUNDS = {  # issue 25's design note, written out (not read from the schema)
@@ -104,6 +101,7 @@ class Pair:
         self.now = 0
         self.stall_since = [None, None]
         self.die_hot_ms = None
+        self.a_only = 0  # ticks with an alarm on the GPU channel from the model alone
 
     def heartbeat(self):
         fields = heartbeat_fields(self.backend.sample(self.world.gpu.uuid))
@@ -192,6 +190,8 @@ class Pair:
         for name in ("over", "crit"):
             got, want = getattr(a.sup, name), getattr(b.sup, name)
             assert got & want == want, (where, name, got, "misses the raw-probe alarm", want)
+        if (a.sup.over | a.sup.crit) & 1 and not (b.sup.over | b.sup.crit) & 1:
+            self.a_only += 1
         if hosted and b.safety.slow_mc and b.safety.die_mc >= b.safety.slow_mc:
             if self.die_hot_ms is None:
                 self.die_hot_ms = self.now
@@ -298,12 +298,13 @@ def test_hostile_models_in_a_hot_standalone_world():
     the host gone after a minute, then dust. The oracle checks every tick; the hot
     corner's estimate alarms where the raw probes alone may not (it only adds)."""
     cold, hot = HOSTILE
-    alarms = {}
+    seen = {}
     for name, model in (("cold", cold), ("hot", hot)):
         pair = _run("rtx3080", True, 45, 700, model, 60, [(200000, "dust", 0)], seconds=420)
-        alarms[name] = pair.a.sup.over | pair.a.sup.crit
-        assert pair.a.sup.state == pair.b.sup.state or alarms[name], (name, pair.a.sup.state)
-    assert alarms["hot"] & 1, alarms
+        seen[name] = pair.a_only
+    # the cold corner never alarms on its own (the probe's reading wins), the hot one
+    # does (its estimate sits far above the probe)
+    assert seen["cold"] == 0 and seen["hot"] > 0, seen
 
 
 def _set(app, changes):
@@ -351,9 +352,9 @@ def test_factory_has_no_model_and_a_model_is_evaluated_only_with_ok():
     assert app.model is not None and app.model[0][chassis.SLOW] == 87000
     app.apply_changes({"model.ok": 0})
     assert app.model is None
-    with pytest.raises(ConfigError):
-        from device.cfg.schema import validate
+    from device.cfg.schema import validate  # (commands unload and reload the module)
 
-        cfg = defaults()
-        cfg["model"]["slow_mc"] = 59999
+    cfg = defaults()
+    cfg["model"]["slow_mc"] = 59999
+    with pytest.raises(ValueError, match="model.slow_mc: expected 0 .not known. or int 60000"):
         validate(cfg)
