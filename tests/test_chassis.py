@@ -196,3 +196,41 @@ def test_update_does_not_allocate():
     finally:
         heap_unlock()
     assert out[-1] > 60000
+
+
+def test_standalone_ticks_on_a_model_alarm_early_and_do_not_allocate():
+    # the firmware App, no host, a model that puts the die well above the probe: the
+    # estimate raises the GPU channel's alarm the probe (78 degC, warn 85) does not,
+    # the PID runs on it, and none of it allocates (on qemu-arm: 31-bit small ints)
+    from fakehal import FakeHal, adc_code, run
+    from mpcompat import heap_locked
+
+    from device.app import App
+    from protocol import catalog as C
+
+    hal = FakeHal(temps_c=(78.0, 70.0, 80.0, 35.0))
+    app = App(hal)
+    app.boot()
+    m = _params(lead=8000, ga=1200, rp=30, rpd=20, off=2000, unc=3000, slow=83000)
+    app.apply_changes({"model." + k: m[k] for k in KEYS})
+    run(app, hal, 3000, step_ms=100)
+    s = app.model[0]
+    assert s[M.EST] > 83000, s[M.EST]
+    assert app.sup.over & 1, (app.sup.over, app.sup.state)
+    assert app.sup.state == C.STATE_FAILSAFE, app.sup.state
+    codes = [adc_code(t / 10) for t in range(770, 800, 3)]
+    n0 = app.ticks
+
+    def ticks():
+        k = 0
+        while k < 300:
+            hal.adc[0].set(codes[k % len(codes)])
+            app.step()
+            hal.advance(100)
+            hal.tx_len = 0
+            k += 1
+
+    heap_locked(ticks)
+    assert app.failures == 0 and app.ticks - n0 == 300, (app.failures, app.ticks - n0)
+    assert s[M.EST] != INVALID and app.sup.over & 1
+    assert hal.pwm[0].duty_u16() >= 52428  # the over-temperature floor at least
