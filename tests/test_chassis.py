@@ -5,7 +5,7 @@ MicroPython's heap_lock) and its inputs' failures."""
 
 from array import array
 
-from mpcompat import IS_MICROPYTHON, heap_lock, heap_unlock
+from mpcompat import heap_lock, heap_unlock, small_ints
 
 from device.control import chassis as M
 
@@ -169,15 +169,7 @@ def _drive(mods, out, begin, end):
 def test_extremes_stay_small_ints():
     n = 4 * 3 * len(EXTREMES) * 8
     out = array("i", [0] * n)
-    if IS_MICROPYTHON:
-        count = _drive(M, out, heap_lock, heap_unlock)
-    else:
-        from intcheck import load_checked
-
-        mod, chk = load_checked("device/control/chassis.py")
-        count = _drive(mod, out, chk.__enter__, chk.__exit__)
-        assert chk.count > 1000, chk.count
-        assert chk.peak <= 2**30 - 1, chk.peak
+    count = small_ints(M, "device/control/chassis.py", lambda m, b, e: _drive(m, out, b, e))
     assert count == n
     for v in out:
         assert -(2**23) <= v <= 2**23, v

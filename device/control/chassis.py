@@ -42,6 +42,8 @@ except ImportError:  # CPython
 
 from array import array
 
+from device.control import clamp as _clamp
+
 INVALID = const(-0x3FFFFFFF)  # as NTC.INVALID and the die estimator's
 # The config section ``model``'s keys, in the order of the array's first entries.
 KEYS = ("ok", "lead_ms", "ga_q12", "rp_mcw", "rpd_mcw", "off_mc", "unc_mc", "slow_mc")
@@ -78,14 +80,6 @@ def load(s, model):
         i += 1
     s[_GS] = INVALID
     s[EST] = INVALID
-
-
-def _clamp(x, lo, hi):
-    if x < lo:
-        return lo
-    if x > hi:
-        return hi
-    return x
 
 
 def update(s, g, a, p, d, dt):
