@@ -448,10 +448,13 @@ class App:
         sf.slow_mc = slow if fresh else 0
         sf.die_mc = self.gpu_temp_mc if fresh else 0
         # the chassis model's estimate est_safe (device.control.chassis), while model.ok
-        # and no fresh die: it only adds protection (alarms, the die floor; below)
+        # and no fresh die: it only adds protection (alarms, the die floor; below). Not
+        # evaluated on a fresh die (the hosted tick's cost): its filter starts again.
         m = self.model
         mest = _NO_EST
-        if m is not None:
+        if m is not None and fresh:
+            m[0][8] = _NO_EST  # chassis' g_slow
+        elif m is not None:
             b = bad | stuck | implaus
             d = self.fans[0].duty
             if self.fans[1].duty > d:
@@ -464,8 +467,6 @@ class App:
                 d,
                 dt,
             )
-            if fresh:
-                mest = _NO_EST
         # the GPU channel's limits follow the GPU's slowdown, never raised: the host's
         # while its die counts on the channel (below), else the last one learned, less
         # the probe-to-die offset learned (device.failsafe.follow_slowdown)

@@ -50,6 +50,13 @@ def test_keys_and_layout():
     assert len(s) == 10 and s[0] == 0 and s[M.EST] == INVALID
     M.load(s, _params(slow=87000))
     assert s[0] == 1 and s[M.SLOW] == 87000 and s[M.EST] == INVALID
+    # device/app.py reads the slowdown at 7 and restarts the filter by writing 8
+    assert M.SLOW == 7, M.SLOW
+    M.load(s, _params(lead=20000, unc=500))
+    M.update(s, 50000, 25000, 0, 0, 100)
+    assert M.update(s, 60000, 25000, 0, 0, 100) > 60500
+    s[8] = INVALID
+    assert M.update(s, 60000, 25000, 0, 0, 100) == 60500
 
 
 def test_steady_state_is_the_static_model():
