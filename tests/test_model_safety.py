@@ -358,3 +358,31 @@ def test_factory_has_no_model_and_a_model_is_evaluated_only_with_ok():
     cfg["model"]["slow_mc"] = 59999
     with pytest.raises(ValueError, match="model.slow_mc: expected 0 .not known. or int 60000"):
         validate(cfg)
+
+
+def test_sent_signed_stored_a_b_and_back_after_a_reboot():
+    """The bridge's way: config_set (signed) then config_save; the model survives a
+    power cycle; unsigned and out-of-range changes are refused with a NACK."""
+    from safety_harness import Harness
+
+    h = Harness()
+    values = {"model." + k: v for k, v in HOSTILE[1].items()}
+    assert h.command("config_set", {"values": values}, how="unsigned") == "nack"
+    assert h.app.model is None
+    assert h.command("config_set", {"values": {"model.unc_mc": 100}}) == "nack"
+    assert h.command("config_set", {"values": values}) == "ack"
+    assert h.command("config_save", {}) == "ack"
+    h.reboot()
+    assert h.app.cfg["model"] == HOSTILE[1], h.app.cfg["model"]
+    assert h.app.model is not None and h.app.model[0][chassis.SLOW] == 60000
+    assert h.app.config_source != "factory", h.app.config_source
+
+
+def test_a_config_stored_before_the_section_loads_without_a_model():
+    from device.cfg import store, writer
+
+    cfg = defaults()
+    del cfg["model"]
+    got, detail = store.decode_file(writer.encode_file(cfg, 3).encode())
+    assert got["model"] == defaults()["model"] and got["model"]["ok"] == 0
+    assert "8 key(s) added" in detail, detail
