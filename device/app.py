@@ -154,9 +154,6 @@ class App:
         self.worst_out = array("i", [0, 0])
         self._prot = array("i", [0] * _N_CH)  # protection readings with the host's die
         self.est = DieEstimator()
-        # the chassis model (config ``model``): (array, device.control.chassis.update)
-        # while model.ok, else None (device.commands._model)
-        self.model = None
         self.die_sp = 0
         self.hosted = False  # the PID regulates the die envelope (not the NTC)
         self.gpu_temp_ms = 0
@@ -450,7 +447,7 @@ class App:
         # the chassis model's estimate est_safe (device.control.chassis), while model.ok
         # and no fresh die: it only adds protection (alarms, the die floor; below). Not
         # evaluated on a fresh die (the hosted tick's cost): its filter starts again.
-        m = self.model
+        m = sf.chassis  # the chassis model (device.commands._model)
         mest = _NO_EST
         if m is not None and fresh:
             m[0][8] = _NO_EST  # chassis' g_slow
@@ -594,7 +591,8 @@ class App:
         slowdown + ``_EST_CRIT_MC`` at the latest, never lowering the probe's reading
         (the limits stay the raw-probe rules'); and it drives the die-margin floor.
         Returns the protection readings for the supervisor. No allocation."""
-        sm = self.model[0][7]  # chassis.SLOW
+        sf = self.safety
+        sm = sf.chassis[0][7]  # chassis.SLOW
         if sm == 0 or 0 < slow < sm:
             sm = slow
         if sm == 0:
@@ -604,7 +602,6 @@ class App:
         x = sm + _EST_CRIT_MC - sup.crit_mc[0]
         if x < sh:
             sh = x
-        sf = self.safety
         sf.slow_mc = sm
         sf.die_mc = est
         p = self._prot

@@ -258,21 +258,24 @@ def commit(app, b, cfg):
 
 
 def _model(app, m):
-    """The chassis model (config section ``model``) into ``app.model``: ``(its array,
-    device.control.chassis.update)`` while ``model.ok`` is 1, else None (the module is
-    only imported for a model). Unchanged parameters keep its filter running."""
+    """The chassis model (config section ``model``) into ``app.safety.chassis``: ``(its
+    array, device.control.chassis.update)`` while ``model.ok`` is 1, else None (the
+    module is only imported for a model). Unchanged parameters keep its filter running.
+    (On the safety layer, which it may only tighten: not one more name in the App's
+    instance dict, whose table is full, every lookup that misses it probing it all.)"""
+    sf = app.safety
     if not m["ok"]:
-        app.model = None
+        sf.chassis = None
         return
     from device.control import chassis
 
-    s = app.model[0] if app.model is not None else chassis.new()
+    s = sf.chassis[0] if sf.chassis is not None else chassis.new()
     i = 0
     while i < chassis.SLOW + 1 and s[i] == m[chassis.KEYS[i]]:
         i += 1
     if i <= chassis.SLOW:
         chassis.load(s, m)
-    app.model = (s, chassis.update)
+    sf.chassis = (s, chassis.update)
 
 
 def load_secret(app):

@@ -213,7 +213,7 @@ def test_standalone_ticks_on_a_model_alarm_early_and_do_not_allocate():
     m = _params(lead=8000, ga=1200, rp=30, rpd=20, off=2000, unc=3000, slow=83000)
     app.apply_changes({"model." + k: m[k] for k in KEYS})
     run(app, hal, 3000, step_ms=100)
-    s = app.model[0]
+    s = app.safety.chassis[0]
     assert s[M.EST] > 83000, s[M.EST]
     assert app.sup.over & 1, (app.sup.over, app.sup.state)
     assert app.sup.state == C.STATE_FAILSAFE, app.sup.state
