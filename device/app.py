@@ -49,6 +49,14 @@ _INA_RETRY_MS = const(5000)
 _DIE_FRESH_MS = const(3000)  # a heartbeat die temperature older than this is stale
 _DIE_SLOWDOWN_MARGIN_MC = const(5000)  # the die loop's setpoint: at most slowdown - this
 _DIE_SP_NO_SLOWDOWN_MC = const(76500)  # ... or this without one (an RTX 30xx: 83 - 6.5)
+# Standalone on the chassis model (device.control.chassis): its estimate ``est_safe``
+# counts on the GPU channel so that it warns at slowdown - _EST_WARN_MC and is critical
+# at slowdown + _EST_CRIT_MC at the latest (as the host's die does: device.failsafe);
+# the slowdown is the lowest of the model's, the host's (or the learned) one, else
+# _EST_SLOW_GUESS_MC (an RTX 30xx's).
+_EST_WARN_MC = const(2000)
+_EST_CRIT_MC = const(3000)
+_EST_SLOW_GUESS_MC = const(83000)
 # The learned slowdown and offset (device.safety.learn) reach the flash when they moved
 # by _LEARNED_STEP_MC or more: when the host is lost (a transition), else at most once
 # per LEARNED_SAVE_MS; a failed write is retried after _LEARNED_RETRY_MS at the soonest.
@@ -436,6 +444,26 @@ class App:
         slow = self.gpu_slowdown_mc if host_ok else 0
         sf.slow_mc = slow if fresh else 0
         sf.die_mc = self.gpu_temp_mc if fresh else 0
+        # the chassis model's estimate est_safe (device.control.chassis), while model.ok
+        # and no fresh die: it only adds protection (alarms, the die floor; below). Not
+        # evaluated on a fresh die (the hosted tick's cost): its filter starts again.
+        m = sf.chassis  # the chassis model (device.commands._model)
+        mest = _NO_EST
+        if m is not None and fresh:
+            m[0][8] = _NO_EST  # chassis' g_slow
+        elif m is not None:
+            b = bad | stuck | implaus
+            d = self.fans[0].duty
+            if self.fans[1].duty > d:
+                d = self.fans[1].duty
+            mest = m[1](
+                m[0],
+                _NO_EST if b & 1 else self.temps[0],
+                _NO_EST if b & 8 else self.temps[3],
+                -1 if self.pm_fault else self.pm[2],
+                d,
+                dt,
+            )
         # the GPU channel's limits follow the GPU's slowdown, never raised: the host's
         # while its die counts on the channel (below), else the last one learned, less
         # the probe-to-die offset learned (device.failsafe.follow_slowdown)
@@ -455,6 +483,8 @@ class App:
             prot = p
         else:
             sup.follow_slowdown(slow if slow else sf.learn_slow_mc, sf.learn_off_mc)
+            if mest != _NO_EST:
+                prot = self._model_alarms(mest, slow if slow else sf.learn_slow_mc, prot)
         c0 = sup.crit_mc[0]
         crit0 = self._rt[RT_CRIT0]
         sf.crit_mc[0] = c0 if c0 < crit0 else crit0
@@ -479,10 +509,12 @@ class App:
         valid = self.controlled & ~(bad | stuck | implaus)
         idx = worst_channel(self.temps, self.setpoints, valid, self.worst_out)
         # the die estimate's envelope (device.control.estimator), updated every tick
+        # standalone with a model: its estimate is the die (est.update adds NVML's 0.5)
+        sa = mest != _NO_EST and not host_ok
         env = self.est.update(
             self.temps[0] if valid & 1 else _NO_EST,
-            self.gpu_temp_mc if fresh else 0,
-            fresh,
+            self.gpu_temp_mc if fresh else (mest - 500 if sa else 0),
+            fresh or sa,
             self.gpu_power_mw if host_ok else 0,
             dt,
         )
@@ -496,13 +528,15 @@ class App:
             self.pid.track(req0 if req0 > req1 else req1, self.worst_out[1])
         else:
             err = self.worst_out[1]
-            if self.mode == MODE_CURVE or (state == C.STATE_STANDALONE and self.standalone_curve):
+            if self.mode == MODE_CURVE or (
+                state == C.STATE_STANDALONE and self.standalone_curve and not sa
+            ):
                 req0 = self.curve.duty(self.setpoints[0] + err)
                 self.pid.track(req0, err)
             else:
-                hosted = host_ok and self.die_sp > 0 and env != _NO_EST
+                hosted = (host_ok or sa) and self.die_sp > 0 and env != _NO_EST
                 sp = self.die_sp
-                slow = self.gpu_slowdown_mc
+                slow = sf.slow_mc if sa else self.gpu_slowdown_mc
                 lim = slow - _DIE_SLOWDOWN_MARGIN_MC if slow > 0 else _DIE_SP_NO_SLOWDOWN_MC
                 if lim < sp:
                     sp = lim  # the GPU's own threshold less the margin (or a safe guess)
@@ -549,6 +583,35 @@ class App:
                 self.next_tel = ticks_add(now, self.telemetry_ms)
             self.telemetry(now)
         self._keep_learned(now, host_ok)
+
+    def _model_alarms(self, est, slow, prot):
+        """Standalone with a model: ``est`` (est_safe) against the lowest slowdown known
+        (``slow`` the host's or the learned one, 0 = none). It counts on the GPU channel,
+        shifted so that it warns at slowdown - ``_EST_WARN_MC`` and is critical at
+        slowdown + ``_EST_CRIT_MC`` at the latest, never lowering the probe's reading
+        (the limits stay the raw-probe rules'); and it drives the die-margin floor.
+        Returns the protection readings for the supervisor. No allocation."""
+        sf = self.safety
+        sm = sf.chassis[0][7]  # chassis.SLOW
+        if sm == 0 or 0 < slow < sm:
+            sm = slow
+        if sm == 0:
+            sm = _EST_SLOW_GUESS_MC
+        sup = self.sup
+        sh = sm - _EST_WARN_MC - sup.warn_mc[0]
+        x = sm + _EST_CRIT_MC - sup.crit_mc[0]
+        if x < sh:
+            sh = x
+        sf.slow_mc = sm
+        sf.die_mc = est
+        p = self._prot
+        i = 0
+        while i < _N_CH:
+            p[i] = prot[i]
+            i += 1
+        if est - sh > p[0]:
+            p[0] = est - sh
+        return p
 
     def _autotune(self, dt, idx, state):
         """The relay autotune's request, -1 when it does not run: it replaces the

@@ -236,6 +236,7 @@ def commit(app, b, cfg):
     app.open_ina()
     app.pid = b.pid
     app.est.configure(b.est[0], b.est[1], app.est.offset_tau_ms)
+    _model(app, cfg["model"])
     app.die_sp = b.die_sp
     app.hosted = False
     app.curve = b.curve
@@ -254,6 +255,27 @@ def commit(app, b, cfg):
         new.host_seen = old.host_seen
     app.sup = b.sup
     app.fmt = A.FMT_JSON if b.json else app.fmt
+
+
+def _model(app, m):
+    """The chassis model (config section ``model``) into ``app.safety.chassis``: ``(its
+    array, device.control.chassis.update)`` while ``model.ok`` is 1, else None (the
+    module is only imported for a model). Unchanged parameters keep its filter running.
+    (On the safety layer, which it may only tighten: not one more name in the App's
+    instance dict, whose table is full, every lookup that misses it probing it all.)"""
+    sf = app.safety
+    if not m["ok"]:
+        sf.chassis = None
+        return
+    from device.control import chassis
+
+    s = sf.chassis[0] if sf.chassis is not None else chassis.new()
+    i = 0
+    while i < chassis.SLOW + 1 and s[i] == m[chassis.KEYS[i]]:
+        i += 1
+    if i <= chassis.SLOW:
+        chassis.load(s, m)
+    sf.chassis = (s, chassis.update)
 
 
 def load_secret(app):

@@ -161,6 +161,10 @@ class Safety:
         # supervisor, because a reconfiguration replaces the supervisor.
         self.learn_slow_mc = 0
         self.learn_off_mc = 0
+        # the chassis model (config ``model``, device.commands._model): (its array,
+        # device.control.chassis.update) while model.ok, else None. The app takes its
+        # estimate only to tighten: alarms and the die-margin floor above.
+        self.chassis = None
 
     def __getattr__(self, name):
         """The array's scalars by name (``sf.f_manual``, ``sf.causes``, ``sf.hot``);

@@ -141,3 +141,21 @@ def heap_locked(fn):
         return fn()
     finally:
         heap_unlock()
+
+
+def small_ints(module, relpath, drive):
+    """Run ``drive(mod, begin, end)`` to prove ``module``'s arithmetic stays in 31-bit
+    small ints: on MicroPython with the module itself, ``begin``/``end`` locking the
+    heap (an int past +-2**30 would allocate on a 32-bit port); on CPython with a copy
+    of ``relpath`` instrumented by tests/intcheck.py, ``begin``/``end`` switching its
+    checks, which must have seen over 1000 ints, none past 2**30 - 1. Returns what
+    ``drive`` returns."""
+    if IS_MICROPYTHON:
+        return drive(module, heap_lock, heap_unlock)
+    from intcheck import load_checked
+
+    mod, chk = load_checked(relpath)
+    got = drive(mod, chk.__enter__, chk.__exit__)
+    assert chk.count > 1000, chk.count
+    assert chk.peak <= 2**30 - 1, (chk.peak, chk.where)
+    return got

@@ -247,7 +247,7 @@ def _dict_nodes():
 
 def test_unknown_keys_rejected_everywhere():
     nodes = _dict_nodes()
-    assert len(nodes) == 1 + 5 + 4 + 2, nodes  # root, 5 sections, 4 channels, 2 fans
+    assert len(nodes) == 1 + 6 + 4 + 2, nodes  # root, 6 sections, 4 channels, 2 fans
     for node in nodes:
         for key in ("bogus", "Kp", "_comment"):
             if node == "" and key == "_comment":
@@ -285,7 +285,7 @@ def test_missing_keys_rejected_everywhere():
             dotted = key if node == "" else node + "." + key
             rejected(cfg, dotted, "missing")
             count += 1
-    assert count == 114, count  # 9 top-level + 6 + 60 + 12 + 2 + 12 + 7 + 6
+    assert count == 123, count  # 10 top-level + 6 + 60 + 12 + 2 + 12 + 7 + 6 + 8
 
 
 def test_list_lengths():

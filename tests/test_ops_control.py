@@ -324,6 +324,26 @@ def test_config_get_shows_display_units():
     assert [f["section"] for _, f in t.sent] == list(ctl.section_names(None))
 
 
+def test_config_get_model_shows_the_chassis_model_in_display_units():
+    cfg = dc.defaults()
+    cfg["model"].update(ok=1, lead_ms=6000, ga_q12=1229, rp_mcw=25, rpd_mcw=-10, off_mc=1500,
+                        unc_mc=2500, slow_mc=87000)  # fmt: skip
+    values = dc.get_section(cfg, "model")
+    o = ctl.config_get(FakeTarget([ctl.Reply("config", {"ref": 1, "values": values})]), "model")
+    lines = o.lines()
+    for want in ("model.ok", "1"), ("model.lead_ms", "6000 ms"), ("model.ga", "0.3 degC/degC"), \
+            ("model.rp", "25 degC/kW"), ("model.rpd", "-10 degC/kW"), ("model.off", "1.5 degC"), \
+            ("model.unc", "2.5 degC"), ("model.slow", "87 degC"):  # fmt: skip
+        assert any(line.split() == [want[0], *want[1].split()] for line in lines), (want, lines)
+    assert o.data["keys"]["model.ga"] == "model.ga_q12"
+    assert ctl.parse_assignment("model.ga=0.3")[1] == 1229
+    assert ctl.parse_assignment("model.slow=87")[1] == 87000
+    assert ctl.section_names("model") == ("model",)
+    assert "model" in ctl.section_names(None)
+    with pytest.raises(ctl.InputError, match="model.unc must be 0.5..15 degC"):
+        ctl.parse_assignment("model.unc=0.1")
+
+
 def test_selftest_report_rendered_and_a_failure_exits_1():
     rep = {"ref": 1, "passed": False, "fan1_rpm": [2900, 2300, 1600, 800],
            "fan2_rpm": [0, 0, 0, 0], "fans_ok": [True, False],

@@ -162,6 +162,18 @@ def defaults():
             "uv_mv": 11400,  # under-voltage alert (12 V - 5 %), 0 = off
         },
         "watchdog_ms": 2000,
+        # the chassis model the bridge learned (device/control/chassis.py; docs/control.md
+        # "The chassis model"): none at the factory, the module runs on its probes alone
+        "model": {
+            "ok": 0,  # 1: a converged model, used standalone; 0: none
+            "lead_ms": 0,  # probe-lag compensation
+            "ga_q12": 0,  # gain on (probe - ambient), Q12
+            "rp_mcw": 0,  # m degC per W of input power
+            "rpd_mcw": 0,  # extra m degC per W at zero duty (scaled by 1 - duty)
+            "off_mc": 0,  # offset
+            "unc_mc": 15000,  # the fit's uncertainty, added to the estimate
+            "slow_mc": 0,  # the GPU's slowdown the model was fitted against, 0 = none
+        },
     }
 
 
@@ -330,6 +342,22 @@ SCHEMA = const(
             ),
             # 1000..8000: the RP2040 watchdog cannot exceed 8388 ms.
             ("watchdog_ms", ("int", 1000, 8000)),
+            (
+                "model",  # device.control.chassis: the bounds of issue 25's design
+                (
+                    "obj",
+                    (  # chassis.KEYS, in order
+                        ("ok", ("int", 0, 1)),
+                        ("lead_ms", ("int", 0, 20000)),
+                        ("ga_q12", ("int", -2048, 8192)),
+                        ("rp_mcw", ("int", 0, 500)),
+                        ("rpd_mcw", ("int", -500, 500)),
+                        ("off_mc", ("int", -10000, 20000)),
+                        ("unc_mc", ("int", 500, 15000)),
+                        ("slow_mc", ("int", 0, 100000)),  # and 0 or >= _MODEL_SLOW_MIN_MC
+                    ),
+                ),
+            ),
         ),
     )
 )
@@ -354,6 +382,9 @@ _CAL_SHOW_MAX_C = const(1000000)  # offsets beyond this are shown as "more than"
 # floors, device/floors.py, are higher; this holds if those ever change).
 _FAULT_FLOORS = const(("boot", "sensor_fault", "fan_stall", "over_temp"))
 _FAULT_FLOOR_MIN = const(32768)
+
+# model.slow_mc: 0 (not known) or a GPU slowdown at least this (the schema's 0..100000)
+_MODEL_SLOW_MIN_MC = const(60000)
 
 # INA226: shunt full scale 81.92 mV; CAL = 0.00512 / (current_LSB * R_shunt) with
 # current_LSB = max_current / 2**15 must fit 15 bits.
@@ -594,6 +625,13 @@ def _check_rules(cfg):
             ["control", "manual_duty"],
             "must be >= safety.min_manual_duty (%d), "
             "got %d" % (safety["min_manual_duty"], ctl["manual_duty"]),
+        )
+
+    slow = cfg["model"]["slow_mc"]
+    if 0 < slow < _MODEL_SLOW_MIN_MC:
+        raise _err(
+            ["model", "slow_mc"],
+            "expected 0 (not known) or int %d..100000, got %d" % (_MODEL_SLOW_MIN_MC, slow),
         )
 
     ina = cfg["ina226"]

@@ -145,10 +145,22 @@ _ADDED_IN_1 = (
 )
 
 
+# Whole sections added to schema version 1 after its first release: a config saved by
+# an older firmware gets their factory values (``model``: no chassis model).
+_SECTIONS_ADDED_IN_1 = ("model",)
+
+
 def _fill_added(cfg):
-    """Fill the ``_ADDED_IN_1`` keys a stored config lacks; how many were filled."""
+    """Fill the ``_ADDED_IN_1`` keys and ``_SECTIONS_ADDED_IN_1`` sections a stored
+    config lacks; how many keys were filled."""
     n = 0
     factory = None
+    for section in _SECTIONS_ADDED_IN_1:
+        if section not in cfg:
+            if factory is None:
+                factory = defaults()
+            cfg[section] = factory[section]
+            n += len(factory[section])
     for section, key in _ADDED_IN_1:
         node = cfg.get(section)
         if type(node) is dict and key not in node:

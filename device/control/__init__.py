@@ -24,6 +24,15 @@ except ImportError:  # CPython
 _LIM = const(1048575)  # EMA input clamp: 2**20 - 1 (filters.VALUE_LIMIT)
 
 
+def clamp(x, lo, hi):
+    """``x`` within ``lo``..``hi``."""
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+
+
 def filter_reset(s, at):
     """Forget the values of the median or EMA at ``s[at]`` (its size/alpha stays)."""
     s[at + 1] = 0

@@ -48,6 +48,8 @@ except ImportError:
 
 from array import array
 
+from device.control import clamp as _clamp
+
 # as NTC.INVALID: -2**30 itself ends up a big int on 32-bit ports
 INVALID = const(-0x3FFFFFFF)
 _D_MAX = const(1048575)  # mW: |power step| taken per tick (so diff * dt < 2**30)
@@ -73,14 +75,6 @@ _N_LOW = const(7)  # how long the NTC has been below ntc_env
 _POS = const(8)  # ring slot of the current second
 _MS = const(9)  # ms into the current second
 _RING = const(10)  # the ring: window_s entries (1 without a window)
-
-
-def _clamp(x, lo, hi):
-    if x < lo:
-        return lo
-    if x > hi:
-        return hi
-    return x
 
 
 class DieEstimator:

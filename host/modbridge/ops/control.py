@@ -90,7 +90,7 @@ class Unit:
     percent, wire * 100 / 65535), ``decimals`` shown at most."""
 
     label: str
-    kind: str  # "pct", "milli", "raw"
+    kind: str  # "pct", "milli", "q12" (wire / 4096), "raw"
     decimals: int = 3
 
     def to_wire(self, value: float) -> int:
@@ -100,6 +100,8 @@ class Unit:
             return _round_half_up(value * DUTY_FULL / 100.0)
         if self.kind == "milli":
             return _round_half_up(value * 1000.0)
+        if self.kind == "q12":
+            return _round_half_up(value * 4096.0)
         return _round_half_up(value)
 
     def to_display(self, wire):
@@ -109,6 +111,8 @@ class Unit:
             return round(wire * 100.0 / DUTY_FULL, 1)
         if self.kind == "milli":
             return round(wire / 1000.0, self.decimals)
+        if self.kind == "q12":
+            return round(wire / 4096.0, self.decimals)
         return wire
 
     def show(self, wire) -> str:
@@ -348,6 +352,13 @@ _SUFFIX_UNITS = (
     ("_s", Unit("s", "raw"), False),
 )
 _OHM_KEYS = ("r0", "r_fixed")
+# the chassis model (config section ``model``, device/control/chassis.py): a gain on
+# (probe - ambient) in Q12 and m degC per W (= degC per kW), shown without the suffix
+_MODEL_UNITS = {
+    "ga_q12": ("ga", Unit("degC/degC", "q12", 4)),
+    "rp_mcw": ("rp", Unit("degC/kW", "raw")),
+    "rpd_mcw": ("rpd", Unit("degC/kW", "raw")),
+}
 # display sections (config get SECTION) -> the firmware's sections, each small enough
 # for one ``config`` message (tests/test_ops_control.py checks that they fit a frame)
 SECTIONS = {
@@ -362,10 +373,11 @@ SECTIONS = {
     "safety": ("safety",),
     "ina226": ("ina226",),
     "watchdog": ("watchdog_ms",),
+    "model": ("model",),
     "version": ("version",),
 }
 ALL_SECTIONS = ("version", "control", "channels", "pid", "curve", "fans", "safety",
-                "ina226", "watchdog")  # fmt: skip
+                "ina226", "watchdog", "model")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -435,6 +447,8 @@ def config_key(key: str) -> ConfigKey:
     unit = RAW
     if head == "pid" and leaf in _GAIN_UNITS:
         unit = _GAIN_UNITS[leaf]
+    elif head == "model" and leaf in _MODEL_UNITS:
+        disp_parts[-1], unit = _MODEL_UNITS[leaf]
     elif leaf.endswith("duty") or head == "safety":
         unit = PCT
     elif leaf in _OHM_KEYS:
@@ -1218,7 +1232,7 @@ def config_get(t: Target, section: str | None = None) -> Outcome:
 
 def _key_order(key: str):
     order = ("version", "control", "channels", "pid", "curve", "fans", "safety", "ina226",
-             "watchdog_ms")  # fmt: skip
+             "watchdog_ms", "model")  # fmt: skip
     head = key.split(".")[0]
     return (order.index(head) if head in order else len(order), key)
 
