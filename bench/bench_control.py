@@ -143,8 +143,10 @@ def profile_text(load, watts, case_s=CASE_S):
     raise ValueError(f"unknown load {load!r}; have {', '.join(LOADS)}")
 
 
-def make_world(world, room_c, load, case_s=CASE_S, substep_ms=None):
-    params = load_params(world)
+def make_world(world, room_c, load, case_s=CASE_S, substep_ms=None, overrides=None):
+    """The case's world, in its starting steady state; ``overrides``: ``{"section.key":
+    value}`` changes on top of the world file (a variant chassis)."""
+    params = world_params(world, overrides or {})
     if substep_ms is not None:
         params = params.override({"world.substep_ms": substep_ms})
     prof = Profile.parse(profile_text(load, load_w(params), case_s), name=load)
@@ -200,7 +202,7 @@ class Host:
             raise RuntimeError(f"no answer to {sorted(self.pending.values())}")
 
 
-def simulate(world, room_c, load, controller="pid", points=None, case_s=CASE_S):
+def simulate(world, room_c, load, controller="pid", points=None, case_s=CASE_S, overrides=None):
     """One case on the firmware: per-second samples.
 
     ``controller`` "pid" (factory config) or "curve" (``points``, fan_mode curve).
@@ -208,7 +210,7 @@ def simulate(world, room_c, load, controller="pid", points=None, case_s=CASE_S):
     missing), ``target_c`` (telemetry target), ``duty`` (fan 1 PWM), ``rpm`` (fan 1,
     world), ``state``, ``slowdown`` (bool).
     """
-    w = make_world(world, room_c, load, case_s)
+    w = make_world(world, room_c, load, case_s, overrides=overrides)
     keys = ("t_s", "die_c", "ntc_c", "target_c", "duty", "rpm", "state", "slowdown")
     trace = {k: [] for k in keys}
     with tempfile.TemporaryDirectory(prefix="bench-control-") as tmp:
