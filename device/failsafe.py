@@ -178,8 +178,8 @@ class Supervisor:
         how far the GPU channel may read below the die; -1 while the
         host's fresh die counts on the channel itself: then ``min(configured,
         slowdown_mc - 3)`` and ``min(configured, slowdown_mc)``, no guess at the
-        NTC's placement (see DIE_OFFSET_MC). Never raises a limit above its configured value. Called every tick;
-        allocates nothing."""
+        NTC's placement (see DIE_OFFSET_MC). Never raises a limit above its
+        configured value. Called every tick; allocates nothing."""
         if slowdown_mc == self.slowdown_mc and offset_mc == self.offset_mc:
             return
         self.slowdown_mc = slowdown_mc
