@@ -522,7 +522,8 @@ class App:
                     sp = lim  # the GPU's own threshold less the margin (or a safe guess)
                 keep = 0
                 if hosted and fresh:
-                    err, keep = self._margin_law(env, sp, valid, now)
+                    keep = self._margin_law(env, sp, valid, now)
+                    err = self.worst_out[1]
                 elif hosted:
                     # no fresh die (an estimate from the NTC): the die envelope against
                     # its setpoint, never below what the NTC channels ask for against
@@ -569,7 +570,8 @@ class App:
         self._keep_learned(now, host_ok)
 
     def _margin_law(self, env, sp, valid, now):
-        """The hosted law with a fresh die: (error, feed-forward guard in 256ths).
+        """The hosted law with a fresh die: the error into ``worst_out[1]``; returns
+        the feed-forward guard in 256ths (no tuple: a tuple allocates).
 
         The error is the die envelope's against ``sp`` (the GPU's slowdown less the
         margin); a controlled channel counts only within ``_COMP_MARGIN_MC`` of its
@@ -589,6 +591,7 @@ class App:
                 if e > err:
                     err = e
             i += 1
+        self.worst_out[1] = err
         # the guard's window: from _RISE_S to _GUARD_MS after the power envelope rose
         # by 1/8 and _PF_STEP_MW or more (the die's own jump at the step is over)
         rt = self._rt
@@ -600,17 +603,17 @@ class App:
             rt[_RT_PF] = pf
         age = ticks_diff(now, rt[_RT_PF_MS])
         if age < _RISE_S * 1000 or age > _GUARD_MS:
-            return err, 0
+            return 0
         rise = self.est.rise_mc()
         if rise < _RISE_MIN_MC:
-            return err, 0
+            return 0
         proj = err + rise * _PROJ_S // _RISE_S  # < 2**22: ints
         p = proj + _GUARD_BAND_MC
         if p <= 0:
-            return err, 0
+            return 0
         if p >= _GUARD_BAND_MC:
-            return err, 256
-        return err, p * 256 // _GUARD_BAND_MC
+            return 256
+        return p * 256 // _GUARD_BAND_MC
 
     def _autotune(self, dt, idx, state):
         """The relay autotune's request, -1 when it does not run: it replaces the
