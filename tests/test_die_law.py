@@ -24,14 +24,19 @@ def _hb(hal, die_mc, power_mw):
     cmd(hal, "heartbeat", fields)
 
 
+def _hold(hal, app, seconds, die_mc, power_mw):
+    """Heartbeats every second for ``seconds``."""
+    i = 0
+    while i < seconds:
+        _hb(hal, die_mc, power_mw)
+        run(app, hal, 1000)
+        i += 1
+
+
 def _idle(gpu_c=40.0):
     """Hosted, idle for 2 minutes: the boot hold gone, the fans at their minimum."""
     hal, app = boot(temps_c=(gpu_c, 40.0, 40.0, 25.0))
-    i = 0
-    while i < 120:
-        _hb(hal, 45000, 30000)
-        run(app, hal, 1000)
-        i += 1
+    _hold(hal, app, 120, 45000, 30000)
     assert app.sup.state == C.STATE_HOSTED, C.STATES[app.sup.state]
     assert app.fans[0].duty < app.pid.out_min + 655, app.fans[0].duty
     return hal, app
@@ -91,45 +96,27 @@ def test_after_a_power_rise_the_fans_move_while_the_die_heads_for_its_setpoint()
 
 def test_a_power_rise_with_a_die_that_stays_far_below_keeps_the_minimum():
     hal, app = _idle()
-    i = 0
-    while i < 60:
-        _hb(hal, 56000, 320000)  # the die settles far under its setpoint (a cool room)
-        run(app, hal, 1000)
-        i += 1
+    _hold(hal, app, 60, 56000, 320000)  # the die settles far under its setpoint (cool)
     assert app.fans[0].duty < app.pid.out_min + 655, app.fans[0].duty
 
 
 def test_the_gpu_ntc_setpoint_no_longer_governs_but_its_warning_limit_does():
     hal, app = boot(temps_c=(60.0, 40.0, 40.0, 25.0))
-    i = 0
-    while i < 120:
-        _hb(hal, 68000, 300000)
-        run(app, hal, 1000)
-        i += 1
+    _hold(hal, app, 120, 68000, 300000)
     mn = app.pid.out_min
     # the probe on the core, 72 degC: 2 over its 70 degC setpoint; the die 10 under
-    hal.set_temp(0, 65.0)
-    run(app, hal, 1000)
-    hal.set_temp(0, 70.0)
-    run(app, hal, 1000)
-    hal.set_temp(0, 72.0)
-    i = 0
-    while i < 90:
-        _hb(hal, 73000, 300000)
-        run(app, hal, 1000)
-        i += 1
+    for t in (65.0, 70.0, 72.0):
+        hal.set_temp(0, t)
+        _hold(hal, app, 1, 73000, 300000)
+    _hold(hal, app, 90, 73000, 300000)
     assert app.sup.state == C.STATE_HOSTED, C.STATES[app.sup.state]
     assert app.fans[0].duty < mn + 655, app.fans[0].duty
     # the same probe at 79 degC: 2 under its warning limit with the die measured
     # (slowdown - 3 = 80): component protection drives the fans
-    hal.set_temp(0, 75.0)
-    run(app, hal, 1000)
-    hal.set_temp(0, 79.0)
-    i = 0
-    while i < 30:
-        _hb(hal, 73000, 300000)
-        run(app, hal, 1000)
-        i += 1
+    for t in (75.0, 79.0):
+        hal.set_temp(0, t)
+        _hold(hal, app, 1, 73000, 300000)
+    _hold(hal, app, 30, 73000, 300000)
     assert app.sup.state == C.STATE_HOSTED, C.STATES[app.sup.state]
     assert app.fans[0].duty > mn + 6553 * 2, app.fans[0].duty
 
@@ -156,11 +143,7 @@ def test_load_bursts_do_not_move_the_fans():
 
 def test_the_die_warns_from_slowdown_minus_2_and_is_critical_from_slowdown_plus_1():
     hal, app = _idle(gpu_c=60.0)
-    i = 0
-    while i < 3:
-        _hb(hal, SLOW - 3000, 300000)
-        run(app, hal, 1000)
-        i += 1
+    _hold(hal, app, 3, SLOW - 3000, 300000)
     assert not app.sup.over & 1, app.sup.over
     _hb(hal, SLOW - 2000, 300000)  # NVML's whole degrees: slowdown - 2 reached
     run(app, hal, 1000)

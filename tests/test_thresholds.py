@@ -112,6 +112,22 @@ class SlowdownHost(Harness):
         self.send_signed("heartbeat", fields)
 
 
+def _warning_then_critical(h, warn_c, crit_c):
+    """The GPU NTC at ``warn_c``: an over-temperature warning on channel 0, FAILSAFE
+    and its floor; then at ``crit_c``: critical, both fans at 100 %."""
+    app = h.app
+    h.set_temp(0, warn_c)
+    items = _run(h, 2000)
+    ev = _events(items, C.REASON_OVER_TEMP)
+    assert ev and ev[0].fields["active"] and ev[0].fields["index"] == 0, items
+    assert app.sup.state == C.STATE_FAILSAFE and app.sup.reason == C.REASON_OVER_TEMP
+    assert min(h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) >= app.safety.f_over
+    h.set_temp(0, crit_c)
+    items = _run(h, 2000)
+    assert _events(items, C.REASON_CRITICAL_TEMP), items
+    assert (h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) == (65535, 65535)
+
+
 def test_app_warns_below_the_configured_limit_when_the_gpu_slows_down_earlier():
     # a heartbeat without the die's temperature: the NTC stands in for it, read as a
     # probe below the die (slowdown - 8 / - 3)
@@ -125,18 +141,9 @@ def test_app_warns_below_the_configured_limit_when_the_gpu_slows_down_earlier():
     assert app.gpu_slowdown_mc == 83000
     assert app.sup.warn_mc[0] == 83000 - WARN_M
     assert app.safety.crit_mc[0] == 83000 - CRIT_M
-    # 77 degC on the GPU NTC: under the configured 85, over the lowered 75
-    h.set_temp(0, 77.0)
-    items = _run(h, 2000)
-    ev = _events(items, C.REASON_OVER_TEMP)
-    assert ev and ev[0].fields["active"] and ev[0].fields["index"] == 0, items
-    assert app.sup.state == C.STATE_FAILSAFE and app.sup.reason == C.REASON_OVER_TEMP
-    assert min(h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) >= app.safety.f_over
-    # 81 degC: critical under the GPU's slowdown, both fans at 100 %
-    h.set_temp(0, 81.0)
-    items = _run(h, 2000)
-    assert _events(items, C.REASON_CRITICAL_TEMP), items
-    assert (h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) == (65535, 65535)
+    # 77 degC on the GPU NTC: under the configured 85, over the lowered 75; 81 degC:
+    # critical under the GPU's slowdown, both fans at 100 %
+    _warning_then_critical(h, 77.0, 81.0)
     h.set_temp(0, 77.0)
     _run(h, 3000)
     assert not app.sup.crit and app.sup.over & 1
@@ -159,15 +166,9 @@ def test_with_the_hosts_die_the_gpu_ntc_limits_guess_nothing_about_its_placement
     h.hb_temp = 77000  # the NTC on the core, just under the die: no alarm
     items = _run(h, 3000)
     assert not _events(items, C.REASON_OVER_TEMP) and app.sup.state == C.STATE_HOSTED, items
-    h.set_temp(0, 80.0)  # NTC over slowdown - 3: a warning, whatever the die says
-    items = _run(h, 2000)
-    ev = _events(items, C.REASON_OVER_TEMP)
-    assert ev and ev[0].fields["active"] and ev[0].fields["index"] == 0, items
-    assert min(h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) >= app.safety.f_over
-    h.set_temp(0, 83.0)  # at the slowdown: critical, both fans at 100 %
-    items = _run(h, 2000)
-    assert _events(items, C.REASON_CRITICAL_TEMP), items
-    assert (h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) == (65535, 65535)
+    # the NTC over slowdown - 3: a warning, whatever the die says; at the slowdown:
+    # critical, both fans at 100 %
+    _warning_then_critical(h, 81.0, 83.0)
 
 
 def test_app_keeps_the_learned_limits_without_the_host():
