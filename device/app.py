@@ -57,6 +57,17 @@ _DIE_SP_NO_SLOWDOWN_MC = const(76500)  # ... or this without one (an RTX 30xx: 8
 _EST_WARN_MC = const(2000)
 _EST_CRIT_MC = const(3000)
 _EST_SLOW_GUESS_MC = const(83000)
+# The hosted law with a fresh die (App._margin_law): a controlled channel counts from
+# this far under its warning limit; the feed-forward guard's die rise over _RISE_S
+# (at least _RISE_MIN_MC), extrapolated over _PROJ_S, and its band under the setpoint.
+_COMP_MARGIN_MC = const(3000)
+_DIE_MEASURED = const(-1)  # device.failsafe.Supervisor.follow_slowdown: the die counts
+_RISE_S = const(10)  # device.control.estimator's RISE_S
+_RISE_MIN_MC = const(2000)
+_PROJ_S = const(45)
+_PF_STEP_MW = const(20000)
+_GUARD_MS = const(180000)
+_GUARD_BAND_MC = const(4000)
 # The learned slowdown and offset (device.safety.learn) reach the flash when they moved
 # by _LEARNED_STEP_MC or more: when the host is lost (a transition), else at most once
 # per LEARNED_SAVE_MS; a failed write is retried after _LEARNED_RETRY_MS at the soonest.
@@ -121,7 +132,9 @@ _RT_SAVED_MS = const(7)
 _RT_INA_TRIED_MS = const(8)  # the last INA226 (re)connection attempt
 RT_CRIT0 = const(9)  # the GPU channel's configured critical (device.commands.commit)
 RT_UV_MV = const(10)  # the input's under-voltage threshold (ina226.uv_mv)
-_RT_N = const(11)
+_RT_PF = const(11)  # the feed-forward power at its last rise (App._margin_law)
+_RT_PF_MS = const(12)  # ... and when it rose
+_RT_N = const(13)
 
 
 class App:
@@ -469,9 +482,10 @@ class App:
         # the probe-to-die offset learned (device.failsafe.follow_slowdown)
         if fresh and slow and prot[0] != NTC.INVALID:
             sf.learn(slow, self.gpu_temp_mc, prot[0], dt)
-            sup.follow_slowdown(slow, 0)
+            sup.follow_slowdown(slow, _DIE_MEASURED)
             # the host's die temperature counts on the GPU channel too, offset so
-            # that it warns at slowdown - 2 degC (the NTC may sit far below the die)
+            # that it warns from slowdown - 2 degC and is critical from slowdown + 1
+            # (device.failsafe.DIE_OFFSET_MC; the NTC may sit far below the die)
             p = self._prot
             i = 0
             while i < _N_CH:
@@ -540,22 +554,27 @@ class App:
                 lim = slow - _DIE_SLOWDOWN_MARGIN_MC if slow > 0 else _DIE_SP_NO_SLOWDOWN_MC
                 if lim < sp:
                     sp = lim  # the GPU's own threshold less the margin (or a safe guess)
-                if hosted:
-                    # the die envelope against its setpoint, never below what the NTC
-                    # channels ask for against their own setpoints; the GPU's NTC
-                    # through its envelope (>= its reading: bursts do not move it)
+                keep = 0
+                if hosted and (fresh or sa):  # a die measured, or a learned model's
+                    keep = self._margin_law(env, sp, valid, now)
+                    err = self.worst_out[1]
+                elif hosted:
+                    # no fresh die (an estimate from the NTC): the die envelope against
+                    # its setpoint, never below what the NTC channels ask for against
+                    # their own setpoints; the GPU's NTC through its envelope
                     if valid & 1:
                         e0 = self.est.ntc_env - self.setpoints[0]
                         if e0 > err:
                             err = e0
                     if env - sp > err:
                         err = env - sp
+                if hosted:
                     self.worst_out[1] = err  # telemetry target: what is regulated
                 if hosted != self.hosted:
                     self.hosted = hosted
                     self.pid.track(self.fans[0].duty, err)  # bumpless source switch
                 ff = self.est.power_f if host_ok else 0
-                req0 = self.pid.step(err, 0, dt, ff)
+                req0 = self.pid.step(err, 0, dt, ff, keep)
             req1 = req0
         tune = self._tune
         if tune is not None and (tune.status == C.TUNE_RUNNING or tune.ended):  # or aborted
@@ -612,6 +631,51 @@ class App:
         if est - sh > p[0]:
             p[0] = est - sh
         return p
+    def _margin_law(self, env, sp, valid, now):
+        """The hosted law with a fresh die: the error into ``worst_out[1]``; returns
+        the feed-forward guard in 256ths (no tuple: a tuple allocates).
+
+        The error is the die envelope's against ``sp`` (the GPU's slowdown less the
+        margin); a controlled channel counts only within ``_COMP_MARGIN_MC`` of its
+        own warning limit in effect (component protection; the GPU's NTC through its
+        peak envelope), never at its setpoint. The guard keeps the power
+        feed-forward from being cancelled by a negative P + I while the die is
+        heading for its setpoint: the rise of the die over the last ``_RISE_S``
+        seconds, extrapolated over ``_PROJ_S``, brings the error within
+        ``_GUARD_BAND_MC`` of 0 (full at 0). Ints, no allocation."""
+        err = env - sp
+        warn = self.sup.warn_mc
+        t = self.temps
+        i = 0
+        while i < _N_CH:
+            if valid & (1 << i):
+                e = (self.est.ntc_env if i == 0 else t[i]) - warn[i] + _COMP_MARGIN_MC
+                if e > err:
+                    err = e
+            i += 1
+        self.worst_out[1] = err
+        # the guard's window: from _RISE_S to _GUARD_MS after the power envelope rose
+        # by 1/8 and _PF_STEP_MW or more (the die's own jump at the step is over)
+        rt = self._rt
+        pf = self.est.power_f
+        if pf > rt[_RT_PF] + _PF_STEP_MW and pf > rt[_RT_PF] + (rt[_RT_PF] >> 3):
+            rt[_RT_PF] = pf
+            rt[_RT_PF_MS] = now
+        elif pf < rt[_RT_PF]:
+            rt[_RT_PF] = pf
+        age = ticks_diff(now, rt[_RT_PF_MS])
+        if age < _RISE_S * 1000 or age > _GUARD_MS:
+            return 0
+        rise = self.est.rise_mc()
+        if rise < _RISE_MIN_MC:
+            return 0
+        proj = err + rise * _PROJ_S // _RISE_S  # < 2**22: ints
+        p = proj + _GUARD_BAND_MC
+        if p <= 0:
+            return 0
+        if p >= _GUARD_BAND_MC:
+            return 256
+        return p * 256 // _GUARD_BAND_MC
 
     def _autotune(self, dt, idx, state):
         """The relay autotune's request, -1 when it does not run: it replaces the

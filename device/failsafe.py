@@ -41,11 +41,19 @@ _EV_FIELDS = const(6)  # code, severity, active, index, state, prev_state (+ val
 # full cooling; the warning's 80 % floor comes 5 degC earlier. docs/autotune.md.
 SLOWDOWN_WARN_MARGIN_MC = const(8000)
 SLOWDOWN_CRIT_MARGIN_MC = const(3000)
-# While those limits follow a slowdown, the host's die temperature (heartbeat
-# ``gpu_temp``, fresh) counts on the GPU channel DIE_OFFSET_MC lower: it warns at
-# slowdown - 2 degC and is critical at slowdown + 3, whatever the NTC reads (an NTC
-# beside the memory MOSFETs reads 12 degC below a throttling die: issue 11).
-DIE_OFFSET_MC = const(6000)
+# Those margins assume an NTC that reads below the die (a guess at where it is glued).
+# While the host's die temperature (heartbeat ``gpu_temp``) is fresh the die is
+# measured: ``follow_slowdown(slowdown, -1)`` sets the GPU channel's limits to
+# min(configured, slowdown - 3) and min(configured, slowdown) instead (an NTC on the
+# die's heat path reads no higher than the die: one there means a die there), and the
+# die counts on the channel DIE_OFFSET_MC lower: with the warning at slowdown - 3 it
+# warns from slowdown - 2 degC (NVML's whole degrees: a reading of slowdown - 2) and is
+# critical from slowdown + 1, whatever the NTC reads (issue 25: an NTC on the core
+# passed slowdown - 8 with the die 7 degC under its slowdown, FAILSAFE for 91 s; an
+# NTC beside the memory MOSFETs reads 12 degC below a throttling die: issue 11).
+# (Before issue 25: the NTC margins above with DIE_OFFSET_MC 6000, the die warning
+# from slowdown - 1 in whole degrees and critical from slowdown + 3.)
+DIE_OFFSET_MC = const(999)
 
 del const  # folded at compile time: a module name less (its table has 12 slots)
 
@@ -167,16 +175,25 @@ class Supervisor:
         """Set the GPU channel's warning/critical limits to ``min(configured,
         slowdown_mc - margin, slowdown_mc - offset_mc - standalone margin)``;
         ``slowdown_mc`` 0 (never hosted) restores the configured ones. ``offset_mc``:
-        how far the GPU channel may read below the die (0 while the host's die counts
-        itself). Never raises a limit above its configured value. Called every tick;
-        allocates nothing."""
+        how far the GPU channel may read below the die; -1 while the
+        host's fresh die counts on the channel itself: then ``min(configured,
+        slowdown_mc - 3)`` and ``min(configured, slowdown_mc)``, no guess at the
+        NTC's placement (see DIE_OFFSET_MC). Never raises a limit above its
+        configured value. Called every tick; allocates nothing."""
         if slowdown_mc == self.slowdown_mc and offset_mc == self.offset_mc:
             return
         self.slowdown_mc = slowdown_mc
         self.offset_mc = offset_mc
         w = self.warn_cfg0
         c = self.crit_cfg0
-        if slowdown_mc > 0:
+        if slowdown_mc > 0 and offset_mc < 0:  # the die is measured
+            lw = slowdown_mc - F.STANDALONE_WARN_MARGIN_MC
+            lc = slowdown_mc - F.STANDALONE_CRIT_MARGIN_MC
+            if lw < w:
+                w = lw
+            if lc < c:
+                c = lc
+        elif slowdown_mc > 0:
             lw = slowdown_mc - SLOWDOWN_WARN_MARGIN_MC
             x = slowdown_mc - offset_mc - F.STANDALONE_WARN_MARGIN_MC
             if x < lw:

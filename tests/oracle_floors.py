@@ -35,6 +35,9 @@ HOT = ((80000, 95000), (88000, 100000), (110000, 130000), None)
 # slowdown - 4 degC, 100 % at slowdown - 1 degC
 DIE_START_BELOW_MC = 4000
 DIE_FULL_BELOW_MC = 1000
+# the alarm that follows the measured die (issue 25 item 3, docs/safety.md): a fresh die
+# at or above slowdown - 2 degC is an over-temperature warning at the latest
+DIE_WARN_MARGIN_MC = 2000
 
 # S2: the calibration band, and S5: the MANUAL lease
 CAL_BAND_MC = 5000

@@ -132,16 +132,49 @@ def test_heartbeat_hosted_then_timeout_standalone():
 
 
 def test_feed_forward_raises_duty_before_the_heat_arrives():
+    # a host that sends no die temperature: the NTC channels against their setpoints
     hal, app = boot(temps_c=(62.0, 50.0, 55.0, 25.0))
     i = 0
     while i < 25:  # heartbeats every second while the boot hold ramps down
-        heartbeat(hal, power_mw=100000)
+        cmd(hal, "heartbeat", {"gpu_power": 100000, "power_limit": 700000})
         run(app, hal, 1000)
         i += 1
     low = app.fans[0].duty
-    heartbeat(hal, power_mw=650000)
+    cmd(hal, "heartbeat", {"gpu_power": 650000, "power_limit": 700000})
     run(app, hal, 300)
     assert app.fans[0].duty > low, (low, app.fans[0].duty)
+
+
+def test_hosted_the_die_margin_rules_not_the_ntc_setpoint():
+    # issue 25: with the host's die the GPU NTC's 70 degC setpoint no longer governs:
+    # an NTC at 74 degC (4 over it) with the die 10 degC under slowdown - 5 keeps the
+    # fans at their minimum; a VRAM channel near its warning limit (90) drives them
+    def hb(die_mc):
+        fields = {"gpu_temp": die_mc, "gpu_power": 300000, "gpu_slowdown": 83000}
+        cmd(hal, "heartbeat", dict(fields, power_limit=320000))
+
+    hal, app = boot(temps_c=(74.0, 60.0, 60.0, 25.0))
+    i = 0
+    while i < 120:
+        hb(68000)
+        run(app, hal, 1000)
+        i += 1
+    assert app.sup.state == C.STATE_HOSTED, C.STATES[app.sup.state]
+    mn = app.pid.out_min
+    assert app.fans[0].duty < mn + 655, (app.fans[0].duty, mn)  # the minimum (1 %)
+    # the telemetry target: what is regulated, the die's margin (-9.5) or the GPU NTC
+    # against its warning limit (slowdown - 3 with the die measured) less 3 degC
+    assert app.worst_out[1] == app.est.ntc_env - (83000 - 3000 - 3000)
+    assert -4000 < app.worst_out[1] < -2000, app.worst_out[1]
+    i = 0
+    while i < 60:  # VRAM at 89 degC: within 3 of its warning, component protection
+        if i < 6:
+            hal.set_temp(1, 60.0 + 5 * (i + 1) if i < 5 else 89.0)
+        hb(68000)
+        run(app, hal, 1000)
+        i += 1
+    assert app.sup.state == C.STATE_HOSTED, C.STATES[app.sup.state]
+    assert app.fans[0].duty > mn + 6553, (app.fans[0].duty, mn)
 
 
 # -- fail-safe -----------------------------------------------------------------------------

@@ -247,7 +247,7 @@ def test_the_die_floor_and_the_learning_do_not_allocate():
 
     hal, app = boot()
     hal.set_temp(0, 70)  # a jump from 25 degC: implausible for 30 s, then cleared
-    fields = {"gpu_temp": SLOW - 2000, "gpu_power": 300000, "gpu_slowdown": SLOW}
+    fields = {"gpu_temp": SLOW - 3000, "gpu_power": 300000, "gpu_slowdown": SLOW}
     k = 0
     while k < 400:
         if k % 10 == 0:

@@ -150,6 +150,9 @@ def _drive(mod, out, begin, end):
                 for a in EXTREMES:
                     for _ in range(12):
                         out[k] = est.update(a[0], a[1], a[2], a[3], a[4])
+                        r = est.rise_mc()  # the hosted law's guard reads it every tick
+                        if not -(2**22) < r < 2**22:
+                            out[k] = r  # out of the envelope's range: caught below
                         k += 1
             out[k] = est.power_f
             k += 1
@@ -187,3 +190,22 @@ def test_update_does_not_allocate():
     finally:
         heap_unlock()
     assert out[-1] >= 70500
+
+
+def test_rise_is_the_envelopes_over_ten_seconds():
+    est = DieEstimator(window_s=90)
+    _feed(est, 20, 50000, 60000, 300000)
+    assert est.rise_mc() == 0, est.rise_mc()  # steady
+    die = 60000
+    for _ in range(15):  # a die heading up at 1 degC/s
+        die += 1000
+        _feed(est, 1, 50000, die, 300000)
+    assert 9000 <= est.rise_mc() <= 11000, est.rise_mc()
+    # bursts under the window: the envelope holds the peak, no rise after the first
+    for _ in range(6):
+        _feed(est, 6, 50000, die + 5000, 300000)
+        _feed(est, 4, 50000, die - 15000, 300000)
+    assert est.rise_mc() == 0, est.rise_mc()
+    assert DieEstimator(window_s=0).rise_mc() == 0
+    est.update(INVALID, 0, False, 0, 100)  # no estimate: no rise
+    assert est.rise_mc() == 0

@@ -509,6 +509,7 @@ EXTREME_INPUTS = [
 ]
 
 EXTREME_GAINS = [0, 1, 999, 5000, 123457, GAIN_MAX]
+KEEPS = [0, 256, 97, 100000]  # step()'s keep_q8: off, full, a share, out of range
 
 
 def _drive_extremes(mod, results, begin, end):
@@ -532,7 +533,8 @@ def _drive_extremes(mod, results, begin, end):
             try:
                 for _ in range(3):
                     for inp in EXTREME_INPUTS:
-                        results[k] = pid.step(inp[0], inp[1], inp[2], inp[3])
+                        # the feed-forward guard too (device/app.py's hosted law)
+                        results[k] = pid.step(inp[0], inp[1], inp[2], inp[3], KEEPS[k & 3])
                         k += 1
                 pid.track(65535, 2**29)
                 results[k] = pid.step(-(2**29), 2**29, 1, 0)

@@ -19,6 +19,8 @@ MPY_TIMEOUT = 600
 
 WARN_M = FS.SLOWDOWN_WARN_MARGIN_MC
 CRIT_M = FS.SLOWDOWN_CRIT_MARGIN_MC
+DIE_W = 3000  # with the host's die measured: the NTC warns over slowdown - 3 ...
+DIE_C = 0  # ... and is critical at the slowdown (issue 25)
 
 
 def _sup():
@@ -102,14 +104,35 @@ class SlowdownHost(Harness):
         self.last_hb = self.now
         if self.host_seen_at is None:
             self.host_seen_at = self.now
-        fields = {"gpu_temp": self.hb_temp, "gpu_power": self.hb_power, "power_limit": 320000}
+        fields = {"gpu_power": self.hb_power, "power_limit": 320000}
+        if self.hb_temp is not None:  # None: a host that sends no die temperature
+            fields["gpu_temp"] = self.hb_temp
         if self.slowdown:
             fields["gpu_slowdown"] = self.slowdown
         self.send_signed("heartbeat", fields)
 
 
+def _warning_then_critical(h, warn_c, crit_c):
+    """The GPU NTC at ``warn_c``: an over-temperature warning on channel 0, FAILSAFE
+    and its floor; then at ``crit_c``: critical, both fans at 100 %."""
+    app = h.app
+    h.set_temp(0, warn_c)
+    items = _run(h, 2000)
+    ev = _events(items, C.REASON_OVER_TEMP)
+    assert ev and ev[0].fields["active"] and ev[0].fields["index"] == 0, items
+    assert app.sup.state == C.STATE_FAILSAFE and app.sup.reason == C.REASON_OVER_TEMP
+    assert min(h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) >= app.safety.f_over
+    h.set_temp(0, crit_c)
+    items = _run(h, 2000)
+    assert _events(items, C.REASON_CRITICAL_TEMP), items
+    assert (h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) == (65535, 65535)
+
+
 def test_app_warns_below_the_configured_limit_when_the_gpu_slows_down_earlier():
+    # a heartbeat without the die's temperature: the NTC stands in for it, read as a
+    # probe below the die (slowdown - 8 / - 3)
     h = SlowdownHost()
+    h.hb_temp = None
     h.host(True)
     h.set_temp(0, 70.0)
     _run(h, 3000)
@@ -118,27 +141,41 @@ def test_app_warns_below_the_configured_limit_when_the_gpu_slows_down_earlier():
     assert app.gpu_slowdown_mc == 83000
     assert app.sup.warn_mc[0] == 83000 - WARN_M
     assert app.safety.crit_mc[0] == 83000 - CRIT_M
-    # 77 degC on the GPU NTC: under the configured 85, over the lowered 75
-    h.set_temp(0, 77.0)
-    items = _run(h, 2000)
-    ev = _events(items, C.REASON_OVER_TEMP)
-    assert ev and ev[0].fields["active"] and ev[0].fields["index"] == 0, items
-    assert app.sup.state == C.STATE_FAILSAFE and app.sup.reason == C.REASON_OVER_TEMP
-    assert min(h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) >= app.safety.f_over
-    # 81 degC: critical under the GPU's slowdown, both fans at 100 %
-    h.set_temp(0, 81.0)
-    items = _run(h, 2000)
-    assert _events(items, C.REASON_CRITICAL_TEMP), items
-    assert (h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) == (65535, 65535)
+    # 77 degC on the GPU NTC: under the configured 85, over the lowered 75; 81 degC:
+    # critical under the GPU's slowdown, both fans at 100 %
+    _warning_then_critical(h, 77.0, 81.0)
     h.set_temp(0, 77.0)
     _run(h, 3000)
     assert not app.sup.crit and app.sup.over & 1
 
 
+def test_with_the_hosts_die_the_gpu_ntc_limits_guess_nothing_about_its_placement():
+    # issue 25: a probe on the core read 75.2 degC (over slowdown - 8) with the die 7
+    # degC under its slowdown: FAILSAFE(over_temp) for 91 s. With the die measured the
+    # die itself warns from slowdown - 2; the NTC keeps min(configured, slowdown - 3)
+    # and min(configured, slowdown): a probe on the die's heat path reads no higher
+    # than the die
+    h = SlowdownHost()
+    h.hb_temp = 76000
+    h.host(True)
+    h.set_temp(0, 70.0)
+    _run(h, 3000)
+    app = h.app
+    assert app.sup.warn_mc[0] == 83000 - DIE_W and app.safety.crit_mc[0] == 83000 - DIE_C
+    h.set_temp(0, 75.0)
+    h.hb_temp = 77000  # the NTC on the core, just under the die: no alarm
+    items = _run(h, 3000)
+    assert not _events(items, C.REASON_OVER_TEMP) and app.sup.state == C.STATE_HOSTED, items
+    # the NTC over slowdown - 3: a warning, whatever the die says; at the slowdown:
+    # critical, both fans at 100 %
+    _warning_then_critical(h, 81.0, 83.0)
+
+
 def test_app_keeps_the_learned_limits_without_the_host():
     # issue 23 item 15: without a host the limits follow the last slowdown it sent
-    # (here the die reads below the NTC: a learned offset of 0)
+    # (the die at slowdown - 1.5 warns while hosted; the NTC reads 4.5 degC below it)
     h = SlowdownHost()
+    h.hb_temp = 81500
     h.host(True)
     h.set_temp(0, 77.0)
     _run(h, 3000)
@@ -157,11 +194,11 @@ def test_app_keeps_the_learned_limits_without_the_host():
     assert app.sup.state == C.STATE_STANDALONE, C.STATES[app.sup.state]
     cleared = [e for e in _events(items, C.REASON_OVER_TEMP) if not e.fields["active"]]
     assert cleared, items
-    # the host comes back: its slowdown rules again
+    # the host comes back: its slowdown and its die rule again
     h.set_temp(0, 77.0)
     h.host(True)
     _run(h, 3000)
-    assert app.sup.warn_mc[0] == 83000 - WARN_M and app.sup.over & 1
+    assert app.sup.warn_mc[0] == 83000 - DIE_W and app.sup.over & 1
 
 
 def test_a_heartbeat_without_the_slowdown_or_above_the_limits_changes_nothing():
@@ -178,9 +215,12 @@ def test_a_heartbeat_without_the_slowdown_or_above_the_limits_changes_nothing():
     assert app.gpu_slowdown_mc == 110000
     assert app.sup.warn_mc[0] == 85000 and app.safety.crit_mc[0] == 90000
     assert app.sup.state == C.STATE_HOSTED
-    h.slowdown = 84000  # lowered by the next heartbeat, at 80 degC: a warning now
+    h.slowdown = 84000  # lowered by the next heartbeat; the die measured: slowdown - 3
     _run(h, 3000)
-    assert app.sup.warn_mc[0] == 84000 - WARN_M and app.sup.over & 1
+    assert app.sup.warn_mc[0] == 84000 - DIE_W and not app.sup.over
+    h.set_temp(0, 82.0)  # over it: a warning now
+    _run(h, 3000)
+    assert app.sup.warn_mc[0] == 84000 - DIE_W and app.sup.over & 1
     h.slowdown = 0  # a host that stops sending it: the last slowdown it sent stays
     _run(h, 3000)  # (issue 23 item 15: limits follow what the module learned)
     assert app.sup.warn_mc[0] == 84000 - WARN_M and app.sup.over & 1

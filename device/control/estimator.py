@@ -74,7 +74,10 @@ _P_LOW = const(6)  # how long the power has been below power_f
 _N_LOW = const(7)  # how long the NTC has been below ntc_env
 _POS = const(8)  # ring slot of the current second
 _MS = const(9)  # ms into the current second
-_RING = const(10)  # the ring: window_s entries (1 without a window)
+_SEC = const(10)  # seconds counted, mod _RISE_S
+_ENV_AGO = const(11)  # the envelope at the end of each of the last _RISE_S seconds
+_RING = const(21)  # the ring: window_s entries (1 without a window)
+_RISE_S = const(10)  # rise_mc()'s span
 
 
 class DieEstimator:
@@ -140,6 +143,22 @@ class DieEstimator:
             i += 1
         a[_POS] = 0
         a[_MS] = 0
+        i = _ENV_AGO
+        while i < _RING:
+            a[i] = INVALID
+            i += 1
+
+    def rise_mc(self):
+        """How much the envelope rose over the last 10 s (``RISE_S``; m degC, >= 0
+        with a window: the envelope of a load that bursts holds its peaks); 0
+        without an envelope now or then. No allocation."""
+        a = self._a
+        k = a[_SEC] + 1
+        then = a[_ENV_AGO + (k if k < _RISE_S else 0)]  # the oldest: _RISE_S s ago
+        now = a[_ENV]
+        if now == INVALID or then == INVALID:
+            return 0
+        return now - then
 
     def update(self, ntc_mc, die_mc, fresh, power_mw, dt_ms):
         """One tick: return the envelope (m degC), or INVALID without an estimate.
@@ -215,6 +234,11 @@ class DieEstimator:
                 if v > env:
                     env = v
                 i += 1
+            k = a[_SEC] + 1
+            if k >= _RISE_S:
+                k = 0
+            a[_SEC] = k
+            a[_ENV_AGO + k] = a[_ENV]  # the envelope as the last second ended
         else:
             if est > a[_RING + pos]:
                 a[_RING + pos] = est

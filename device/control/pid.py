@@ -30,7 +30,10 @@ constant Tt = ``tracking_ms``, by default Ti = kp/ki, and never past zero), so P
 and the feed-forward saturating the output are never absorbed into the integrator:
 after a long time at the minimum the feed-forward still moves the fans at once;
 bumpless manual -> auto transfer (``track``); GPU-power feed-forward so a load step
-moves the fans before the heat arrives; dt of 1..1000 ms (longer gaps count as 1000
+moves the fans before the heat arrives, with an optional guard (``step``'s
+``keep_q8``) that keeps a share of it from being cancelled by a negative P + I + D
+(the caller decides when: device/app.py's hosted law, while the die is heading for
+its setpoint after a power rise); dt of 1..1000 ms (longer gaps count as 1000
 ms, dt <= 0 returns the previous duty unchanged).
 
 Gains (``set_gains``) are the wire's milli-units (protocol/catalog.py, pid_gains),
@@ -482,11 +485,15 @@ class PID:
 
     # ------------------------------------------------------------------- tick
 
-    def step(self, measurement_mc, setpoint_mc, dt_ms, ff_mw=0):
+    def step(self, measurement_mc, setpoint_mc, dt_ms, ff_mw=0, keep_q8=0):
         """One control tick: return the duty (int 0..65535). Allocation-free.
 
         ``dt_ms`` is the time since the previous step (1..1000 ms; more counts as
-        1000; <= 0 returns the previous duty and changes nothing).
+        1000; <= 0 returns the previous duty and changes nothing). ``keep_q8``
+        (0..256): the share of the feed-forward term, in 256ths, that a negative
+        P + I + D may not take away (0: all of it may, the plain PID; 256: the
+        output stays at least at the feed-forward); while it holds, the integrator
+        does not integrate downward.
         """
         a = self._a
         if dt_ms <= 0:
@@ -591,6 +598,16 @@ class PID:
             i = a[_I_LO]
 
         u = _sat(pdf + i)
+        if keep_q8 > 0:
+            # the feed-forward guard: P + I + D may cancel at most (256 - keep) / 256
+            # of FF (uf < 2**29: (uf >> 8) * 256 < 2**29)
+            if keep_q8 > 256:
+                keep_q8 = 256
+            kf = (uf >> 8) * keep_q8
+            if u < kf:
+                u = kf
+                if i < a[_I] and not pending:
+                    i = a[_I]  # held by the guard: no downward integration
         v = u
         hold = 0
         if v > a[_HI]:
