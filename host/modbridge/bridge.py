@@ -118,6 +118,38 @@ SLOWDOWN_MIN_C = 40
 SLOWDOWN_MAX_C = 125
 
 
+# Pushing a converged chassis model to its module (Bridge._push_chassis): again only when
+# its estimate would move by MODEL_PUSH_MOVE_MC at some operating point and an hour has
+# passed (each push is a flash save); a failed push is retried after 5 minutes.
+MODEL_PUSH_MIN_S = 3600.0
+MODEL_PUSH_RETRY_S = 300.0
+MODEL_PUSH_MOVE_MC = 1000
+
+
+def model_moved(old: dict, new: dict) -> bool:
+    """Whether the model ``new`` (``model.*`` config fields) moves an estimate by
+    ``MODEL_PUSH_MOVE_MC`` or more against ``old`` at one of a few operating points
+    (probe 40..90 degC over an ambient of 25, 0..600 W, duty 20..100 %), or changes
+    ``ok``, ``slow_mc`` or ``unc_mc`` by a degree or more."""
+    if old.get("model.ok") != new.get("model.ok"):
+        return True
+    for k in ("model.slow_mc", "model.unc_mc"):
+        if abs(int(old.get(k, 0)) - int(new.get(k, 0))) >= MODEL_PUSH_MOVE_MC:
+            return True
+    from modbridge.chassis import fw
+
+    po = {k[6:]: int(v) for k, v in old.items() if k.startswith("model.")}
+    pn = {k[6:]: int(v) for k, v in new.items() if k.startswith("model.")}
+    for g in (40000, 65000, 90000):
+        for p in (0, 300000, 600000):
+            for d in (13107, 65535):
+                eo = fw.estimate(po, g, g, 25000, p, d)
+                en = fw.estimate(pn, g, g, 25000, p, d)
+                if abs(eo - en) >= MODEL_PUSH_MOVE_MC:
+                    return True
+    return False
+
+
 def heartbeat_fields(sample: GpuSample | None) -> dict | None:
     """A GPU reading as heartbeat fields in wire units (None fields omitted)."""
     if sample is None or sample.state != "ok":
@@ -235,6 +267,8 @@ class Bridge:
         self.chassis_reports: dict[str, ChassisReport] = {}
         self._chassis_fed: dict[str, object] = {}  # port -> the telemetry dict last fed
         self.wall_clock: Callable[[], float] = time.time  # the trend's days
+        self.push_models = True  # send converged chassis models (_push_chassis)
+        self._chassis_pushed: dict[str, tuple[dict, float, bool]] = {}  # key -> last push
 
     # -- life cycle -----------------------------------------------------------------
     def _owned_gpus(self) -> list:
@@ -810,6 +844,8 @@ class Bridge:
         self._apply(ports, inputs, self.engine.step(now, inputs), now)
         self._note_untrusted(inputs)
         self._learn_chassis()
+        if self.push_models:
+            self._push_chassis(now)
         self._snapshot = self._build_snapshot()
         return self._snapshot
 
@@ -855,6 +891,50 @@ class Bridge:
                 self.chassis_reports[key] = learner.report()
             except Exception:  # noqa: BLE001 - a model bug must not stop the bridge
                 log.exception("the chassis model of %s failed", key)
+
+    def _push_chassis(self, now: float) -> None:
+        """Send each converged model to its module (signed ``config_set`` of the
+        ``model.*`` keys, then ``config_save``), off the loop's thread: once when it
+        first converges, then again only when an estimate would move by
+        ``MODEL_PUSH_MOVE_MC`` or more and ``MODEL_PUSH_MIN_S`` have passed (flash
+        wear: every push is a save). A refused or failed push is logged and retried
+        after ``MODEL_PUSH_RETRY_S``. The module bounds and checks every key itself
+        (docs/firmware.md, "The chassis model"): a model only adds protection there."""
+        for port, link in list(self.links.items()):
+            key = link.status.key() if link.status.module_id else None
+            learner = self.chassis.get(key) if key else None
+            if learner is None:
+                continue
+            try:
+                fields = learner.config_fields()
+            except Exception:  # noqa: BLE001 - a model bug must not stop the bridge
+                log.exception("the chassis model of %s failed", key)
+                continue
+            if not fields:
+                continue
+            last = self._chassis_pushed.get(key)
+            if last is not None:
+                sent, at, ok = last
+                wait = MODEL_PUSH_MIN_S if ok else MODEL_PUSH_RETRY_S
+                if now - at < wait or (ok and not model_moved(sent, fields)):
+                    continue
+            self._chassis_pushed[key] = (fields, now, True)
+            threading.Thread(
+                target=self._send_model, args=(link, key, fields, now),
+                name=f"modbridge-model {port}", daemon=True,
+            ).start()  # fmt: skip
+
+    def _send_model(self, link, key: str, fields: dict, now: float) -> None:
+        try:
+            link.request("config_set", {"values": dict(fields)})
+            link.request("config_save", None, timeout=10.0)
+            result, msg = "ok", "chassis model sent and saved"
+        except LinkError as e:
+            self._chassis_pushed[key] = (fields, now, False)
+            result, msg = "failed", str(e)
+        (log.info if result == "ok" else log.warning)("module %s: %s", sanitize(key), msg)
+        self._write_event("chassis_model", module_id=key, result=result, message=msg,
+                          fields=dict(fields))  # fmt: skip
 
     def chassis_config_fields(self, module: str) -> dict | None:
         """The ``config_set`` fields of ``module``'s converged probe -> die model
