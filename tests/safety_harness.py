@@ -461,12 +461,17 @@ class Harness:
                 up(O.STALL, "stall%d" % i)
         if (
             self.host_seen_at is not None
-            and self.now - self.last_hb >= _DETECT_HOST_MS
+            and self.now - self.last_hb >= max(_DETECT_HOST_MS, self._host_timeout_ms() + 1500)
             and self.last_hb >= self.boot_at
         ):
             up(O.HOST_LOST, "host_lost")
         up(self._die_floor(), "die_margin")
         return fl, reasons
+
+    def _host_timeout_ms(self):
+        """The configured ``control.host_timeout_ms`` (the spec's host-lost delay: a
+        command may raise it), 5 s when the App has none yet."""
+        return getattr(self.app, "host_timeout_ms", 5000) if self.app is not None else 5000
 
     def _check_tick(self):
         app = self.app

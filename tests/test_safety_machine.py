@@ -157,3 +157,25 @@ def test_heartbeat_cut_by_noise_right_after_boot_sets_no_die_floor():
     assert h.violations == 0
     h.advance(1500)  # the next heartbeat, on a clean line: taken and floored
     assert h.violations == 0
+
+
+def test_a_raised_host_timeout_delays_the_host_lost_floor_as_configured():
+    """Regression (hypothesis, test_ops_control's machine): `control.host_timeout_ms`
+    30000 (a user may raise it, docs/safety.md) and the host gone: the module applies
+    the host-lost floor after 30 s, as configured; the oracle asked for it after its
+    fixed 6.5 s and raised I1. The oracle now waits for the configured timeout (plus
+    its margin) and still demands the floor after it."""
+    h = Harness()
+    h.host(True)
+    h.advance(2000)
+    assert h.command("config_set", {"values": {"control.host_timeout_ms": 30000}}) == "ack"
+    h.host(False)
+    h.advance(12000)  # past the factory 5 s: not lost yet at 30 s
+    assert h.violations == 0
+    fl, why = h.oracle_floor()
+    assert "host_lost" not in why
+    h.advance(20000)  # 32 s without a heartbeat: lost, the floor demanded and held
+    fl, why = h.oracle_floor()
+    assert "host_lost" in why and fl >= O.HOST_LOST
+    assert min(h.hal.pwm[0].duty_u16(), h.hal.pwm[1].duty_u16()) >= fl
+    assert h.violations == 0
