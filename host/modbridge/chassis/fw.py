@@ -20,23 +20,26 @@ from __future__ import annotations
 
 import math
 
+from device.cfg import schema as _schema
+
 FILTER_MS = 4000  # g_slow's time constant
 DUTY_FULL = 65535
 
+
+def _model_bounds() -> dict:
+    """key -> (low, high) of the config section ``model``, read from the firmware's
+    schema (device/cfg/schema.py), with ``slow_mc``'s rule: 0 or at least
+    ``_MODEL_SLOW_MIN_MC``."""
+    root = dict(_schema.SCHEMA[1])
+    out = {k: (spec[1], spec[2]) for k, spec in root["model"][1]}
+    out["slow_mc"] = (_schema._MODEL_SLOW_MIN_MC, out["slow_mc"][1])  # or 0: not known
+    return out
+
+
 # key -> (low, high): the firmware's config schema for the section ``model``.
-BOUNDS = {
-    "ok": (0, 1),
-    "lead_ms": (0, 20000),
-    "ga_q12": (-2048, 8192),
-    "rp_mcw": (0, 500),
-    "rpd_mcw": (-500, 500),
-    "off_mc": (-10000, 20000),
-    "unc_mc": (500, 15000),
-    "slow_mc": (60000, 100000),  # or 0: no slowdown known
-}
+BOUNDS = _model_bounds()
 KEYS = tuple(BOUNDS)
-NONE = {"ok": 0, "lead_ms": 0, "ga_q12": 0, "rp_mcw": 0, "rpd_mcw": 0, "off_mc": 0,
-        "unc_mc": 15000, "slow_mc": 0}  # fmt: skip
+NONE = dict(_schema.defaults()["model"])  # the factory's: no model
 
 
 def _int(v, default):
